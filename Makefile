@@ -1,0 +1,63 @@
+# Global Router — every entry point a person or CI uses. Each target installs what it needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+DISCOVERY_LISTEN ?= 127.0.0.1:50051
+ROUTER_LISTEN ?= 127.0.0.1:50061
+POOL_LISTEN ?= 127.0.0.1:50071
+POOL_ID ?= pool-a
+POOL_REGION ?= local
+MODEL ?= demo-model
+RELAY_STATUS_LISTEN ?= 127.0.0.1:50081
+
+.PHONY: setup proto proto-check lint test test-fast demo bench clean \
+        run-discovery run-relay run-router run-pool
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@bash scripts/ensure_etcd.sh
+	@touch $(STAMP)
+
+proto: setup
+	PYTHON=$(PY) bash scripts/gen_proto.sh 2>/dev/null
+
+proto-check: setup
+	PYTHON=$(PY) bash scripts/proto_check.sh
+
+lint: setup
+	PATH=$(BIN):$$PATH bash scripts/lint.sh
+
+test: setup
+	$(PY) -m pytest -q tests
+
+demo: setup
+	$(PY) demo/run_demo.py
+
+bench: setup
+	$(PY) bench/run_all.py
+
+run-discovery: setup
+	$(BIN)/globaldiscovery serve --listen $(DISCOVERY_LISTEN)
+
+run-pool: setup
+	$(BIN)/mocker serve --listen $(POOL_LISTEN) --pool-id $(POOL_ID) --model $(MODEL)
+
+run-relay: setup
+	$(BIN)/poolrelay serve --pool $(POOL_LISTEN) --discovery $(DISCOVERY_LISTEN) \
+	  --routing-pool $(POOL_ID) --routing-pool-region $(POOL_REGION) \
+	  --routing-pool-frontends http://$(POOL_LISTEN) --status-listen $(RELAY_STATUS_LISTEN)
+
+run-router: setup
+	$(BIN)/globalrouter serve --listen $(ROUTER_LISTEN) --discovery $(DISCOVERY_LISTEN) \
+	  --advertise http://$(ROUTER_LISTEN)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

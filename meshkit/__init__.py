@@ -1,0 +1,1 @@
+"""What every Global Router service shares: bootstrap, logging, clock, validation, block hashing."""

@@ -1,0 +1,42 @@
+"""KV block hashing that pools and routers must agree on (HASH_SCHEME_XXH3_64_CHAINED_U32LE).
+
+A block's hash covers its parent's hash and its own tokens, so it stands for the whole prefix:
+two prompts share a block hash at position i exactly when their first (i + 1) blocks are equal.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import xxhash
+
+DEFAULT_BLOCK_SIZE = 16
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+def block_hashes(tokens: list[int] | array, block_size: int, parent: int = 0) -> list[int]:
+    """Chained hashes of every full block of `tokens` (a partial last block is not hashed)."""
+    if block_size <= 0:
+        raise ValueError("block_size must be > 0")
+    buf = (
+        array("I", tokens).tobytes()
+        if not isinstance(tokens, array) or tokens.typecode != "I"
+        else tokens.tobytes()
+    )
+    step = 4 * block_size
+    full = (len(buf) // step) * step
+    out: list[int] = []
+    for start in range(0, full, step):
+        parent = _xxh3(parent.to_bytes(8, "little") + buf[start : start + step])
+        out.append(parent)
+    return out
+
+
+def prompt_blocks(num_tokens: int, block_size: int) -> int:
+    """Full blocks in a prompt of `num_tokens` tokens."""
+    return num_tokens // block_size
+
+
+def text_to_tokens(text: str) -> list[int]:
+    """The deterministic tokenizer every part uses for text prompts: one token per UTF-8 byte."""
+    return list(text.encode("utf-8"))

@@ -1,0 +1,101 @@
+"""Server bootstrap shared by every service: health, reflection, keepalive, SIGTERM → graceful stop.
+
+Follows grpc's examples/python asyncio idioms: `create_server(addr) -> (server, port)` builds and
+binds without starting; `serve_until_signalled()` starts, waits for SIGTERM/SIGINT, flips health to
+NOT_SERVING, runs the service's own stop hooks, and stops with a grace period so in-flight calls
+finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from meshkit.keepalive import SERVER_OPTIONS
+from meshkit.logs import get_logger
+
+log = get_logger(module="meshkit.server")
+
+
+@dataclass
+class ServerHandle:
+    """A built, bound, not yet started aio server with its health servicer."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    service_names: list[str] = field(default_factory=list)
+
+    async def set_serving(self, serving: bool) -> None:
+        """Sets every service's health (and the overall "" entry) to SERVING or NOT_SERVING."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ["", *self.service_names]:
+            await self.health.set(name, status)
+
+
+def create_server(
+    listen: str,
+    register: Callable[[grpc.aio.Server], Iterable[str]],
+    *,
+    interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+) -> ServerHandle:
+    """Builds an aio server bound to `listen` (HOST:PORT; port 0 picks a free one).
+
+    `register(server)` adds the service's servicers and returns their full service names, which
+    get health entries and reflection. Raises RuntimeError naming the address when it cannot bind.
+    """
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
+    names = list(register(server))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        server,
+    )
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        raise RuntimeError(f"cannot listen on {listen}: {exc}") from exc
+    if port == 0:
+        raise RuntimeError(f"cannot listen on {listen}: address in use or invalid")
+    return ServerHandle(server=server, port=port, health=health_servicer, service_names=names)
+
+
+async def serve_until_signalled(
+    handle: ServerHandle,
+    *,
+    grace: float = 5.0,
+    on_stop: Iterable[Callable[[], Awaitable[None]]] = (),
+    stop_event: asyncio.Event | None = None,
+) -> None:
+    """Starts `handle`, serves until SIGTERM/SIGINT (or `stop_event`), then stops gracefully.
+
+    Order on stop: health NOT_SERVING (load balancers and peers stop sending), the service's
+    `on_stop` hooks (unregister, close watchers), then `server.stop(grace)` so in-flight calls
+    finish within `grace` seconds.
+    """
+    stop = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await handle.server.start()
+    await handle.set_serving(True)
+    await stop.wait()
+    log.info("stopping", grace_s=grace)
+    await handle.set_serving(False)
+    for hook in on_stop:
+        try:
+            await hook()
+        except Exception as exc:  # a failing hook must not keep the process from stopping
+            log.warning("stop hook failed", error=repr(exc))
+    await handle.server.stop(grace)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)

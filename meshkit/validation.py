@@ -1,0 +1,140 @@
+"""Field validation shared by every service, and INVALID_ARGUMENT errors carrying google.rpc.BadRequest.
+
+Validators collect violations instead of raising on the first, so one reply names every field
+that is wrong.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+MAX_ID_LENGTH = 128
+MAX_FRONTENDS = 64
+
+
+@dataclass
+class Violations:
+    """The field violations found in one request."""
+
+    items: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, field_path: str, description: str) -> None:
+        """Records that `field_path` is wrong, and why."""
+        self.items.append((field_path, description))
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def message(self) -> str:
+        """One human sentence naming every field at fault."""
+        return "invalid request: " + "; ".join(f"{f}: {d}" for f, d in self.items)
+
+    def to_status(self) -> grpc.Status:
+        """An INVALID_ARGUMENT status with a BadRequest detail listing each violation."""
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=f, description=d) for f, d in self.items
+            ]
+        )
+        detail = any_pb2.Any()
+        detail.Pack(bad)
+        return rpc_status.to_status(
+            status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=self.message(), details=[detail])
+        )
+
+    async def abort_if_any(self, context: grpc.aio.ServicerContext) -> None:
+        """Aborts the RPC with INVALID_ARGUMENT + BadRequest when anything was recorded."""
+        if self.items:
+            await context.abort_with_status(self.to_status())
+
+    def raise_if_any(self, context: grpc.ServicerContext) -> None:
+        """Same as abort_if_any, for synchronous servicers."""
+        if self.items:
+            context.abort_with_status(self.to_status())
+
+
+def bad_request_fields(error: grpc.RpcError) -> list[str]:
+    """The field names in an error's BadRequest detail (empty when it has none). For clients and tests."""
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    if status is None:
+        return []
+    names: list[str] = []
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            names.extend(v.field for v in bad.field_violations)
+    return names
+
+
+def _has_control(value: str) -> bool:
+    return any(unicodedata.category(ch) in ("Cc", "Cf") for ch in value)
+
+
+def check_identifier(v: Violations, field_path: str, value: str, *, required: bool = True) -> None:
+    """An id, name or region: non-empty, ≤ 128 characters, no surrounding white space, no control characters."""
+    if not value:
+        if required:
+            v.add(field_path, "must not be empty")
+        return
+    if len(value) > MAX_ID_LENGTH:
+        v.add(field_path, f"must be at most {MAX_ID_LENGTH} characters (got {len(value)})")
+    if value != value.strip():
+        v.add(field_path, "must not start or end with white space")
+    if _has_control(value):
+        v.add(field_path, "must not contain control characters")
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` is not an http:// or https:// URL with host and port and nothing else; None when it is."""
+    if not url:
+        return "must not be empty"
+    if url != url.strip() or _has_control(url) or any(ch.isspace() for ch in url):
+        return "must not contain white space or control characters"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"is not a valid URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return f"must be an http:// or https:// URL (got {url!r})"
+    if parts.username is not None or parts.password is not None:
+        return "must not contain credentials"
+    if not parts.hostname:
+        return "must name a host"
+    if port is None:
+        return "must name a port (e.g. http://host:8000)"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return "must not have a path, query or fragment"
+    return None
+
+
+def check_url(v: Violations, field_path: str, url: str) -> None:
+    """Records a violation when `url` is not an http(s) URL with host and port only."""
+    problem = url_problem(url)
+    if problem:
+        v.add(field_path, problem)
+
+
+def check_frontends(v: Violations, field_path: str, urls: list[str], *, required: bool = True) -> None:
+    """A list of 1..64 frontend URLs, each checked, no duplicates."""
+    if not urls:
+        if required:
+            v.add(field_path, "must list at least one frontend URL")
+        return
+    if len(urls) > MAX_FRONTENDS:
+        v.add(field_path, f"must list at most {MAX_FRONTENDS} frontends (got {len(urls)})")
+        return
+    seen: set[str] = set()
+    for i, url in enumerate(urls):
+        check_url(v, f"{field_path}[{i}]", url)
+        if url in seen:
+            v.add(f"{field_path}[{i}]", f"duplicates {url!r}")
+        seen.add(url)

@@ -1,0 +1,92 @@
+"""Tests of the shared kit: fake clock, block hashing, validation, page tokens."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from meshkit import blocks, pagination, validation
+from meshkit.clock import FakeClock
+
+
+async def test_fake_clock_wakes_sleepers_in_order():
+    clock = FakeClock(start=0.0)
+    woke: list[tuple[str, float]] = []
+
+    async def sleeper(name: str, delay: float) -> None:
+        await clock.sleep(delay)
+        woke.append((name, clock.monotonic()))
+
+    tasks = [asyncio.create_task(sleeper("b", 2.0)), asyncio.create_task(sleeper("a", 1.0))]
+    await clock.advance(0.5)
+    assert woke == []
+    await clock.advance(2.0)
+    assert woke == [("a", 1.0), ("b", 2.0)]
+    assert clock.monotonic() == 2.5
+    await asyncio.gather(*tasks)
+
+
+async def test_fake_clock_loop_that_sleeps_repeatedly_runs_each_period():
+    clock = FakeClock(start=0.0)
+    ticks: list[float] = []
+
+    async def loop() -> None:
+        while True:
+            ticks.append(clock.monotonic())
+            await clock.sleep(1.0)
+
+    task = asyncio.create_task(loop())
+    await clock.advance(3.0)
+    task.cancel()
+    assert ticks == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_block_hashes_are_chained_prefix_hashes():
+    a = list(range(64))
+    b = list(range(32)) + [999] * 32
+    ha, hb = blocks.block_hashes(a, 16), blocks.block_hashes(b, 16)
+    assert len(ha) == 4
+    assert ha[:2] == hb[:2]
+    assert ha[2] != hb[2] and ha[3] != hb[3]
+    # A partial last block is not hashed.
+    assert blocks.block_hashes([*a, 1, 2, 3], 16) == ha
+    # Same tokens after a different prefix hash differently (the hash stands for the prefix).
+    assert blocks.block_hashes([5] * 16 + [7] * 16, 16)[1] != blocks.block_hashes([6] * 16 + [7] * 16, 16)[1]
+
+
+@pytest.mark.parametrize(
+    ("url", "ok"),
+    [
+        ("http://127.0.0.1:8000", True),
+        ("https://pool.example:443", True),
+        ("http://[::1]:80", True),
+        ("grpc://h:1", False),
+        ("http://h", False),
+        ("http://h:1/path", False),
+        ("http://u:p@h:1", False),
+        ("http://h:1?x=1", False),
+        ("h:1", False),
+        ("", False),
+    ],
+)
+def test_url_rules(url, ok):
+    assert (validation.url_problem(url) is None) == ok
+
+
+def test_identifier_rules_name_the_field():
+    v = validation.Violations()
+    validation.check_identifier(v, "pool_id", " x")
+    validation.check_identifier(v, "model", "")
+    validation.check_identifier(v, "region", "a\x00b")
+    validation.check_identifier(v, "relay_id", "r" * 129)
+    assert [f for f, _ in v.items] == ["pool_id", "model", "region", "relay_id"]
+
+
+def test_page_tokens_round_trip_and_reject_other_filters():
+    token = pagination.encode_page_token("pool-7", ("m", ""))
+    assert pagination.decode_page_token(token, ("m", "")) == "pool-7"
+    with pytest.raises(pagination.PageTokenError):
+        pagination.decode_page_token(token, ("other", ""))
+    with pytest.raises(pagination.PageTokenError):
+        pagination.decode_page_token("!!garbage", ("m", ""))
