@@ -88,7 +88,7 @@ class DrainStatus(_message.Message):
     def __init__(self, state: _Optional[_Union[DrainState, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WatchPoolStatusResponse(_message.Message):
-    __slots__ = ("models", "workers", "load", "drain", "block_size", "pool_id", "sequence")
+    __slots__ = ("models", "workers", "load", "drain", "block_size", "pool_id", "sequence", "prefill_tokens_per_second")
     MODELS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class WatchPoolStatusResponse(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelStatus]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     load: PoolLoad
@@ -103,7 +104,8 @@ class WatchPoolStatusResponse(_message.Message):
     block_size: int
     pool_id: str
     sequence: int
-    def __init__(self, models: _Optional[_Iterable[_Union[ModelStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., load: _Optional[_Union[PoolLoad, _Mapping]] = ..., drain: _Optional[_Union[DrainStatus, _Mapping]] = ..., block_size: _Optional[int] = ..., pool_id: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
+    prefill_tokens_per_second: int
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., load: _Optional[_Union[PoolLoad, _Mapping]] = ..., drain: _Optional[_Union[DrainStatus, _Mapping]] = ..., block_size: _Optional[int] = ..., pool_id: _Optional[str] = ..., sequence: _Optional[int] = ..., prefill_tokens_per_second: _Optional[int] = ...) -> None: ...
 
 class WatchKvEventsRequest(_message.Message):
     __slots__ = ()
