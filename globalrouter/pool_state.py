@@ -97,7 +97,9 @@ class PoolState:
     # ---- freshness -------------------------------------------------------------------------
     def load_fresh(self, now: float, limits: FreshnessLimits) -> bool:
         """True when a load report exists and is not older than its limit."""
-        return self.load is not None and self.load_at is not None and now - self.load_at <= limits.load_max_age
+        return (
+            self.load is not None and self.load_at is not None and now - self.load_at <= limits.load_max_age
+        )
 
     def kv_fresh(self, now: float, limits: FreshnessLimits) -> bool:
         """True when the pool's block set is current enough to rank on."""
