@@ -1,0 +1,243 @@
+"""Pool selection, filter then rank: the pure core the global frontend runs for every request.
+
+Filter keeps the listed pools that serve the model, have it Ready, are not draining, list a
+frontend and whose serving link is not in back-off. Rank orders them by an estimate of the
+seconds the request would take there: the prefill work left after the pool's cached prefix,
+plus the pool's queued and running work, plus what this frontend sent there since the pool's
+last load report, each divided by the pool's throughput (pools differ in size). A pool whose
+load is unknown ranks behind every pool whose load is known. Nothing here knows about gRPC;
+`now` is a monotonic time passed in by the caller. The simulator runs exactly this code.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from globalrouter.kv_index import KvIndex
+from globalrouter.pool_state import FreshnessLimits, PoolState
+
+
+class FilterReason(enum.Enum):
+    """Why a pool is not a candidate (names match proto `globalrouter.v1.FilterReason`)."""
+
+    OTHER_MODEL = 1
+    NOT_READY = 2
+    DRAINING = 3
+    NO_FRONTEND = 4
+    LINK_BACKOFF = 5
+
+
+@dataclass(frozen=True, slots=True)
+class SelectionConfig:
+    """Weights and defaults of the ranking; the defaults are what the live frontend uses."""
+
+    freshness: FreshnessLimits = field(default_factory=FreshnessLimits)
+    """How old each kind of signal may be before it counts as unknown."""
+    prefill_weight: float = 1.0
+    """Multiplier of the prefill term (work left after the cached prefix); above 1 favours
+    cache affinity over load balance, which keeps each shared prefix in one pool."""
+    load_weight: float = 1.0
+    """Multiplier of the pool's reported queued and running work."""
+    pending_weight: float = 1.0
+    """Multiplier of the work this frontend sent there since the pool's last load report."""
+    decode_weight: float = 4.0
+    """Work tokens one output token costs, in prefill-token equivalents (decode is memory bound,
+    so one output token takes about as long as several prompt tokens of prefill)."""
+    default_tokens_per_second: float = 10_000.0
+    """Throughput (work tokens per second) assumed for a pool that states neither its prefill
+    rate nor its running slots."""
+    tokens_per_second_per_slot: float = 1_000.0
+    """Throughput assumed per running slot for a pool that states max running requests but no
+    prefill rate."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankedPool:
+    """One eligible pool with its cost terms (seconds of the pool's throughput)."""
+
+    pool_id: str
+    total_cost: float
+    """The sum the ranking uses; lower ranks first (after the load_known split)."""
+    prefill_cost: float
+    """Prefill work left after the cached prefix, relative to the pool's throughput (weighted)."""
+    load_cost: float
+    """The pool's reported queued and running work, relative to its throughput (weighted);
+    0 when the load is unknown."""
+    pending_cost: float
+    """Work sent there since the last load report, relative to its throughput (weighted)."""
+    cached_blocks: int
+    """Leading prompt blocks the pool holds."""
+    prompt_blocks: int
+    """Full blocks of the prompt at the pool's block size."""
+    load_known: bool
+    """False when the load report is missing or stale (such pools rank behind known load)."""
+    region: str
+    uncached_tokens: int = 0
+    """Prompt tokens the pool still has to prefill (what to pass to `PoolState.record_sent`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FilteredPool:
+    """A listed pool that is not a candidate, and why."""
+
+    pool_id: str
+    reason: FilterReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one selection."""
+
+    candidates: list[RankedPool]
+    """Eligible pools, best first."""
+    filtered: list[FilteredPool]
+    """Listed pools filtered out, ordered by pool_id."""
+    prompt_blocks: int
+    """Full prompt blocks at the best candidate's block size (else the first listed pool's)."""
+    model_served: bool
+    """Whether some listed pool serves the model at all (if not: NOT_FOUND)."""
+
+
+def pool_overlaps(
+    index: KvIndex,
+    pools: Iterable[PoolState],
+    block_hashes: Sequence[int],
+    now: float,
+    limits: FreshnessLimits,
+) -> dict[str, int]:
+    """Pool id -> cached leading blocks: the max over the pool's KV sources, 0 when the pool's
+    KV state is not fresh. One pass over the prompt for all pools."""
+    by_source = index.prefix_overlaps(block_hashes)
+    out: dict[str, int] = {}
+    for pool in pools:
+        best = 0
+        if by_source and pool.kv_fresh(now, limits):
+            for source in pool.kv_sources:
+                n = by_source.get(source, 0)
+                if n > best:
+                    best = n
+        out[pool.pool_id] = best
+    return out
+
+
+def _filter_reason(pool: PoolState, model: str, now: float, limits: FreshnessLimits) -> FilteredPool | None:
+    if pool.model != model:
+        return FilteredPool(pool.pool_id, FilterReason.OTHER_MODEL, f"serves {pool.model!r}, not {model!r}")
+    if not pool.ready(model, now, limits):
+        return FilteredPool(pool.pool_id, FilterReason.NOT_READY, f"model {model!r} is not Ready in the pool")
+    if pool.draining(now, limits):
+        source = "discovery" if pool.directory_draining else "telemetry"
+        return FilteredPool(pool.pool_id, FilterReason.DRAINING, f"the pool drains (from {source})")
+    if not pool.frontends:
+        return FilteredPool(pool.pool_id, FilterReason.NO_FRONTEND, "the pool lists no frontend")
+    if pool.link_backoff_until > now:
+        return FilteredPool(
+            pool.pool_id,
+            FilterReason.LINK_BACKOFF,
+            f"serving link in failure back-off for {pool.link_backoff_until - now:.1f}s more",
+        )
+    return None
+
+
+class Selector:
+    """Filter then rank, per request; stateless apart from its configuration."""
+
+    __slots__ = ("config",)
+
+    def __init__(self, config: SelectionConfig = SelectionConfig()) -> None:
+        self.config = config
+
+    def throughput(self, pool: PoolState) -> float:
+        """Work tokens per second the pool serves (stated, else estimated from its slots)."""
+        rate = pool.capacity.prefill_tokens_per_second
+        if rate > 0:
+            return float(rate)
+        slots = pool.capacity.max_running_requests
+        if not slots and pool.load is not None:
+            slots = pool.load.max_running_requests
+        if slots > 0:
+            return slots * self.config.tokens_per_second_per_slot
+        return self.config.default_tokens_per_second
+
+    def select(
+        self,
+        pools: Iterable[PoolState],
+        model: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        cached_blocks: Mapping[str, int],
+        now: float,
+    ) -> Decision:
+        """Filters the listed pools and ranks the eligible ones, best first."""
+        cfg = self.config
+        limits = cfg.freshness
+        dw = cfg.decode_weight
+        candidates: list[tuple[bool, float, str, RankedPool]] = []
+        filtered: list[FilteredPool] = []
+        model_served = False
+        first_block_size = 0
+        for pool in pools:
+            if not pool.listed:
+                continue
+            if pool.model == model:
+                model_served = True
+            if not first_block_size:
+                first_block_size = pool.block_size
+            reason = _filter_reason(pool, model, now, limits)
+            if reason is not None:
+                filtered.append(reason)
+                continue
+            rate = self.throughput(pool)
+            block_size = pool.block_size
+            cached = cached_blocks.get(pool.pool_id, 0)
+            if block_size > 0:
+                blocks = prompt_tokens // block_size
+                cached = min(cached, blocks)
+                uncached = prompt_tokens - cached * block_size
+            else:
+                blocks = 0
+                cached = 0
+                uncached = prompt_tokens
+            prefill_cost = cfg.prefill_weight * uncached / rate
+            known = pool.load_fresh(now, limits)
+            if known:
+                load = pool.load
+                load_cost = (
+                    cfg.load_weight
+                    * (load.prefill_tokens_in_flight + dw * load.decode_tokens_in_flight)  # type: ignore[union-attr]
+                    / rate
+                )
+            else:
+                load_cost = 0.0
+            pending_cost = (
+                cfg.pending_weight * (pool.pending_prefill_tokens + dw * pool.pending_decode_tokens) / rate
+            )
+            total = prefill_cost + load_cost + pending_cost
+            ranked = RankedPool(
+                pool_id=pool.pool_id,
+                total_cost=total,
+                prefill_cost=prefill_cost,
+                load_cost=load_cost,
+                pending_cost=pending_cost,
+                cached_blocks=cached,
+                prompt_blocks=blocks,
+                load_known=known,
+                region=pool.region,
+                uncached_tokens=uncached,
+            )
+            candidates.append((not known, total, pool.pool_id, ranked))
+        candidates.sort(key=_rank_key)
+        filtered.sort(key=lambda f: f.pool_id)
+        ranked_list = [c[3] for c in candidates]
+        if ranked_list:
+            prompt_blocks = ranked_list[0].prompt_blocks
+        else:
+            prompt_blocks = prompt_tokens // first_block_size if first_block_size > 0 else 0
+        return Decision(ranked_list, filtered, prompt_blocks, model_served)
+
+
+def _rank_key(entry: tuple[bool, float, str, RankedPool]) -> tuple[bool, float, str]:
+    return entry[0], entry[1], entry[2]

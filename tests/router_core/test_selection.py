@@ -1,0 +1,162 @@
+"""Selection: each filter reason, and the ranking rules (cache, load, unknown load, pending,
+pools of different capacity)."""
+
+from __future__ import annotations
+
+from globalrouter.kv_index import KvIndex
+from globalrouter.pool_state import FreshnessLimits, LoadSignal, PoolCapacityHint, PoolState
+from globalrouter.selection import FilterReason, SelectionConfig, Selector, pool_overlaps
+
+NOW = 100.0
+MODEL = "m"
+
+
+IDLE = LoadSignal()
+
+
+def pool(pool_id: str, *, rate: int = 10_000, load: LoadSignal | None = IDLE, **kw) -> PoolState:
+    p = PoolState(
+        pool_id=pool_id,
+        listed=True,
+        model=MODEL,
+        region="r1",
+        frontends=("http://127.0.0.1:1",),
+        capacity=PoolCapacityHint(prefill_tokens_per_second=rate),
+        block_size=16,
+        kv_at=NOW,
+        kv_sources={f"{pool_id}/relay"},
+    )
+    if load is not None:
+        p.record_load(load, NOW)
+    for k, v in kw.items():
+        setattr(p, k, v)
+    return p
+
+
+def order(decision) -> list[str]:
+    return [c.pool_id for c in decision.candidates]
+
+
+def test_each_filter_reason():
+    pools = [
+        pool("a", model="other"),
+        pool("b", models_ready={MODEL: False}, state_at=NOW),
+        pool("c", directory_draining=True),
+        pool("d", telemetry_draining=True),
+        pool("e", frontends=()),
+        pool("f", link_backoff_until=NOW + 2.5),
+        pool("g"),
+        pool("h", listed=False),  # not listed: neither candidate nor filtered
+    ]
+    d = Selector().select(pools, MODEL, 64, 16, {}, NOW)
+    assert order(d) == ["g"]
+    got = {f.pool_id: f.reason for f in d.filtered}
+    assert got == {
+        "a": FilterReason.OTHER_MODEL,
+        "b": FilterReason.NOT_READY,
+        "c": FilterReason.DRAINING,
+        "d": FilterReason.DRAINING,
+        "e": FilterReason.NO_FRONTEND,
+        "f": FilterReason.LINK_BACKOFF,
+    }
+    assert [f.pool_id for f in d.filtered] == sorted(got)
+    assert "2.5s" in next(f.detail for f in d.filtered if f.pool_id == "f")
+    assert d.model_served and d.prompt_blocks == 4
+
+
+def test_stale_readiness_counts_as_ready_and_expired_backoff_is_eligible():
+    p = pool("a", models_ready={MODEL: False}, state_at=NOW - 1000, link_backoff_until=NOW - 1)
+    assert order(Selector().select([p], MODEL, 64, 16, {}, NOW)) == ["a"]
+
+
+def test_model_served_only_by_listed_pools():
+    d = Selector().select([pool("a", model="x"), pool("b", listed=False)], MODEL, 64, 16, {}, NOW)
+    assert not d.model_served and d.candidates == []
+    d = Selector().select([pool("a", directory_draining=True)], MODEL, 64, 16, {}, NOW)
+    assert d.model_served and d.candidates == []
+
+
+def test_cached_prefix_wins_when_loads_are_equal():
+    pools = [pool("a"), pool("b"), pool("c")]
+    d = Selector().select(pools, MODEL, 160, 16, {"b": 8, "c": 2}, NOW)
+    assert order(d) == ["b", "c", "a"]
+    best = d.candidates[0]
+    assert best.cached_blocks == 8 and best.prompt_blocks == 10 and best.uncached_tokens == 32
+    assert best.prefill_cost < d.candidates[1].prefill_cost
+
+
+def test_load_beats_a_small_cache_advantage():
+    busy = LoadSignal(prefill_tokens_in_flight=50_000, requests_running=4)
+    pools = [pool("a", load=busy), pool("b")]
+    d = Selector().select(pools, MODEL, 1600, 16, {"a": 10}, NOW)  # a caches 160 of 1600 tokens
+    assert order(d) == ["b", "a"]
+    assert d.candidates[1].load_cost > 0 and d.candidates[0].load_cost == 0
+
+
+def test_unknown_load_ranks_behind_known_load():
+    busy = LoadSignal(prefill_tokens_in_flight=10_000_000)
+    missing = pool("a", load=None)
+    stale = pool("b")
+    stale.load_at = NOW - 10 * FreshnessLimits().load_max_age
+    d = Selector().select([missing, stale, pool("c", load=busy)], MODEL, 1600, 16, {"a": 100, "b": 100}, NOW)
+    assert order(d) == ["c", "a", "b"]  # the busy known pool first; unknown ones not excluded
+    assert [c.load_known for c in d.candidates] == [True, False, False]
+    assert d.candidates[1].load_cost == 0.0
+
+
+def test_pending_spreads_a_burst():
+    pools = [pool("a"), pool("b"), pool("c")]
+    sel = Selector()
+    chosen = []
+    for _ in range(6):
+        d = sel.select(pools, MODEL, 1600, 16, {"a": 2}, NOW)
+        best = d.candidates[0]
+        chosen.append(best.pool_id)
+        next(p for p in pools if p.pool_id == best.pool_id).record_sent(best.uncached_tokens, 16)
+    assert chosen[0] == "a"
+    assert set(chosen) == {"a", "b", "c"}
+    assert max(chosen.count(x) for x in "abc") <= 3
+    # a load report resets pending
+    pools[0].record_load(LoadSignal(), NOW)
+    assert sel.select(pools, MODEL, 1600, 16, {"a": 2}, NOW).candidates[0].pool_id == "a"
+
+
+def test_pools_of_different_capacity():
+    # Same queued work: the pool that serves it four times faster is the better choice.
+    load = LoadSignal(prefill_tokens_in_flight=40_000)
+    pools = [pool("small", rate=5_000, load=load), pool("big", rate=20_000, load=load)]
+    d = Selector().select(pools, MODEL, 1600, 16, {}, NOW)
+    assert order(d) == ["big", "small"]
+    assert d.candidates[1].load_cost == 4 * d.candidates[0].load_cost
+    # Without a stated rate, max running requests scales the throughput.
+    a = pool("slots8", rate=0, capacity=PoolCapacityHint(max_running_requests=8), load=load)
+    b = pool("slots2", rate=0, capacity=PoolCapacityHint(max_running_requests=2), load=load)
+    assert order(Selector().select([b, a], MODEL, 1600, 16, {}, NOW)) == ["slots8", "slots2"]
+
+
+def test_weights_come_from_the_config():
+    busy = LoadSignal(prefill_tokens_in_flight=3_000)
+    pools = [pool("a", load=busy), pool("b")]
+    cached = {"a": 100}  # a holds the whole prompt
+    assert order(Selector().select(pools, MODEL, 1600, 16, cached, NOW)) == ["b", "a"]
+    heavy = Selector(SelectionConfig(prefill_weight=4.0))
+    assert order(heavy.select(pools, MODEL, 1600, 16, cached, NOW)) == ["a", "b"]
+
+
+def test_pool_overlaps_takes_max_over_sources_and_ignores_stale_kv():
+    idx = KvIndex()
+    idx.apply_snapshot("a/r1", [1, 2])
+    idx.apply_snapshot("a/r2", [1, 2, 3])
+    idx.apply_snapshot("b/r1", [1, 2, 3])
+    a = pool("a", kv_sources={"a/r1", "a/r2"})
+    b = pool("b", kv_sources={"b/r1"}, kv_at=NOW - 1000)
+    c = pool("c", kv_sources=set())
+    limits = FreshnessLimits()
+    assert pool_overlaps(idx, [a, b, c], [1, 2, 3, 4], NOW, limits) == {"a": 3, "b": 0, "c": 0}
+
+
+def test_filter_reason_names_match_the_proto_enum():
+    from globalrouter.v1 import router_pb2
+
+    for reason in FilterReason:
+        assert router_pb2.FilterReason.Value(f"FILTER_REASON_{reason.name}") == reason.value
