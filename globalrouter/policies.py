@@ -1,0 +1,147 @@
+"""Routing policies the simulator compares: the project's Selector (default) and baselines.
+
+Every policy sees only what a global frontend sees: the PoolState signals (periodic load
+reports plus its own pending bookkeeping) and the KvIndex fed by relay snapshots and deltas.
+None of them peeks at the simulated pools' true state.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from globalrouter.kv_index import KvIndex
+from globalrouter.pool_state import PoolState
+from globalrouter.selection import SelectionConfig, Selector, pool_overlaps
+from globalrouter.trace import TraceRequest
+
+
+@dataclass(slots=True)
+class FrontendView:
+    """What the simulated global frontend knows: pool signals and the KV index."""
+
+    pools: list[PoolState]
+    index: KvIndex
+    config: SelectionConfig
+
+    def overlaps(self, hash_ids: Sequence[int], now: float) -> dict[str, int]:
+        """Pool id -> cached leading blocks, as the frontend's index says (one pass)."""
+        return pool_overlaps(self.index, self.pools, hash_ids, now, self.config.freshness)
+
+    def queued_work(self, pool: PoolState, now: float, decode_weight: float) -> float:
+        """Work tokens the frontend believes the pool has queued: last report plus pending."""
+        work = pool.pending_prefill_tokens + decode_weight * pool.pending_decode_tokens
+        if pool.load is not None:
+            work += pool.load.prefill_tokens_in_flight + decode_weight * pool.load.decode_tokens_in_flight
+        return work
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A policy's pick: the pool's index and the prompt tokens it believes are left to prefill."""
+
+    pool: int
+    uncached_tokens: int
+
+
+class Policy(Protocol):
+    """Picks a pool for each request."""
+
+    def choose(self, view: FrontendView, request: TraceRequest, now: float) -> Choice: ...
+
+
+class SelectorPolicy:
+    """The project's router: exactly the Selector the global frontend runs."""
+
+    def __init__(self, config: SelectionConfig) -> None:
+        self.selector = Selector(config)
+
+    def choose(self, view: FrontendView, request: TraceRequest, now: float) -> Choice:
+        cached = view.overlaps(request.hash_ids, now)
+        decision = self.selector.select(
+            view.pools, view.pools[0].model, request.input_length, request.output_length, cached, now
+        )
+        best = decision.candidates[0]
+        return Choice(_index_of(view, best.pool_id), best.uncached_tokens)
+
+
+class RandomPolicy:
+    """Uniformly random pool (seeded)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def choose(self, view: FrontendView, request: TraceRequest, now: float) -> Choice:
+        return Choice(self.rng.randrange(len(view.pools)), request.input_length)
+
+
+class RoundRobinPolicy:
+    """Pools in turn."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def choose(self, view: FrontendView, request: TraceRequest, now: float) -> Choice:
+        i = self.next % len(view.pools)
+        self.next += 1
+        return Choice(i, request.input_length)
+
+
+class LeastLoadedPolicy:
+    """The pool with the least queued work (last load report plus pending), ignoring the cache."""
+
+    def __init__(self, decode_weight: float) -> None:
+        self.decode_weight = decode_weight
+
+    def choose(self, view: FrontendView, request: TraceRequest, now: float) -> Choice:
+        i = min(
+            range(len(view.pools)), key=lambda k: view.queued_work(view.pools[k], now, self.decode_weight)
+        )
+        return Choice(i, request.input_length)
+
+
+class DynamoPolicy:
+    """Dynamo's KV-aware cost one level up: prefill tokens left after the pool's overlap plus
+    the pool's queued work tokens, equal weights, lowest wins."""
+
+    def __init__(self, decode_weight: float, block_size: int) -> None:
+        self.decode_weight = decode_weight
+        self.block_size = block_size
+
+    def choose(self, view: FrontendView, request: TraceRequest, now: float) -> Choice:
+        cached = view.overlaps(request.hash_ids, now)
+        best, best_cost, best_left = 0, float("inf"), request.input_length
+        for k, pool in enumerate(view.pools):
+            left = max(0, request.input_length - cached.get(pool.pool_id, 0) * self.block_size)
+            cost = left + view.queued_work(pool, now, self.decode_weight)
+            if cost < best_cost:
+                best, best_cost, best_left = k, cost, left
+        return Choice(best, best_left)
+
+
+def _index_of(view: FrontendView, pool_id: str) -> int:
+    for k, pool in enumerate(view.pools):
+        if pool.pool_id == pool_id:
+            return k
+    raise KeyError(pool_id)
+
+
+POLICIES: dict[str, Callable[[SelectionConfig, int, int], Policy]] = {
+    "default": lambda config, seed, block_size: SelectorPolicy(config),
+    "random": lambda config, seed, block_size: RandomPolicy(seed),
+    "round_robin": lambda config, seed, block_size: RoundRobinPolicy(),
+    "least_loaded": lambda config, seed, block_size: LeastLoadedPolicy(config.decode_weight),
+    "dynamo": lambda config, seed, block_size: DynamoPolicy(config.decode_weight, block_size),
+}
+"""Policy name -> factory(selection config, seed, block size)."""
+
+
+def make_policy(name: str, config: SelectionConfig, seed: int = 0, block_size: int = 512) -> Policy:
+    """The named policy; KeyError names the known ones."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+    return factory(config, seed, block_size)

@@ -1,0 +1,407 @@
+"""`globalrouter simulate`: replays a trace against simulated pools through the real selection code.
+
+The pool model (issue 5) is fixed so that results compare across tools: each pool caches blocks
+in LRU order up to C blocks; a request's hit is the longest prefix of its `hash_ids` the chosen
+pool holds at arrival, after which all its `hash_ids` are inserted as most recently used (in
+list order); each pool serves requests first come first served at R work tokens per second; a
+request's work is max(0, input_length - 512 * hit) + 4 * output_length; its wait is its start
+minus its arrival.
+
+The router side is the real one: the simulated frontend holds `PoolState`s and a `KvIndex`,
+fed as relays feed them: block 0<->1 transitions published as batched deltas every
+`kv_interval` seconds (the trace's hash ids are the block hashes), load reports every
+`load_interval` seconds, and the frontend's own pending bookkeeping in between.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from globalrouter.kv_index import KvIndex
+from globalrouter.policies import POLICIES, FrontendView, make_policy
+from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
+from globalrouter.selection import SelectionConfig
+from globalrouter.trace import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
+
+DECODE_WORK_PER_TOKEN = 4
+"""Work tokens per output token in the pool model (fixed by the issue)."""
+SIM_MODEL = "sim-model"
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulation run."""
+
+    pools: int = 8
+    """Number of identical pools."""
+    capacity_blocks: int = 4000
+    """KV blocks each pool's LRU holds."""
+    rate: float = 12_000.0
+    """Work tokens per second each pool serves."""
+    load_interval: float = 1.0
+    """Seconds between a pool's load reports (a relay reports periodically)."""
+    kv_interval: float = 0.1
+    """Seconds between a relay's KV delta batches."""
+    seed: int = 0
+    """Seed of the random policy."""
+    timeline: bool = False
+    """Record each pool's queued work at every load report (for plots)."""
+
+
+@dataclass(slots=True)
+class SimResult:
+    """The figures of one run (the JSON `simulate --json` prints)."""
+
+    policy: str
+    requests: int
+    hit_rate: float
+    ideal_hit_rate: float
+    share_of_ideal: float
+    wait_p50: float
+    wait_p99: float
+    imbalance: float
+    wait_mean: float = 0.0
+    work_per_pool: list[float] = field(default_factory=list)
+    requests_per_pool: list[int] = field(default_factory=list)
+    sim_seconds: float = 0.0
+    """Wall time the simulation took."""
+    timeline_t: list[float] = field(default_factory=list)
+    timeline_work: list[list[float]] = field(default_factory=list)
+    """Per load report: each pool's queued work tokens (only with SimConfig.timeline)."""
+
+
+class LruCache:
+    """A block LRU of fixed capacity that records its 0<->1 transitions for the relay."""
+
+    __slots__ = ("blocks", "capacity", "removed", "stored")
+
+    def __init__(self, capacity: int) -> None:
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.capacity = capacity
+        self.stored: list[int] = []
+        self.removed: list[int] = []
+
+    def prefix_hit(self, hash_ids: Sequence[int]) -> int:
+        """Leading blocks held."""
+        blocks = self.blocks
+        n = 0
+        for h in hash_ids:
+            if h not in blocks:
+                break
+            n += 1
+        return n
+
+    def insert(self, hash_ids: Sequence[int]) -> None:
+        """All blocks become most recently used (in list order); evicts the least recent."""
+        blocks = self.blocks
+        for h in hash_ids:
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = None
+                self.stored.append(h)
+        while len(blocks) > self.capacity:
+            h, _ = blocks.popitem(last=False)
+            self.removed.append(h)
+
+    def take_transitions(self) -> tuple[list[int], list[int]]:
+        """The batch since the last call, net of blocks that came and went within it."""
+        stored, removed = self.stored, self.removed
+        self.stored, self.removed = [], []
+        if not stored or not removed:
+            return stored, removed
+        held = self.blocks
+        return [h for h in set(stored) if h in held], [h for h in set(removed) if h not in held]
+
+
+@dataclass(slots=True)
+class _Job:
+    finish: float
+    start: float
+    work: float
+    output_length: int
+
+
+class SimPool:
+    """One simulated pool: an LRU block cache and an FCFS server at a fixed work rate."""
+
+    __slots__ = ("cache", "free_at", "jobs", "rate", "requests", "work")
+
+    def __init__(self, capacity: int, rate: float) -> None:
+        self.cache = LruCache(capacity)
+        self.rate = rate
+        self.free_at = 0.0
+        self.jobs: deque[_Job] = deque()
+        self.work = 0.0
+        self.requests = 0
+
+    def admit(self, request: TraceRequest) -> tuple[int, float]:
+        """Serves a request arriving now; returns (hit blocks, wait seconds)."""
+        hit = self.cache.prefix_hit(request.hash_ids)
+        self.cache.insert(request.hash_ids)
+        work = max(0, request.input_length - TRACE_BLOCK_SIZE * hit) + (
+            DECODE_WORK_PER_TOKEN * request.output_length
+        )
+        start = max(request.arrival, self.free_at)
+        self.free_at = start + work / self.rate
+        self.jobs.append(_Job(self.free_at, start, work, request.output_length))
+        self.work += work
+        self.requests += 1
+        return hit, start - request.arrival
+
+    def load(self, now: float) -> LoadSignal:
+        """The load report a relay would read at `now`: remaining work split into the prefill
+        left and the output tokens left of each unfinished request."""
+        jobs = self.jobs
+        while jobs and jobs[0].finish <= now:
+            jobs.popleft()
+        waiting = running = 0
+        prefill = decode = 0.0
+        for job in jobs:
+            if job.start <= now:
+                running += 1
+                left = (job.finish - now) * self.rate
+            else:
+                waiting += 1
+                left = job.work
+            decode_work = DECODE_WORK_PER_TOKEN * job.output_length
+            if left > decode_work:
+                prefill += left - decode_work
+                decode += job.output_length
+            else:
+                decode += left / DECODE_WORK_PER_TOKEN
+        return LoadSignal(
+            requests_waiting=waiting,
+            requests_running=running,
+            prefill_tokens_in_flight=round(prefill),
+            decode_tokens_in_flight=round(decode),
+            kv_blocks_used=len(self.cache.blocks),
+            kv_blocks_total=self.cache.capacity,
+            max_running_requests=1,
+        )
+
+    def queued_work(self, now: float) -> float:
+        """Work tokens still to serve at `now`."""
+        return max(0.0, self.free_at - now) * self.rate
+
+
+def ideal_hit_rate(trace: Sequence[TraceRequest], capacity_blocks: int) -> float:
+    """Hit rate of one pool holding all the blocks (the same LRU model)."""
+    cache = LruCache(capacity_blocks)
+    hits = total = 0
+    for r in trace:
+        hits += cache.prefix_hit(r.hash_ids)
+        total += len(r.hash_ids)
+        cache.insert(r.hash_ids)
+        cache.stored.clear()
+        cache.removed.clear()
+    return hits / total if total else 0.0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+def simulate(
+    trace: Sequence[TraceRequest],
+    config: SimConfig,
+    policy_name: str = "default",
+    selection: SelectionConfig | None = None,
+) -> SimResult:
+    """Runs one policy over the trace and returns its figures."""
+    started = time.perf_counter()
+    selection = selection or SelectionConfig()
+    policy = make_policy(policy_name, selection, config.seed, TRACE_BLOCK_SIZE)
+    sims = [SimPool(config.capacity_blocks, config.rate) for _ in range(config.pools)]
+    states = [
+        PoolState(
+            pool_id=f"pool-{k:02d}",
+            listed=True,
+            model=SIM_MODEL,
+            region="sim",
+            frontends=(f"http://pool-{k:02d}.sim:1",),
+            capacity=PoolCapacityHint(
+                max_running_requests=1,
+                kv_cache_blocks=config.capacity_blocks,
+                prefill_tokens_per_second=round(config.rate),
+            ),
+            block_size=TRACE_BLOCK_SIZE,
+            kv_sources={f"pool-{k:02d}/relay-0"},
+        )
+        for k in range(config.pools)
+    ]
+    index = KvIndex()
+    for k, state in enumerate(states):
+        index.apply_snapshot(f"pool-{k:02d}/relay-0", ())
+        state.kv_at = 0.0
+    view = FrontendView(states, index, selection)
+
+    next_load = 0.0
+    next_kv = 0.0
+    hits = blocks = 0
+    waits: list[float] = []
+    timeline_t: list[float] = []
+    timeline_work: list[list[float]] = []
+    for request in trace:
+        now = request.arrival
+        if now >= next_kv:
+            # the relays' delta batches since the last flush reach the frontend
+            tick = now - (now - next_kv) % config.kv_interval
+            for k, sim in enumerate(sims):
+                stored, removed = sim.cache.take_transitions()
+                if stored or removed:
+                    index.apply_delta(f"pool-{k:02d}/relay-0", stored, removed)
+                states[k].kv_at = tick
+            next_kv = tick + config.kv_interval
+        if now >= next_load:
+            # the last load report at or before `now` (it counts everything sent before it)
+            tick = now - (now - next_load) % config.load_interval
+            for k, sim in enumerate(sims):
+                states[k].record_load(sim.load(tick), tick)
+            if config.timeline:
+                timeline_t.append(tick)
+                timeline_work.append([sim.queued_work(tick) for sim in sims])
+            next_load = tick + config.load_interval
+        choice = policy.choose(view, request, now)
+        hit, wait = sims[choice.pool].admit(request)
+        states[choice.pool].record_sent(choice.uncached_tokens, request.output_length)
+        hits += hit
+        blocks += len(request.hash_ids)
+        waits.append(wait)
+
+    work = [s.work for s in sims]
+    mean_work = sum(work) / len(work) if work else 0.0
+    hit_rate = hits / blocks if blocks else 0.0
+    ideal = ideal_hit_rate(trace, config.pools * config.capacity_blocks)
+    return SimResult(
+        policy=policy_name,
+        requests=len(trace),
+        hit_rate=hit_rate,
+        ideal_hit_rate=ideal,
+        share_of_ideal=hit_rate / ideal if ideal else 1.0,
+        wait_p50=_percentile(waits, 50),
+        wait_p99=_percentile(waits, 99),
+        imbalance=max(work) / mean_work if mean_work else 1.0,
+        wait_mean=sum(waits) / len(waits) if waits else 0.0,
+        work_per_pool=work,
+        requests_per_pool=[s.requests for s in sims],
+        sim_seconds=time.perf_counter() - started,
+        timeline_t=timeline_t,
+        timeline_work=timeline_work,
+    )
+
+
+# ---- command line ------------------------------------------------------------------------------
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from exc
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
+    return n
+
+
+def _positive_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from exc
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
+    return x
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="replay a trace against simulated pools through the real selection code",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--trace", required=True, help="JSONL trace (Mooncake format)")
+    p.add_argument("--pools", type=_positive_int, default=8, help="number of pools (default 8)")
+    p.add_argument(
+        "--pool-capacity-blocks", type=_positive_int, default=4000, help="KV blocks per pool (default 4000)"
+    )
+    p.add_argument(
+        "--pool-rate", type=_positive_float, default=12_000.0, help="work tokens/s per pool (default 12000)"
+    )
+    p.add_argument(
+        "--policy",
+        choices=[*sorted(POLICIES), "all"],
+        default="default",
+        help="routing policy (default: the project's Selector); 'all' runs every policy",
+    )
+    p.add_argument(
+        "--load-interval", type=_positive_float, default=1.0, help="seconds between load reports (default 1)"
+    )
+    p.add_argument(
+        "--kv-interval",
+        type=_positive_float,
+        default=0.1,
+        help="seconds between KV delta batches (default 0.1)",
+    )
+    p.add_argument("--limit", type=_positive_int, default=None, help="only the first N requests")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random policy")
+    p.add_argument("--json", action="store_true", help="print one JSON object (a list with --policy all)")
+    p.set_defaults(func=run)
+
+
+SUMMARY_FIELDS = (
+    "requests",
+    "hit_rate",
+    "ideal_hit_rate",
+    "share_of_ideal",
+    "wait_p50",
+    "wait_p99",
+    "imbalance",
+)
+
+
+def summary(result: SimResult) -> dict:
+    """The JSON object of one run (without the timeline)."""
+    out = asdict(result)
+    out.pop("timeline_t")
+    out.pop("timeline_work")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        trace = load_trace(args.trace, args.limit)
+    except (OSError, TraceError) as exc:
+        print(f"globalrouter simulate: {exc}", file=sys.stderr)
+        return 2
+    config = SimConfig(
+        pools=args.pools,
+        capacity_blocks=args.pool_capacity_blocks,
+        rate=args.pool_rate,
+        load_interval=args.load_interval,
+        kv_interval=args.kv_interval,
+        seed=args.seed,
+    )
+    names = list(POLICIES) if args.policy == "all" else [args.policy]
+    results = [simulate(trace, config, name) for name in names]
+    if args.json:
+        out = [summary(r) for r in results]
+        print(json.dumps(out if args.policy == "all" else out[0], indent=None))
+        return 0
+    print(
+        f"{'policy':<13} {'requests':>8} {'hit_rate':>8} {'ideal':>7} {'share':>7} "
+        f"{'wait_p50':>9} {'wait_p99':>9} {'imbalance':>9}"
+    )
+    for r in results:
+        print(
+            f"{r.policy:<13} {r.requests:>8} {r.hit_rate:>8.4f} {r.ideal_hit_rate:>7.4f} "
+            f"{r.share_of_ideal:>7.4f} {r.wait_p50:>9.3f} {r.wait_p99:>9.3f} {r.imbalance:>9.3f}"
+        )
+    return 0
