@@ -1,11 +1,149 @@
-"""Command line of mocker (placeholder until the service lands)."""
+"""Command line of mocker, the simulated pool: every flag is parsed and checked here."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
+
+from meshkit.blocks import DEFAULT_BLOCK_SIZE
+from meshkit.cli import host_port, positive_seconds
+from meshkit.logs import configure_logging
+from meshkit.validation import Violations, check_identifier
+from mocker.config import Faults, PoolConfig
+
+# One snapshot message per worker must fit in a gRPC message (8 MiB at 8 bytes per block hash).
+MAX_WORKER_CAPACITY_BLOCKS = 1_000_000
+MAX_WORKERS = 1024
+
+_DEFAULTS = PoolConfig(pool_id="-", models=("-",))
+
+
+def _int_at_least(minimum: int, maximum: int | None = None):
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from exc
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {n}")
+        if maximum is not None and n > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {n}")
+        return n
+
+    return parse
+
+
+def _non_negative_seconds(value: str) -> float:
+    try:
+        s = float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from exc
+    if not s >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {value!r}")
+    return s
+
+
+def _positive_number(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from exc
+    if not (x > 0 and x != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value!r}")
+    return x
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mocker", description="A simulated LLM serving pool.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve a simulated pool (serving link, pool events, admin API)")
+    d = _DEFAULTS
+    s.add_argument("--listen", type=host_port, required=True, help="HOST:PORT to serve on")
+    s.add_argument("--pool-id", required=True, help="the pool's id (reported in its status)")
+    s.add_argument("--model", action="append", required=True, help="a model the pool serves (repeatable)")
+    s.add_argument("--workers", type=_int_at_least(1, MAX_WORKERS), default=d.workers)
+    s.add_argument(
+        "--worker-capacity-blocks",
+        type=_int_at_least(1, MAX_WORKER_CAPACITY_BLOCKS),
+        default=d.worker_capacity_blocks,
+        help="KV blocks per worker",
+    )
+    s.add_argument("--block-size", type=_int_at_least(1), default=d.block_size, help="tokens per KV block")
+    s.add_argument("--speedup", type=_positive_number, default=d.speedup, help="divides every duration")
+    s.add_argument(
+        "--max-queue", type=_int_at_least(0), default=d.max_queue, help="waiting requests admitted"
+    )
+    s.add_argument("--max-running-per-worker", type=_int_at_least(1), default=d.max_running_per_worker)
+    s.add_argument("--prefill-tokens-per-second", type=_positive_number, default=d.prefill_tokens_per_second)
+    s.add_argument("--decode-tokens-per-second", type=_positive_number, default=d.decode_tokens_per_second)
+    s.add_argument(
+        "--drain-timeout",
+        type=positive_seconds,
+        default=d.drain_timeout,
+        help="seconds accepted work may run after SIGTERM",
+    )
+    s.add_argument(
+        "--fail-after-tokens",
+        type=_int_at_least(0),
+        default=0,
+        help="exit abruptly once any stream has sent this many tokens (0: never)",
+    )
+    s.add_argument(
+        "--added-latency", type=_non_negative_seconds, default=0.0, help="seconds before admission"
+    )
+    s.add_argument("--refuse-all", action="store_true", help="refuse every request (RESOURCE_EXHAUSTED)")
+    s.add_argument("--not-ready", nargs="+", default=[], metavar="MODEL", help="models that start not ready")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def parse_serve(argv: list[str] | None) -> tuple[argparse.Namespace, PoolConfig, Faults]:
+    """Parses `mocker serve` flags into configuration; exits 2 with a clear message on bad flags."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    v = Violations()
+    check_identifier(v, "--pool-id", args.pool_id)
+    for model in args.model:
+        check_identifier(v, "--model", model)
+    if len(set(args.model)) != len(args.model):
+        v.add("--model", "lists a model twice")
+    for model in args.not_ready:
+        if model not in args.model:
+            v.add("--not-ready", f"{model!r} is not one of the --model values")
+    if v:
+        parser.error("; ".join(f"{f}: {d}" for f, d in v.items))
+    config = PoolConfig(
+        pool_id=args.pool_id,
+        models=tuple(args.model),
+        workers=args.workers,
+        worker_capacity_blocks=args.worker_capacity_blocks,
+        block_size=args.block_size,
+        speedup=args.speedup,
+        max_queue=args.max_queue,
+        max_running_per_worker=args.max_running_per_worker,
+        prefill_tokens_per_second=args.prefill_tokens_per_second,
+        decode_tokens_per_second=args.decode_tokens_per_second,
+        drain_timeout=args.drain_timeout,
+        not_ready=tuple(args.not_ready),
+    )
+    faults = Faults(
+        fail_after_tokens=args.fail_after_tokens, added_latency=args.added_latency, refuse_all=args.refuse_all
+    )
+    return args, config, faults
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mocker", description="mocker (not built yet)")
-    parser.parse_args(argv)
+    args, config, faults = parse_serve(argv)
+    configure_logging("mocker", args.log_level)
+    from mocker.server import serve  # imported late: `--help` and flag errors need no gRPC
+
+    try:
+        asyncio.run(serve(args.listen, config, faults))
+    except RuntimeError as exc:
+        print(f"mocker: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+assert DEFAULT_BLOCK_SIZE == _DEFAULTS.block_size

@@ -1,0 +1,121 @@
+"""The serving link (globalrouter.v1.PoolFrontendService): validation, admission, token streaming."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+
+import grpc
+
+from globalrouter.v1 import pool_frontend_pb2 as pf
+from globalrouter.v1 import pool_frontend_pb2_grpc as pf_grpc
+from meshkit.logs import get_logger
+from meshkit.validation import Violations, check_identifier
+from mocker.pool import Pool, RefusalKind, Refused
+
+MAX_PROMPT_TOKENS = 1_048_576
+MAX_OUTPUT_TOKENS = 1_048_576
+HANDED_BACK_MESSAGE = "drain deadline: handed back"
+# After the last allowed tokens are written, give the transport a moment to put them on the wire
+# before the process dies, so the caller holds exactly those tokens when it sees the failure.
+FAIL_FLUSH_S = 0.05
+
+REFUSAL_CODES = {
+    RefusalKind.UNKNOWN_MODEL: grpc.StatusCode.NOT_FOUND,
+    RefusalKind.NOT_READY: grpc.StatusCode.FAILED_PRECONDITION,
+    RefusalKind.DRAINING: grpc.StatusCode.UNAVAILABLE,
+    RefusalKind.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    RefusalKind.REFUSE_ALL: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+log = get_logger(module="mocker.frontend")
+
+
+def validate_generate(request: pf.PoolFrontendServiceGenerateRequest) -> Violations:
+    """Every field problem of a Generate request, each naming its field."""
+    v = Violations()
+    check_identifier(v, "request_id", request.request_id)
+    check_identifier(v, "model", request.model)
+    n = len(request.token_ids)
+    if n == 0:
+        v.add("token_ids", "must hold at least one token")
+    elif n > MAX_PROMPT_TOKENS:
+        v.add("token_ids", f"must hold at most {MAX_PROMPT_TOKENS} tokens (got {n})")
+    if request.max_tokens == 0:
+        v.add("max_tokens", "must be at least 1")
+    elif request.max_tokens > MAX_OUTPUT_TOKENS:
+        v.add("max_tokens", f"must be at most {MAX_OUTPUT_TOKENS} (got {request.max_tokens})")
+    return v
+
+
+class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
+    """Generate on the simulated pool. `exit_process` is how --fail-after-tokens kills the process."""
+
+    def __init__(self, pool: Pool, exit_process: Callable[[int], None] = os._exit) -> None:
+        self.pool = pool
+        self.exit_process = exit_process
+
+    async def Generate(
+        self, request: pf.PoolFrontendServiceGenerateRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        await validate_generate(request).abort_if_any(context)
+        rlog = log.bind(request_id=request.request_id, model=request.model)
+        faults = self.pool.faults
+        if faults.added_latency > 0:
+            await self.pool.clock.sleep(faults.added_latency)
+        try:
+            ticket = self.pool.admit(
+                request.request_id, request.model, list(request.token_ids), request.max_tokens
+            )
+        except Refused as refused:
+            rlog.info("refused", reason=refused.kind.value)
+            await context.abort(REFUSAL_CODES[refused.kind], refused.message)
+        rlog = rlog.bind(worker=ticket.worker.worker_id)
+        rlog.debug("admitted", cached_blocks=ticket.cached_blocks, prompt_blocks=ticket.prompt_blocks)
+        sent = 0
+        try:
+            await context.write(
+                pf.PoolFrontendServiceGenerateResponse(
+                    admission=pf.PoolAdmission(
+                        worker_id=ticket.worker.worker_id,
+                        cached_blocks=ticket.cached_blocks,
+                        prompt_blocks=ticket.prompt_blocks,
+                    )
+                )
+            )
+            async with contextlib.aclosing(self.pool.run(ticket)) as batches:
+                async for batch in batches:
+                    limit = self.pool.faults.fail_after_tokens
+                    if limit and sent + len(batch) >= limit:
+                        await self._send_and_die(context, batch[: limit - sent], rlog)
+                    await context.write(
+                        pf.PoolFrontendServiceGenerateResponse(tokens=pf.PoolTokens(token_ids=batch))
+                    )
+                    sent += len(batch)
+            await context.write(
+                pf.PoolFrontendServiceGenerateResponse(
+                    finish=pf.PoolFinish(reason=pf.POOL_FINISH_REASON_LENGTH, tokens_generated=sent)
+                )
+            )
+        except asyncio.CancelledError:
+            if not ticket.handed_back:
+                raise  # the caller went away
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            rlog.info("handed back at drain deadline", tokens_sent=sent)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, HANDED_BACK_MESSAGE)
+        finally:
+            self.pool.close(ticket)
+
+    async def _send_and_die(self, context: grpc.aio.ServicerContext, batch: list[int], rlog) -> None:
+        """Fault injection: sends the tokens up to the limit, then the process exits abruptly."""
+        if batch:
+            await context.write(pf.PoolFrontendServiceGenerateResponse(tokens=pf.PoolTokens(token_ids=batch)))
+        rlog.warning("fail-after-tokens reached: exiting abruptly", limit=self.pool.faults.fail_after_tokens)
+        await asyncio.sleep(FAIL_FLUSH_S)
+        self.exit_process(1)
+        # Only reached when exit_process is a test double: end the stream as a failure would.
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "pool failed (fault injection)")
