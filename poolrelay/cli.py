@@ -1,11 +1,138 @@
-"""Command line of poolrelay (placeholder until the service lands)."""
+"""Command line of poolrelay: `serve` (the relay) and `status` (ask a running relay)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+
+import grpc
+from google.protobuf import json_format
+
+from meshkit.channels import sync_channel
+from meshkit.cli import host_port, positive_seconds, url_list
+from meshkit.ids import new_incarnation
+from meshkit.logs import configure_logging
+from meshkit.server import create_server, serve_until_signalled
+from meshkit.timeconv import wall_seconds
+from poolrelay.relay import Relay, RelayConfig
+from poolrelay.status import register
+from poolrelay.v1 import status_pb2, status_pb2_grpc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="poolrelay", description="Registers a pool and streams its telemetry."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the relay beside a pool")
+    serve.add_argument("--pool", required=True, type=host_port, help="the pool's event API, HOST:PORT")
+    serve.add_argument("--discovery", required=True, type=host_port, help="globaldiscovery, HOST:PORT")
+    serve.add_argument("--routing-pool", required=True, help="the pool id to register")
+    serve.add_argument("--routing-pool-region", help="the pool's region (required with --routing-pool)")
+    serve.add_argument(
+        "--routing-pool-frontends",
+        required=True,
+        type=url_list,
+        help="the pool's frontends, http(s)://HOST:PORT[,...]",
+    )
+    serve.add_argument("--relay-id", help="this replica's id (default: hostname-pid)")
+    serve.add_argument(
+        "--global-frontends",
+        type=url_list,
+        default=[],
+        help="global frontends to stream telemetry to, besides those discovery lists",
+    )
+    serve.add_argument(
+        "--status-listen", type=host_port, default="127.0.0.1:0", help="status + health, HOST:PORT"
+    )
+    serve.add_argument(
+        "--report-interval", type=positive_seconds, default=1.0, help="seconds between load reports"
+    )
+    serve.add_argument("--log-level", default="info")
+
+    status = sub.add_parser("status", help="show a running relay's status")
+    status.add_argument("--relay", required=True, type=host_port, help="the relay's status address")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    return parser
+
+
+def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RelayConfig:
+    """Checks the flags that depend on each other; exits 2 with a message naming the problem."""
+    if args.routing_pool and not args.routing_pool_region:
+        parser.error("--routing-pool requires --routing-pool-region")
+    return RelayConfig(
+        pool=args.pool,
+        discovery=args.discovery,
+        pool_id=args.routing_pool,
+        region=args.routing_pool_region,
+        frontends=tuple(args.routing_pool_frontends),
+        relay_id=args.relay_id or f"{socket.gethostname()}-{os.getpid()}",
+        incarnation=new_incarnation(),
+        global_frontends=tuple(args.global_frontends),
+        report_interval=args.report_interval,
+    )
+
+
+async def serve(config: RelayConfig, listen: str) -> None:
+    log = configure_logging("poolrelay")
+    relay = Relay(config)
+    handle = create_server(listen, register(relay))
+    log.info(
+        "relay starting",
+        status=f"{listen.rpartition(':')[0]}:{handle.port}",
+        pool=config.pool,
+        pool_id=config.pool_id,
+        relay_id=config.relay_id,
+    )
+    await relay.start()
+    await serve_until_signalled(handle, on_stop=[relay.stop])
+    log.info("relay stopped")
+
+
+def show_status(relay: str, as_json: bool) -> int:
+    with sync_channel(relay) as channel:
+        stub = status_pb2_grpc.RelayStatusServiceStub(channel)
+        try:
+            reply = stub.GetRelayStatus(status_pb2.GetRelayStatusRequest(), timeout=5.0)
+        except grpc.RpcError as exc:
+            print(f"poolrelay status: {relay}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    if as_json:
+        print(json.dumps(json_format.MessageToDict(reply, preserving_proto_field_name=True), indent=2))
+        return 0
+    reason = status_pb2.UnregisteredReason.Name(reply.routing_pool_unregistered_reason)
+    lease = f"{wall_seconds(reply.lease_expire_time):.3f}" if reply.HasField("lease_expire_time") else "-"
+    print(f"healthy:          {reply.healthy}")
+    print(f"pool:             {reply.pool_id} (relay {reply.relay_id}, incarnation {reply.incarnation})")
+    print(f"registered model: {reply.registered_model or '-'}")
+    print(f"lease expires:    {lease}")
+    print(f"unregistered:     {reason} {reply.routing_pool_unregistered_detail}".rstrip())
+    print(f"pool blocks:      {reply.pool_blocks}   draining: {reply.draining}")
+    for s in reply.telemetry_streams:
+        state = status_pb2.TelemetryStreamState.Name(s.state).removeprefix("TELEMETRY_STREAM_STATE_")
+        print(
+            f"telemetry {s.frontend_url}: {state} sent={s.messages_sent} queue={s.queue_depth} "
+            f"connects={s.connects} snapshots={s.snapshots_sent} dropped={s.messages_dropped}"
+            + (f" error={s.last_error}" if s.last_error else "")
+        )
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="poolrelay", description="poolrelay (not built yet)")
-    parser.parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "status":
+        return show_status(args.relay, args.json)
+    config = config_from_args(parser, args)
+    configure_logging("poolrelay", args.log_level)
+    try:
+        asyncio.run(serve(config, args.status_listen))
+    except RuntimeError as exc:
+        print(f"poolrelay: {exc}", file=sys.stderr)
+        return 1
     return 0

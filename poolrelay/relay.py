@@ -1,0 +1,264 @@
+"""The relay: reads the pool, registers it with discovery on the heartbeat, streams telemetry, carries drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import grpc
+
+from globaldiscovery.v1 import discovery_pb2 as dpb
+from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
+from meshkit.channels import aio_channel
+from meshkit.clock import Clock, SystemClock
+from meshkit.logs import get_logger
+from meshkit.timeconv import seconds, timestamp, wall_seconds
+from poolrelay.heartbeat import HeartbeatLoop, Renewal
+from poolrelay.pool_blocks import PoolBlocks
+from poolrelay.pool_source import PoolSource
+from poolrelay.registration import Choice, ModelView, Reason, choose_model
+from poolrelay.retry import describe_error
+from poolrelay.telemetry import TelemetryConfig, TelemetryHub
+from poolrelay.v1 import pool_events_pb2 as pe
+
+log = get_logger(module="poolrelay.relay")
+
+CALL_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """Everything `poolrelay serve` is told on its command line."""
+
+    pool: str
+    """HOST:PORT of the pool's event API (PoolEventsService)."""
+    discovery: str
+    """HOST:PORT (or URL) of globaldiscovery."""
+    pool_id: str
+    """The routing pool id registered with discovery."""
+    region: str
+    """The pool's region."""
+    frontends: tuple[str, ...]
+    """The pool's frontends (http/https URLs) registered with discovery."""
+    relay_id: str
+    """This relay replica's id."""
+    incarnation: int
+    """This relay process's incarnation; a restart uses a higher one."""
+    global_frontends: tuple[str, ...] = ()
+    """Global frontends to stream telemetry to in addition to those discovery lists."""
+    report_interval: float = 1.0
+    """Seconds between periodic telemetry reports."""
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What the next RegisterPool call says (compared to decide whether to send at once)."""
+
+    model: str
+    draining: bool
+    drain_deadline: float | None
+    capacity: tuple[int, int, int]
+
+
+class Relay:
+    """One relay replica for one pool."""
+
+    def __init__(self, config: RelayConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.blocks = PoolBlocks()
+        self.hub = TelemetryHub(
+            TelemetryConfig(
+                pool_id=config.pool_id,
+                relay_id=config.relay_id,
+                incarnation=config.incarnation,
+                region=config.region,
+                report_interval=config.report_interval,
+            ),
+            self.blocks,
+            self.clock,
+        )
+        self.source = PoolSource(
+            config.pool,
+            self.blocks,
+            on_status=self._on_status,
+            on_reachable=self._on_reachable,
+            on_blocks=self.hub.blocks_changed,
+        )
+        self._discovery_channel = aio_channel(config.discovery)
+        self._discovery = dpb_grpc.DiscoveryServiceStub(self._discovery_channel)
+        self.heartbeat: HeartbeatLoop[Wanted] = HeartbeatLoop(
+            self.clock, self._wanted, self._register, on_failure=self._register_failed
+        )
+        self.status: pe.WatchPoolStatusResponse | None = None
+        self.reachable = True  # until the first dial fails: "not read yet" says NO_MODEL
+        self.choice = Choice(None, Reason.NO_MODEL, "the pool's status has not been read yet")
+        self._sticky_model: str | None = None
+        self.registered_model = ""
+        self.lease_expire_wall: float | None = None
+        self.call_error = ""
+        self.stopped = False
+        self.drain_requested_deadline: float | None = None
+        self._drain_passed = False
+        self._drained_unregistered = False
+        self._tasks: list[asyncio.Task] = []
+
+    # --- pool side ----------------------------------------------------------------------------
+
+    def _on_status(self, status: pe.WatchPoolStatusResponse) -> None:
+        self.status = status
+        self.hub.set_status(status, self.clock.wall())
+        if status.drain.state == pe.DRAIN_STATE_DRAINED and not self._drained_unregistered:
+            self._drained_unregistered = True
+            self._spawn(self._unregister(dpb.REMOVAL_REASON_DRAINED))
+        self.heartbeat.poke()
+
+    def _on_reachable(self, reachable: bool) -> None:
+        self.reachable = reachable
+        self.heartbeat.poke()
+
+    @property
+    def draining(self) -> bool:
+        """Whether the pool drains (its own drain, or one passed on from discovery)."""
+        pool_side = self.status is not None and self.status.drain.state in (
+            pe.DRAIN_STATE_DRAINING,
+            pe.DRAIN_STATE_DRAINED,
+        )
+        return pool_side or self.drain_requested_deadline is not None
+
+    # --- registration -------------------------------------------------------------------------
+
+    def _wanted(self) -> Wanted | None:
+        if self.stopped:
+            return None
+        st = self.status
+        models = (
+            None if st is None else [ModelView(m.model, m.state == pe.MODEL_STATE_READY) for m in st.models]
+        )
+        drained = st is not None and st.drain.state == pe.DRAIN_STATE_DRAINED
+        self.choice = choose_model(models, self._sticky_model, reachable=self.reachable, drained=drained)
+        if self.choice.model is None:
+            self.registered_model = ""
+            self.lease_expire_wall = None
+            return None
+        self._sticky_model = self.choice.model
+        assert st is not None
+        draining = st.drain.state == pe.DRAIN_STATE_DRAINING
+        deadline = wall_seconds(st.drain.deadline) if draining and st.drain.HasField("deadline") else None
+        capacity = (st.load.max_running_requests, st.load.kv_blocks_total, st.prefill_tokens_per_second)
+        return Wanted(self.choice.model, draining, deadline, capacity)
+
+    def _request(self, want: Wanted) -> dpb.RegisterPoolRequest:
+        c = self.config
+        req = dpb.RegisterPoolRequest(
+            pool_id=c.pool_id,
+            model=want.model,
+            region=c.region,
+            frontends=list(c.frontends),
+            relay_id=c.relay_id,
+            incarnation=c.incarnation,
+            capacity=dpb.PoolCapacity(
+                max_running_requests=want.capacity[0],
+                kv_cache_blocks=want.capacity[1],
+                prefill_tokens_per_second=want.capacity[2],
+            ),
+            draining=want.draining,
+        )
+        if want.drain_deadline is not None:
+            req.drain_deadline.CopyFrom(timestamp(want.drain_deadline))
+        return req
+
+    async def _register(self, want: Wanted) -> Renewal:
+        reply = await self._discovery.RegisterPool(self._request(want), timeout=CALL_TIMEOUT_S)
+        if self.registered_model != want.model:
+            log.info("registered", pool=self.config.pool_id, model=want.model)
+        self.registered_model = want.model
+        self.lease_expire_wall = wall_seconds(reply.lease_expire_time)
+        self.call_error = ""
+        self.hub.set_model(want.model)
+        self.hub.set_frontends(dynamic=[f.url for f in reply.frontends])
+        if reply.drain_requested and not self._drain_passed:
+            deadline = wall_seconds(reply.drain_deadline) if reply.HasField("drain_deadline") else None
+            self._spawn(self._pass_drain(deadline))
+        return Renewal(seconds(reply.heartbeat_interval), seconds(reply.lease_duration))
+
+    def _register_failed(self, want: Wanted, exc: BaseException) -> None:
+        self.call_error = describe_error(exc)
+        log.warning("RegisterPool failed; retrying", pool=self.config.pool_id, error=self.call_error)
+
+    async def _pass_drain(self, deadline: float | None) -> None:
+        """Passes a discovery-side drain on to the pool (StartDrain), once; retried on the next reply."""
+        self._drain_passed = True
+        timeout = (deadline - self.clock.wall()) if deadline is not None else 60.0
+        try:
+            reply = await self.source.start_drain(timeout, "discovery")
+        except grpc.RpcError as exc:
+            self._drain_passed = False
+            log.warning("StartDrain failed", error=describe_error(exc))
+            return
+        self.drain_requested_deadline = deadline
+        self.hub.set_drain(reply.drain)
+        log.info("drain passed on to the pool", deadline=deadline)
+
+    async def _unregister(self, reason: int) -> None:
+        req = dpb.UnregisterPoolRequest(
+            pool_id=self.config.pool_id,
+            relay_id=self.config.relay_id,
+            incarnation=self.config.incarnation,
+            reason=reason,
+        )
+        try:
+            await self._discovery.UnregisterPool(req, timeout=CALL_TIMEOUT_S)
+            log.info("unregistered", pool=self.config.pool_id, reason=dpb.RemovalReason.Name(reason))
+        except grpc.RpcError as exc:
+            log.warning("UnregisterPool failed", error=describe_error(exc))
+
+    # --- status -------------------------------------------------------------------------------
+
+    @property
+    def unregistered(self) -> tuple[Reason, str]:
+        """Why the pool is not registered now (NONE while it is), with a sentence."""
+        if self.stopped:
+            return Reason.RELAY_STOPPED, "the relay stopped and unregistered the pool"
+        if self.choice.model is None:
+            return self.choice.reason, self.choice.detail
+        if self.call_error:
+            return Reason.CALL_FAILED, f"RegisterPool failed: {self.call_error}"
+        if not self.registered_model:
+            return Reason.NO_MODEL, "the first RegisterPool call has not returned yet"
+        return Reason.NONE, ""
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
+    async def start(self) -> None:
+        """Starts reading the pool, the heartbeat and the telemetry streams."""
+        self.hub.set_frontends(static=list(self.config.global_frontends))
+        loop = asyncio.get_running_loop()
+        self._runners = [
+            loop.create_task(self.source.run(), name="pool source"),
+            loop.create_task(self.heartbeat.run(), name="heartbeat"),
+            loop.create_task(self.hub.run_periodic(), name="telemetry reports"),
+        ]
+
+    async def stop(self) -> None:
+        """Graceful stop: unregister (the pool leaves the directory at once), close every stream."""
+        self.stopped = True
+        for t in self._runners:
+            t.cancel()
+        for t in self._runners:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if not self._drained_unregistered:
+            await self._unregister(dpb.REMOVAL_REASON_UNREGISTERED)
+        self.registered_model = ""
+        self.lease_expire_wall = None
+        await self.hub.close()
+        for t in list(self._tasks):
+            t.cancel()
+        await self._discovery_channel.close()

@@ -1,0 +1,43 @@
+"""Named, bounded reconnect policies (tenacity) for the relay's long-lived streams."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import grpc
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
+
+# Pool-local streams: the pool is next door, so redial fast; cap the wait at 2 s.
+POOL_RECONNECT = wait_exponential_jitter(initial=0.1, max=2.0, jitter=0.1)
+# Telemetry streams to global frontends: exponential with jitter so that many relays do not redial
+# a restarted frontend in lock-step; capped at 5 s.
+TELEMETRY_RECONNECT = wait_exponential_jitter(initial=0.2, max=5.0, jitter=0.2)
+
+
+async def reconnect_forever(
+    session: Callable[[], Awaitable[None]],
+    wait: wait_exponential_jitter,
+    on_retry: Callable[[RetryCallState], None] | None = None,
+) -> None:
+    """Runs `session` again and again until cancelled.
+
+    A session that raises failed without doing useful work: the next one waits out `wait`, which
+    grows per consecutive failure. A session that returns ended after it worked (its stream broke
+    later): the back-off starts over and the next session starts at once.
+    """
+    while True:
+        async for attempt in AsyncRetrying(
+            wait=wait,
+            retry=retry_if_exception_type(Exception),
+            before_sleep=on_retry,
+            reraise=True,
+        ):
+            with attempt:
+                await session()
+
+
+def describe_error(exc: BaseException | None) -> str:
+    """A short sentence for a failed call: the gRPC code and details, else the exception's repr."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return repr(exc)

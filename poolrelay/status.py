@@ -1,0 +1,62 @@
+"""RelayStatusService: what the relay registers, why not, and each telemetry stream's state."""
+
+from __future__ import annotations
+
+import grpc
+
+from meshkit.timeconv import timestamp
+from poolrelay.relay import Relay
+from poolrelay.v1 import status_pb2, status_pb2_grpc
+
+
+def relay_status(relay: Relay) -> status_pb2.GetRelayStatusResponse:
+    """The relay's status as the contract shapes it."""
+    reason, detail = relay.unregistered
+    reply = status_pb2.GetRelayStatusResponse(
+        healthy=True,  # the process answers; an unregistered pool does not make the relay unhealthy
+        pool_id=relay.config.pool_id,
+        relay_id=relay.config.relay_id,
+        incarnation=relay.config.incarnation,
+        registered_model=relay.registered_model,
+        routing_pool_unregistered_reason=int(reason),
+        routing_pool_unregistered_detail=detail,
+        pool_blocks=len(relay.blocks),
+        draining=relay.draining,
+    )
+    if relay.lease_expire_wall is not None and relay.registered_model:
+        reply.lease_expire_time.CopyFrom(timestamp(relay.lease_expire_wall))
+    for url in sorted(relay.hub.publishers):
+        p = relay.hub.publishers[url]
+        reply.telemetry_streams.add(
+            frontend_url=url,
+            state=p.state,
+            last_error=p.last_error,
+            messages_sent=p.messages_sent,
+            queue_depth=p.queue_depth,
+            connects=p.connects,
+            snapshots_sent=p.snapshots_sent,
+            messages_dropped=p.messages_dropped,
+        )
+    return reply
+
+
+class RelayStatusServicer(status_pb2_grpc.RelayStatusServiceServicer):
+    """Serves GetRelayStatus from the running relay."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    async def GetRelayStatus(
+        self, request: status_pb2.GetRelayStatusRequest, context: grpc.aio.ServicerContext
+    ) -> status_pb2.GetRelayStatusResponse:
+        return relay_status(self.relay)
+
+
+def register(relay: Relay):
+    """A `create_server` register callback adding the status service."""
+
+    def _register(server: grpc.aio.Server) -> list[str]:
+        status_pb2_grpc.add_RelayStatusServiceServicer_to_server(RelayStatusServicer(relay), server)
+        return [status_pb2.DESCRIPTOR.services_by_name["RelayStatusService"].full_name]
+
+    return _register

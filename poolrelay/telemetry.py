@@ -1,0 +1,338 @@
+"""Telemetry to every global frontend: one publisher (stream, bounded queue, reconnect) per frontend.
+
+Each publisher dials out, sends a hello, a chunked snapshot of the pool-level block set, then
+numbered deltas and the latest load, readiness and drain state. Each has its own bounded delta
+queue: a slow frontend never stalls the others; when its queue overflows its deltas are dropped
+(and counted) and it gets a fresh snapshot once the in-flight write completes, never silent drift.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from dataclasses import dataclass
+
+from tenacity import RetryCallState
+
+from meshkit.channels import aio_channel
+from meshkit.clock import Clock
+from meshkit.logs import get_logger
+from meshkit.timeconv import duration, timestamp
+from poolrelay.pool_blocks import PoolBlocks
+from poolrelay.retry import TELEMETRY_RECONNECT, describe_error, reconnect_forever
+from poolrelay.v1 import pool_events_pb2 as pe
+from poolrelay.v1 import status_pb2
+from poolrelay.v1 import telemetry_pb2 as tm
+from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
+
+log = get_logger(module="poolrelay.telemetry")
+
+PROTOCOL_VERSION = 1
+Req = tm.PublishPoolTelemetryRequest
+State = status_pb2.TelemetryStreamState
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """What every telemetry stream of this relay says about itself, and its limits."""
+
+    pool_id: str
+    """The routing pool id (the hello's pool_id)."""
+    relay_id: str
+    """This relay replica's id."""
+    incarnation: int
+    """This relay process's incarnation (> 0)."""
+    region: str
+    """The pool's region."""
+    block_size: int = 16
+    """Tokens per KV block (replaced by the pool's own once its status is read)."""
+    report_interval: float = 1.0
+    """Seconds between periodic load / readiness / drain reports and heartbeats."""
+    chunk_size: int = 16_384
+    """Block hashes per KvSnapshot chunk (16,384 x 8 bytes = 128 KiB per message)."""
+    queue_limit: int = 1024
+    """Deltas one frontend's queue holds before it overflows into a fresh snapshot."""
+    batch_window: float = 0.005
+    """Seconds transitions are coalesced into one delta."""
+
+
+class Publisher:
+    """One telemetry stream to one global frontend."""
+
+    def __init__(self, hub: TelemetryHub, url: str) -> None:
+        self.hub = hub
+        self.url = url
+        self.state = State.TELEMETRY_STREAM_STATE_CONNECTING
+        self.last_error = ""
+        self.messages_sent = 0
+        self.connects = 0
+        self.snapshots_sent = 0
+        self.messages_dropped = 0
+        self.frontend_id = ""
+        self._deltas: deque[tuple[int, Req]] = deque()
+        self._latest: dict[str, Req] = {}
+        self._resync = True
+        self._restart = False
+        self._wake = asyncio.Event()
+        self._channel = aio_channel(url)
+        self._stub = tm_grpc.TelemetryServiceStub(self._channel)
+        self._task: asyncio.Task | None = None
+
+    @property
+    def queue_depth(self) -> int:
+        """Messages waiting to be sent."""
+        return len(self._deltas) + len(self._latest)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"telemetry {self.url}")
+
+    def enqueue_delta(self, sequence: int, msg: Req) -> None:
+        """Queues a delta; on overflow drops every queued delta and asks for a fresh snapshot."""
+        if self._resync:
+            self.messages_dropped += 1  # a snapshot is due anyway and will include it
+            return
+        if len(self._deltas) >= self.hub.config.queue_limit:
+            self.messages_dropped += len(self._deltas) + 1
+            self._deltas.clear()
+            self._resync = True
+            log.warning("telemetry queue overflow; a fresh snapshot follows", frontend=self.url)
+        else:
+            self._deltas.append((sequence, msg))
+        self._wake.set()
+
+    def offer(self, kind: str, msg: Req) -> None:
+        """Queues the latest message of a kind (load, readiness, drain, heartbeat), replacing older."""
+        self._latest[kind] = msg
+        self._wake.set()
+
+    def request_snapshot(self) -> None:
+        self._resync = True
+        self._wake.set()
+
+    def restart(self) -> None:
+        """Reopens the stream (e.g. the hello's model changed)."""
+        self._restart = True
+        self._wake.set()
+
+    async def close(self) -> None:
+        """Closes the stream for good."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.state = State.TELEMETRY_STREAM_STATE_CLOSED
+        await self._channel.close()
+
+    def _backing_off(self, state: RetryCallState) -> None:
+        self.state = State.TELEMETRY_STREAM_STATE_BACKING_OFF
+        self.last_error = describe_error(state.outcome.exception())
+
+    async def _run(self) -> None:
+        await reconnect_forever(self._session, TELEMETRY_RECONNECT, self._backing_off)
+
+    async def _write(self, call, msg: Req) -> None:
+        await call.write(msg)
+        self.messages_sent += 1
+
+    async def _send_snapshot(self, call) -> None:
+        self._resync = False
+        self._deltas.clear()  # every queued delta is older than the snapshot
+        snapshot_id, sequence, hashes = self.hub.snapshot()
+        size = self.hub.config.chunk_size
+        chunks = max(1, -(-len(hashes) // size))
+        for i in range(chunks):
+            part = hashes[i * size : (i + 1) * size]
+            snap = tm.KvSnapshot(
+                snapshot_id=snapshot_id,
+                sequence=sequence,
+                chunk_index=i,
+                last=i == chunks - 1,
+                block_hashes=part,
+            )
+            await self._write(call, Req(kv_snapshot=snap))
+        self.snapshots_sent += 1
+        # Deltas queued while the chunks went out continue from `sequence`.
+        while self._deltas and self._deltas[0][0] <= sequence:
+            self._deltas.popleft()
+
+    async def _read(self, call) -> None:
+        async for resp in call:
+            if resp.HasField("hello_ack"):
+                self.frontend_id = resp.hello_ack.frontend_id
+            elif resp.HasField("snapshot_request"):
+                log.info("frontend asked for a snapshot", frontend=self.url, why=resp.snapshot_request.reason)
+                self.request_snapshot()
+
+    async def _session(self) -> None:
+        self.state = State.TELEMETRY_STREAM_STATE_CONNECTING
+        self.connects += 1
+        self._restart = False
+        call = self._stub.PublishPoolTelemetry()
+        reader = asyncio.ensure_future(self._read(call))
+        productive = False
+        try:
+            await self._write(call, Req(hello=self.hub.hello()))
+            self._resync = True
+            for kind, msg in self.hub.current_reports().items():
+                self._latest[kind] = msg
+            while not self._restart:
+                if self._resync:
+                    await self._send_snapshot(call)
+                    if not productive:
+                        productive = True
+                        self.state = State.TELEMETRY_STREAM_STATE_STREAMING
+                        self.last_error = ""
+                    continue
+                if self._latest:
+                    kind = next(iter(self._latest))
+                    await self._write(call, self._latest.pop(kind))
+                    continue
+                if self._deltas:
+                    await self._write(call, self._deltas.popleft()[1])
+                    continue
+                if reader.done():
+                    break
+                self._wake.clear()
+                waiter = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait([waiter, reader], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+            if reader.done() and reader.exception() is not None:
+                raise reader.exception()
+        except Exception as exc:
+            self.last_error = describe_error(exc)
+            if not productive:
+                raise
+            log.info("telemetry stream broke; redialing", frontend=self.url, error=self.last_error)
+        finally:
+            reader.cancel()
+            call.cancel()
+            if productive:
+                self.state = State.TELEMETRY_STREAM_STATE_BACKING_OFF
+
+
+class TelemetryHub:
+    """The set of publishers and what they all publish: blocks, load, readiness, drain."""
+
+    def __init__(self, config: TelemetryConfig, blocks: PoolBlocks, clock: Clock) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.clock = clock
+        self.block_size = config.block_size
+        self.model = ""
+        self.publishers: dict[str, Publisher] = {}
+        self._static: set[str] = set()
+        self._dynamic: set[str] = set()
+        self._snapshot_id = 0
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._reports: dict[str, Req] = {}
+        self.deltas_published = 0
+
+    # --- what every stream says -------------------------------------------------------------
+
+    def hello(self) -> tm.TelemetryHello:
+        c = self.config
+        return tm.TelemetryHello(
+            pool_id=c.pool_id,
+            relay_id=c.relay_id,
+            incarnation=c.incarnation,
+            protocol_version=PROTOCOL_VERSION,
+            block_size=self.block_size,
+            hash_scheme=tm.HASH_SCHEME_XXH3_64_CHAINED_U32LE,
+            report_interval=duration(c.report_interval),
+            model=self.model,
+            region=c.region,
+        )
+
+    def snapshot(self) -> tuple[int, int, list[int]]:
+        """(snapshot id, sequence, blocks); publishes pending transitions first so none is lost."""
+        self.flush()
+        self._snapshot_id += 1
+        sequence, hashes = self.blocks.snapshot()
+        return self._snapshot_id, sequence, hashes
+
+    def current_reports(self) -> dict[str, Req]:
+        """The latest load, readiness and drain reports (what a new stream gets after its snapshot)."""
+        return dict(self._reports)
+
+    # --- inputs -----------------------------------------------------------------------------
+
+    def blocks_changed(self) -> None:
+        """The block set changed: publish the transitions after the batch window."""
+        if self._flush_handle is None and self.blocks.pending:
+            loop = asyncio.get_running_loop()
+            self._flush_handle = loop.call_later(self.config.batch_window, self.flush)
+
+    def flush(self) -> None:
+        """Publishes pending transitions as one delta to every stream now."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        delta = self.blocks.take_delta()
+        if delta is None:
+            return
+        self.deltas_published += 1
+        msg = Req(kv_delta=tm.KvDelta(sequence=delta.sequence, stored=delta.stored, removed=delta.removed))
+        for p in self.publishers.values():
+            p.enqueue_delta(delta.sequence, msg)
+
+    def _report(self, kind: str, msg: Req, *, changed: bool) -> None:
+        self._reports[kind] = msg
+        if changed:
+            for p in self.publishers.values():
+                p.offer(kind, msg)
+
+    def set_status(self, status: pe.WatchPoolStatusResponse, observed_wall: float) -> None:
+        """The pool's latest status: load, readiness and drain (published at once when they change)."""
+        if status.block_size:
+            self.block_size = status.block_size
+        old = self._reports
+        load = Req(load=tm.LoadReport(load=status.load, observe_time=timestamp(observed_wall)))
+        ready = Req(readiness=tm.ReadinessReport(models=status.models))
+        drain = Req(drain=tm.DrainReport(drain=status.drain))
+        self._report("load", load, changed="load" not in old or old["load"].load.load != status.load)
+        self._report("readiness", ready, changed=old.get("readiness") != ready)
+        self._report("drain", drain, changed=old.get("drain") != drain)
+
+    def set_drain(self, drain: pe.DrainStatus) -> None:
+        """A drain the relay learned elsewhere (passed on from discovery)."""
+        msg = Req(drain=tm.DrainReport(drain=drain))
+        self._report("drain", msg, changed=self._reports.get("drain") != msg)
+
+    def set_model(self, model: str) -> None:
+        """The registered model (named in the hello): streams reopen when it changes."""
+        if model != self.model:
+            self.model = model
+            for p in self.publishers.values():
+                p.restart()
+
+    def set_frontends(self, *, static: list[str] | None = None, dynamic: list[str] | None = None) -> None:
+        """Adds publishers for new frontends and closes those of frontends that left."""
+        if static is not None:
+            self._static = set(static)
+        if dynamic is not None:
+            self._dynamic = set(dynamic)
+        wanted = self._static | self._dynamic
+        for url in sorted(wanted - set(self.publishers)):
+            log.info("telemetry stream added", frontend=url)
+            p = self.publishers[url] = Publisher(self, url)
+            p.start()
+        for url in sorted(set(self.publishers) - wanted):
+            log.info("telemetry stream closed", frontend=url)
+            asyncio.get_running_loop().create_task(self.publishers.pop(url).close())
+
+    async def run_periodic(self) -> None:
+        """Every report interval: the latest reports again, and a heartbeat, on every stream."""
+        while True:
+            await self.clock.sleep(self.config.report_interval)
+            beat = Req(heartbeat=tm.TelemetryHeartbeat(send_time=timestamp(self.clock.wall())))
+            for p in self.publishers.values():
+                for kind, msg in self._reports.items():
+                    p.offer(kind, msg)
+                p.offer("heartbeat", beat)
+
+    async def close(self) -> None:
+        """Closes every stream."""
+        self.flush()
+        for p in list(self.publishers.values()):
+            await p.close()

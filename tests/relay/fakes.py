@@ -1,0 +1,231 @@
+"""In-process fakes for relay tests: a pool (PoolEventsService), a discovery and a telemetry receiver."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+
+from globaldiscovery.v1 import discovery_pb2 as dpb
+from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
+from meshkit.timeconv import duration, timestamp
+from poolrelay.v1 import pool_events_pb2 as pe
+from poolrelay.v1 import pool_events_pb2_grpc as pe_grpc
+from poolrelay.v1 import telemetry_pb2 as tm
+from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
+
+
+async def start_server(*servicers) -> tuple[grpc.aio.Server, str]:
+    """An aio server on 127.0.0.1:<free> with the given (add_fn, servicer) pairs."""
+    server = grpc.aio.server()
+    for add, servicer in servicers:
+        add(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+class FakePool(pe_grpc.PoolEventsServiceServicer):
+    """A pool whose status and KV events a test sets; streams them like the contract says."""
+
+    def __init__(self, models: dict[str, bool] | None = None) -> None:
+        self.models = dict(models or {})
+        self.drain = pe.DrainStatus(state=pe.DRAIN_STATE_ACTIVE)
+        self.load = pe.PoolLoad(max_running_requests=8, kv_blocks_total=1000)
+        self.workers: dict[str, set[int]] = {}
+        self.event_ids: dict[str, int] = {}
+        self.drain_calls: list[pe.StartDrainRequest] = []
+        self._status_changed = asyncio.Event()
+        self._kv_queues: list[asyncio.Queue] = []
+        self._seq = 0
+
+    def status(self) -> pe.WatchPoolStatusResponse:
+        self._seq += 1
+        return pe.WatchPoolStatusResponse(
+            models=[
+                pe.ModelStatus(model=m, state=pe.MODEL_STATE_READY if r else pe.MODEL_STATE_NOT_READY)
+                for m, r in sorted(self.models.items())
+            ],
+            load=self.load,
+            drain=self.drain,
+            block_size=16,
+            pool_id="fake",
+            sequence=self._seq,
+            prefill_tokens_per_second=5000,
+        )
+
+    def changed(self) -> None:
+        self._status_changed.set()
+
+    async def WatchPoolStatus(self, request, context):
+        interval = max(0.01, request.interval.seconds + request.interval.nanos / 1e9 or 1.0)
+        while True:
+            self._status_changed.clear()
+            yield self.status()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._status_changed.wait(), interval)
+
+    def kv_event(self, worker: str, stored=(), removed=(), cleared=False) -> None:
+        held = self.workers.setdefault(worker, set())
+        if cleared:
+            held.clear()
+        held.difference_update(removed)
+        held.update(stored)
+        self.event_ids[worker] = self.event_ids.get(worker, 0) + 1
+        ev = pe.WorkerKvEvent(
+            worker_id=worker, event_id=self.event_ids[worker], stored=stored, removed=removed, cleared=cleared
+        )
+        for q in self._kv_queues:
+            q.put_nowait(pe.WatchKvEventsResponse(event=ev))
+
+    def pool_blocks(self) -> set[int]:
+        return set().union(*self.workers.values()) if self.workers else set()
+
+    async def WatchKvEvents(self, request, context):
+        q: asyncio.Queue = asyncio.Queue()
+        self._kv_queues.append(q)
+        try:
+            for w, held in sorted(self.workers.items()):
+                snap = pe.WorkerKvSnapshot(worker_id=w, event_id=self.event_ids.get(w, 0), block_hashes=held)
+                yield pe.WatchKvEventsResponse(snapshot=snap)
+            while True:
+                yield await q.get()
+        finally:
+            self._kv_queues.remove(q)
+
+    async def StartDrain(self, request, context):
+        self.drain_calls.append(request)
+        if self.drain.state == pe.DRAIN_STATE_ACTIVE:
+            self.drain = pe.DrainStatus(state=pe.DRAIN_STATE_DRAINING, deadline=timestamp(2e9))
+            self.changed()
+        return pe.StartDrainResponse(drain=self.drain)
+
+
+class FakeDiscovery(dpb_grpc.DiscoveryServiceServicer):
+    """Records RegisterPool / UnregisterPool calls; can be told to fail or to request a drain."""
+
+    def __init__(self, heartbeat: float = 0.2, lease: float = 0.6) -> None:
+        self.heartbeat = heartbeat
+        self.lease = lease
+        self.registers: list[dpb.RegisterPoolRequest] = []
+        self.unregisters: list[dpb.UnregisterPoolRequest] = []
+        self.fail = False
+        self.drain_requested = False
+        self.frontends: list[str] = []
+
+    async def RegisterPool(self, request, context):
+        if self.fail:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "fake discovery told to fail")
+        self.registers.append(request)
+        return dpb.RegisterPoolResponse(
+            heartbeat_interval=duration(self.heartbeat),
+            lease_duration=duration(self.lease),
+            lease_expire_time=timestamp(2e9),
+            frontends=[dpb.Frontend(frontend_id=f"fe{i}", url=u) for i, u in enumerate(self.frontends)],
+            drain_requested=self.drain_requested,
+            drain_deadline=timestamp(2e9) if self.drain_requested else None,
+        )
+
+    async def UnregisterPool(self, request, context):
+        self.unregisters.append(request)
+        return dpb.UnregisterPoolResponse(pool_removed=True)
+
+
+class TelemetryReceiver(tm_grpc.TelemetryServiceServicer):
+    """A global frontend's telemetry side, reduced to what tests check: the block set per stream.
+
+    Verifies the protocol as it goes (hello first, snapshot before deltas, deltas numbered without
+    gaps) and records every violation in `errors`. `stall` (an Event that is set while stalled)
+    makes it stop reading, so the relay's writes back up.
+    """
+
+    def __init__(self) -> None:
+        self.hellos: list[tm.TelemetryHello] = []
+        self.blocks: set[int] = set()
+        self.sequence: int | None = None
+        self.errors: list[str] = []
+        self.deltas = 0
+        self.snapshots = 0
+        self.loads = 0
+        self.readiness: list[tm.ReadinessReport] = []
+        self.drains: list[tm.DrainReport] = []
+        self.heartbeats = 0
+        self.stalled = asyncio.Event()
+        self.resumed = asyncio.Event()
+        self.resumed.set()
+        self.changed = asyncio.Event()
+        self.snapshot_requests: asyncio.Queue[str] = asyncio.Queue()
+        self._chunks: list[int] = []
+        self._chunk_id: int | None = None
+
+    def stall(self) -> None:
+        self.resumed.clear()
+
+    def resume(self) -> None:
+        self.resumed.set()
+
+    def _apply(self, req: tm.PublishPoolTelemetryRequest) -> None:
+        kind = req.WhichOneof("payload")
+        if kind == "hello":
+            self.hellos.append(req.hello)
+            self.sequence = None
+        elif kind == "kv_snapshot":
+            s = req.kv_snapshot
+            if s.chunk_index == 0:
+                self._chunks, self._chunk_id = [], s.snapshot_id
+            elif s.snapshot_id != self._chunk_id:
+                self.errors.append(f"chunk of snapshot {s.snapshot_id} inside {self._chunk_id}")
+            self._chunks.extend(s.block_hashes)
+            if s.last:
+                self.blocks = set(self._chunks)
+                self.sequence = s.sequence
+                self.snapshots += 1
+        elif kind == "kv_delta":
+            d = req.kv_delta
+            if self.sequence is None:
+                self.errors.append(f"delta {d.sequence} before any snapshot")
+            elif d.sequence != self.sequence + 1:
+                self.errors.append(f"gap: expected {self.sequence + 1}, got {d.sequence}")
+            self.sequence = d.sequence
+            self.blocks.update(d.stored)
+            self.blocks.difference_update(d.removed)
+            self.deltas += 1
+        elif kind == "load":
+            self.loads += 1
+        elif kind == "readiness":
+            self.readiness.append(req.readiness)
+        elif kind == "drain":
+            self.drains.append(req.drain)
+        elif kind == "heartbeat":
+            self.heartbeats += 1
+        self.changed.set()
+
+    async def PublishPoolTelemetry(self, request_iterator, context):
+        first = True
+        reader = request_iterator.__aiter__()
+        while True:
+            await self.resumed.wait()
+            try:
+                req = await reader.__anext__()
+            except StopAsyncIteration:
+                return
+            if first and req.WhichOneof("payload") != "hello":
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be a hello")
+            if first:
+                first = False
+                yield tm.PublishPoolTelemetryResponse(hello_ack=tm.TelemetryHelloAck(frontend_id="test"))
+            self._apply(req)
+            while not self.snapshot_requests.empty():
+                reason = self.snapshot_requests.get_nowait()
+                yield tm.PublishPoolTelemetryResponse(snapshot_request=tm.SnapshotRequest(reason=reason))
+
+
+async def wait_for(predicate, within: float = 10.0, message: str = "condition") -> None:
+    """Polls `predicate` on the event loop until it holds, or fails after `within` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"{message} not reached within {within}s")
+        await asyncio.sleep(0.01)
