@@ -1,0 +1,39 @@
+"""Configuration of one global frontend (`globalrouter serve`), parsed once in server.add_parser."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from globalrouter.pool_state import FreshnessLimits
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """Everything a global frontend needs to run; built from flags or directly by tests."""
+
+    listen: str = "127.0.0.1:0"
+    """HOST:PORT the gRPC server binds (RouterService + TelemetryService); port 0 picks a free one."""
+    discovery: str = ""
+    """HOST:PORT (or URL) of the discovery service; empty runs without discovery (tests only)."""
+    advertise: str = ""
+    """URL relays dial for telemetry; empty derives http://<listen host>:<bound port>."""
+    frontend_id: str = ""
+    """This frontend's id in discovery; empty derives `globalrouter-<port>`."""
+    region: str = ""
+    """This frontend's region, as registered with discovery (may be empty)."""
+    incarnation: int = 0
+    """This process's incarnation (0: the start time in nanoseconds)."""
+    migration_limit: int = 3
+    """Mid-stream migrations allowed per request; one more failure ends it with ABORTED."""
+    admission_tries: int = 4
+    """Pools asked at most per admission round before the request fails (refusals, unreachable)."""
+    link_backoff_initial: float = 1.0
+    """Seconds a pool's serving link is avoided after its first failure (doubles per failure)."""
+    link_backoff_max: float = 15.0
+    """Upper bound of the serving-link failure back-off, in seconds."""
+    metrics_listen: str = ""
+    """HOST:PORT of the Prometheus endpoint; empty: off."""
+    grace: float = 5.0
+    """Seconds in-flight calls may run after SIGTERM before the server stops."""
+    freshness: FreshnessLimits = field(default_factory=FreshnessLimits)
+    """How old each kind of pool signal may be before it counts as unknown."""

@@ -1,0 +1,177 @@
+"""The pool directory as this frontend knows it: kept from discovery's WatchPools, never emptied by an outage."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import grpc
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from globaldiscovery.v1 import discovery_pb2, discovery_pb2_grpc
+from globalrouter.pool_state import PoolCapacityHint, PoolState
+from meshkit.clock import Clock
+from meshkit.logs import get_logger
+
+log = get_logger(module="globalrouter.directory")
+
+EventType = discovery_pb2.WatchEventType
+
+
+class PoolTable:
+    """Every pool this frontend knows, listed by discovery or only heard of over telemetry.
+
+    The directory watch writes the directory fields; telemetry writes the signal fields. A pool
+    that leaves the directory is kept while telemetry streams still describe it (listed=False), so
+    a re-listing finds its KV state intact.
+    """
+
+    def __init__(self) -> None:
+        self.pools: dict[str, PoolState] = {}
+        self.lease_incarnations: dict[str, dict[str, int]] = {}
+        """pool_id -> relay_id -> incarnation of that relay's live lease (from the directory)."""
+        self.synced = False
+        """True once a watch snapshot has been taken (the directory is then known)."""
+        self.complete = False
+        """Discovery's own completeness flag of the last snapshot."""
+        self.stream_counts: dict[str, int] = {}
+        """pool_id -> telemetry streams open for it (maintained by telemetry ingestion)."""
+
+    def get(self, pool_id: str) -> PoolState:
+        """The pool's state, created (unlisted) when unknown."""
+        pool = self.pools.get(pool_id)
+        if pool is None:
+            pool = self.pools[pool_id] = PoolState(pool_id=pool_id)
+        return pool
+
+    def listed(self) -> list[PoolState]:
+        """The pools discovery lists (the only ones selection considers)."""
+        return [p for p in self.pools.values() if p.listed]
+
+    def forget_if_unused(self, pool_id: str) -> None:
+        """Drops a pool that is neither listed nor described by any telemetry stream."""
+        pool = self.pools.get(pool_id)
+        if pool is not None and not pool.listed and not self.stream_counts.get(pool_id):
+            del self.pools[pool_id]
+
+    # ---- directory events -----------------------------------------------------------------
+    def apply_listed(self, msg: discovery_pb2.Pool) -> PoolState:
+        """A pool is listed (ADDED/UPDATED): its directory fields take the message's values."""
+        pool = self.get(msg.pool_id)
+        pool.listed = True
+        pool.model = msg.model
+        pool.region = msg.region
+        pool.frontends = tuple(msg.frontends)
+        pool.directory_draining = msg.draining
+        cap = msg.capacity
+        pool.capacity = PoolCapacityHint(
+            max_running_requests=cap.max_running_requests,
+            kv_cache_blocks=cap.kv_cache_blocks,
+            prefill_tokens_per_second=cap.prefill_tokens_per_second,
+        )
+        self.lease_incarnations[msg.pool_id] = {lease.relay_id: lease.incarnation for lease in msg.leases}
+        return pool
+
+    def apply_removed(self, pool_id: str) -> None:
+        """A pool left the directory: it is no longer routed to."""
+        pool = self.pools.get(pool_id)
+        self.lease_incarnations.pop(pool_id, None)
+        if pool is None:
+            return
+        pool.listed = False
+        pool.directory_draining = False
+        self.forget_if_unused(pool_id)
+
+    def replace_directory(self, listed: Iterable[discovery_pb2.Pool], complete: bool) -> None:
+        """A new watch's snapshot is the truth: pools it does not list are unlisted."""
+        seen: set[str] = set()
+        for msg in listed:
+            self.apply_listed(msg)
+            seen.add(msg.pool_id)
+        for pool_id in [p for p, s in self.pools.items() if s.listed and p not in seen]:
+            self.apply_removed(pool_id)
+        self.synced = True
+        self.complete = complete
+
+    def lease_incarnation(self, pool_id: str, relay_id: str) -> int:
+        """The incarnation the directory lists for (pool, relay); 0 when none."""
+        return self.lease_incarnations.get(pool_id, {}).get(relay_id, 0)
+
+
+class WatchEnded(Exception):
+    """The watch stream ended without an error (the server closed it): watch again."""
+
+
+# Reconnect to discovery after a broken watch: quickly at first, then every few seconds, forever
+# (the frontend keeps routing on the directory it has meanwhile).
+WATCH_RECONNECT_WAIT = wait_exponential_jitter(multiplier=0.2, max=3.0, jitter=0.3)
+
+
+class DirectoryWatcher:
+    """Keeps a PoolTable in step with discovery's WatchPools; re-watches with back-off when it breaks."""
+
+    def __init__(
+        self,
+        table: PoolTable,
+        channel: grpc.aio.Channel,
+        clock: Clock,
+        on_change=None,
+    ) -> None:
+        self._table = table
+        self._stub = discovery_pb2_grpc.DiscoveryServiceStub(channel)
+        self._clock = clock
+        self._on_change = on_change
+        self.watches_started = 0
+        self.connected = asyncio.Event()
+
+    async def run(self) -> None:
+        """Watches until cancelled."""
+        while True:
+            async for attempt in AsyncRetrying(
+                wait=WATCH_RECONNECT_WAIT,
+                retry=retry_if_exception_type((grpc.aio.AioRpcError, WatchEnded)),
+                sleep=self._clock.sleep,
+                reraise=True,
+            ):
+                with attempt:
+                    await self._watch_once()
+
+    async def _watch_once(self) -> None:
+        """One watch: returns normally when the stream ended after a snapshot (re-watch at once)."""
+        self.watches_started += 1
+        snapshot: list[discovery_pb2.Pool] = []
+        in_snapshot = True
+        call = self._stub.WatchPools(discovery_pb2.WatchPoolsRequest())
+        try:
+            async for event in call:
+                if in_snapshot:
+                    if event.type == EventType.WATCH_EVENT_TYPE_SNAPSHOT_DONE:
+                        in_snapshot = False
+                        self._table.replace_directory(snapshot, event.complete)
+                        self.connected.set()
+                        log.info("directory snapshot", pools=len(snapshot), complete=event.complete)
+                        self._changed()
+                    elif event.type == EventType.WATCH_EVENT_TYPE_ADDED:
+                        snapshot.append(event.pool)
+                    continue
+                if event.type in (EventType.WATCH_EVENT_TYPE_ADDED, EventType.WATCH_EVENT_TYPE_UPDATED):
+                    self._table.apply_listed(event.pool)
+                elif event.type == EventType.WATCH_EVENT_TYPE_REMOVED:
+                    log.info("pool removed", pool_id=event.pool.pool_id, reason=event.removal_reason)
+                    self._table.apply_removed(event.pool.pool_id)
+                self._changed()
+        except grpc.aio.AioRpcError as exc:
+            self.connected.clear()
+            log.warning("directory watch broken; routing on the directory we have", code=exc.code().name)
+            if in_snapshot:
+                raise
+            return
+        finally:
+            call.cancel()
+        self.connected.clear()
+        if in_snapshot:
+            raise WatchEnded("watch ended before its snapshot")
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()

@@ -1,0 +1,81 @@
+"""Prometheus metrics of one global frontend, in a registry of its own (tests run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+
+class RouterMetrics:
+    """The counters and histograms a global frontend exports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "globalrouter_requests",
+            "Generate requests by model and outcome (gRPC code name)",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "globalrouter_decisions", "Requests sent to each pool (admission attempts)", ["pool"], registry=r
+        )
+        self.prompt_blocks = Counter(
+            "globalrouter_prompt_blocks",
+            "Full prompt blocks of requests a pool admitted",
+            ["pool"],
+            registry=r,
+        )
+        self.cached_blocks = Counter(
+            "globalrouter_cached_blocks",
+            "Of those, blocks the pool had cached (its admission reply)",
+            ["pool"],
+            registry=r,
+        )
+        self.cached_prefix_ratio = Histogram(
+            "globalrouter_cached_prefix_ratio",
+            "Cached prompt blocks / prompt blocks at admission",
+            buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+            registry=r,
+        )
+        self.migrations = Counter(
+            "globalrouter_migrations",
+            "Requests moved mid-stream away from a failed pool",
+            ["from_pool"],
+            registry=r,
+        )
+        self.migration_aborts = Counter(
+            "globalrouter_migration_aborts", "Requests ended with ABORTED at the migration limit", registry=r
+        )
+        self.refusals = Counter(
+            "globalrouter_refusals", "Admission refusals by pool and gRPC code", ["pool", "code"], registry=r
+        )
+        self.decision_latency = Histogram(
+            "globalrouter_decision_latency_seconds",
+            "Time to filter and rank pools for one request",
+            buckets=(5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1),
+            registry=r,
+        )
+        self.telemetry_lag = Histogram(
+            "globalrouter_telemetry_lag_seconds",
+            "Receive time minus the relay's send/observe time",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=r,
+        )
+        self.telemetry_snapshot_requests = Counter(
+            "globalrouter_telemetry_snapshot_requests", "SnapshotRequests sent to relays (gaps)", registry=r
+        )
+
+    def serve(self, listen: str) -> int:
+        """Serves /metrics on HOST:PORT (port 0 picks one) in a background thread; returns the port."""
+        host, _, port = listen.rpartition(":")
+        server, _thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        self._http = server
+        return int(server.server_port)
+
+    def close(self) -> None:
+        """Stops the /metrics endpoint if it runs."""
+        server = getattr(self, "_http", None)
+        if server is not None:
+            server.shutdown()
+            server.server_close()

@@ -1,0 +1,212 @@
+"""One Generate request's life: admit with bounded tries, stream, and migrate when a pool fails mid-stream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from globalrouter.routing import RoutingCore, describe_filtered
+from globalrouter.selection import Decision
+from globalrouter.serving import AdmissionFailed, Admitted, PoolRequest, ServingLinks
+from globalrouter.v1 import pool_frontend_pb2, router_pb2
+from meshkit.logs import get_logger
+
+log = get_logger(module="globalrouter.migration")
+
+_FINISH = {
+    pool_frontend_pb2.POOL_FINISH_REASON_LENGTH: router_pb2.FINISH_REASON_LENGTH,
+    pool_frontend_pb2.POOL_FINISH_REASON_STOP: router_pb2.FINISH_REASON_STOP,
+}
+
+
+class GenerateError(Exception):
+    """The request ends with this gRPC status (tokens already streamed stay valid)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class RunRecord:
+    """What happened to the request so far (for the summary, trailing metadata and logs)."""
+
+    pools: list[str] = field(default_factory=list)
+    refused_by: list[str] = field(default_factory=list)
+    migrations: int = 0
+    cached_blocks: int = 0
+    prompt_blocks: int = 0
+    tokens: list[int] = field(default_factory=list)
+
+
+class GenerateRun:
+    """Streams one request to the client as one continuous sequence, whichever pools produce it."""
+
+    def __init__(
+        self,
+        core: RoutingCore,
+        links: ServingLinks,
+        *,
+        request_id: str,
+        model: str,
+        prompt: Sequence[int],
+        max_tokens: int,
+        migration_limit: int,
+        admission_tries: int,
+    ) -> None:
+        self._core = core
+        self._links = links
+        self._request_id = request_id
+        self._model = model
+        self._prompt = list(prompt)
+        self._max_tokens = max_tokens
+        self._migration_limit = migration_limit
+        self._admission_tries = admission_tries
+        self.record = RunRecord()
+        self._log = log.bind(request_id=request_id, model=model)
+
+    async def stream(self, first: Decision) -> AsyncIterator[router_pb2.GenerateResponse]:
+        """Yields TokenChunks then the GenerateSummary; raises GenerateError on failure."""
+        rec = self.record
+        decision = first
+        failed_pools: set[str] = set()
+        while True:
+            admitted = await self._admit(decision)
+            if not rec.pools:
+                rec.cached_blocks = admitted.admission.cached_blocks
+                rec.prompt_blocks = admitted.admission.prompt_blocks
+            rec.pools.append(admitted.pool_id)
+            finish: pool_frontend_pb2.PoolFinish | None = None
+            error: grpc.aio.AioRpcError | None = None
+            try:
+                while True:
+                    msg = await admitted.call.read()
+                    if msg is grpc.aio.EOF:
+                        break
+                    kind = msg.WhichOneof("payload")
+                    if kind == "tokens":
+                        ids = list(msg.tokens.token_ids)[: self._max_tokens - len(rec.tokens)]
+                        if ids:
+                            offset = len(rec.tokens)
+                            rec.tokens.extend(ids)
+                            yield router_pb2.GenerateResponse(
+                                tokens=router_pb2.TokenChunk(
+                                    token_ids=ids, offset=offset, pool_id=admitted.pool_id
+                                )
+                            )
+                    elif kind == "finish":
+                        finish = msg.finish
+            except grpc.aio.AioRpcError as exc:
+                error = exc
+            finally:
+                admitted.call.cancel()
+            if finish is not None or len(rec.tokens) >= self._max_tokens:
+                reason = (
+                    _FINISH.get(finish.reason, router_pb2.FINISH_REASON_LENGTH)
+                    if finish
+                    else (router_pb2.FINISH_REASON_LENGTH)
+                )
+                yield router_pb2.GenerateResponse(summary=self._summary(reason))
+                return
+            # The pool failed or handed the request back mid-stream: continue it elsewhere.
+            pool = self._core.table.pools.get(admitted.pool_id)
+            detail = f"{error.code().name}: {error.details()}" if error else "stream ended without a finish"
+            if pool is not None and "drain" not in detail.lower() and "hand" not in detail.lower():
+                self._links.link_failed(pool, self._core.clock.monotonic())
+            failed_pools.add(admitted.pool_id)
+            if rec.migrations >= self._migration_limit:
+                self._core.metrics.migration_aborts.inc()
+                raise GenerateError(
+                    grpc.StatusCode.ABORTED,
+                    f"pool {admitted.pool_id} failed after {len(rec.tokens)} tokens ({detail}) and the migration "
+                    f"limit ({self._migration_limit}) is reached; the {len(rec.tokens)} tokens sent stay valid",
+                )
+            rec.migrations += 1
+            self._core.metrics.migrations.labels(admitted.pool_id).inc()
+            self._log.info(
+                "migrating",
+                from_pool=admitted.pool_id,
+                tokens_so_far=len(rec.tokens),
+                reason=detail,
+                migrations=rec.migrations,
+            )
+            decision = self._core.decide(
+                self._model,
+                self._prompt + rec.tokens,
+                self._max_tokens - len(rec.tokens),
+                exclude=failed_pools,
+            )
+            if not decision.candidates:
+                why = describe_filtered(decision) or "no other pool serves the model"
+                raise GenerateError(
+                    grpc.StatusCode.ABORTED,
+                    f"pool {admitted.pool_id} failed after {len(rec.tokens)} tokens ({detail}) and no other pool "
+                    f"can continue the request ({why}); the {len(rec.tokens)} tokens sent stay valid",
+                )
+
+    async def _admit(self, decision: Decision) -> Admitted:
+        """Asks the candidates in rank order, at most `admission_tries` of them; raises GenerateError."""
+        rec = self.record
+        prompt = self._prompt + rec.tokens
+        remaining = self._max_tokens - len(rec.tokens)
+        request = PoolRequest(
+            request_id=self._request_id, model=self._model, token_ids=prompt, max_tokens=remaining
+        )
+        failures: list[AdmissionFailed] = []
+        metrics = self._core.metrics
+        for candidate in decision.candidates[: self._admission_tries]:
+            pool = self._core.table.pools.get(candidate.pool_id)
+            if pool is None or not pool.frontends:
+                continue
+            pool.record_sent(candidate.uncached_tokens, remaining)
+            metrics.decisions.labels(pool.pool_id).inc()
+            try:
+                admitted = await self._links.admit(pool, request)
+            except AdmissionFailed as exc:
+                failures.append(exc)
+                if exc.refused:
+                    rec.refused_by.append(exc.pool_id)
+                    metrics.refusals.labels(exc.pool_id, exc.code.name).inc()
+                    self._log.info("refused", pool_id=exc.pool_id, code=exc.code.name, detail=exc.message)
+                elif exc.code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise GenerateError(
+                        exc.code, f"pool {exc.pool_id} rejected the request: {exc.message}"
+                    ) from None
+                else:
+                    self._links.link_failed(pool, self._core.clock.monotonic())
+                continue
+            self._links.link_ok(pool)
+            adm = admitted.admission
+            metrics.prompt_blocks.labels(pool.pool_id).inc(adm.prompt_blocks)
+            metrics.cached_blocks.labels(pool.pool_id).inc(adm.cached_blocks)
+            if adm.prompt_blocks:
+                metrics.cached_prefix_ratio.observe(adm.cached_blocks / adm.prompt_blocks)
+            return admitted
+        tried = "; ".join(str(f) for f in failures) or "no candidate had a frontend"
+        if rec.tokens:
+            raise GenerateError(
+                grpc.StatusCode.ABORTED,
+                f"no pool could continue the request after {len(rec.tokens)} tokens ({tried}); "
+                f"the tokens sent stay valid",
+            )
+        if any(f.refused for f in failures):
+            raise GenerateError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"every candidate pool refused the request: {tried}"
+            )
+        raise GenerateError(grpc.StatusCode.UNAVAILABLE, f"no candidate pool could be reached: {tried}")
+
+    def _summary(self, reason: int) -> router_pb2.GenerateSummary:
+        rec = self.record
+        return router_pb2.GenerateSummary(
+            finish_reason=reason,
+            pools=rec.pools,
+            cached_blocks=rec.cached_blocks,
+            prompt_blocks=rec.prompt_blocks,
+            migrations=rec.migrations,
+            tokens_generated=len(rec.tokens),
+            refused_by=rec.refused_by,
+            request_id=self._request_id,
+        )

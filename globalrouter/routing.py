@@ -1,0 +1,69 @@
+"""The per-request routing decision: prompt block hashes once per block size → overlaps → Selector."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Collection, Sequence
+
+from globalrouter.directory import PoolTable
+from globalrouter.kv_index import KvIndex
+from globalrouter.metrics import RouterMetrics
+from globalrouter.pool_state import PoolState
+from globalrouter.selection import Decision, FilterReason, Selector, pool_overlaps
+from meshkit.blocks import block_hashes
+from meshkit.clock import Clock
+
+
+def describe_filtered(decision: Decision) -> str:
+    """One sentence naming every pool that was filtered out, and why."""
+    return "; ".join(
+        f"{f.pool_id}: {f.reason.name.lower().replace('_', ' ')}" + (f" ({f.detail})" if f.detail else "")
+        for f in decision.filtered
+    )
+
+
+class RoutingCore:
+    """What Generate and Route share: the pool table, the KV index and the selector."""
+
+    def __init__(
+        self, table: PoolTable, index: KvIndex, selector: Selector, clock: Clock, metrics: RouterMetrics
+    ):
+        self.table = table
+        self.index = index
+        self.selector = selector
+        self.clock = clock
+        self.metrics = metrics
+
+    def overlaps(self, pools: Sequence[PoolState], tokens: Sequence[int], now: float) -> dict[str, int]:
+        """Cached leading blocks per pool; the prompt is hashed once per distinct block size."""
+        by_size: dict[int, list[PoolState]] = defaultdict(list)
+        for pool in pools:
+            if pool.block_size > 0 and pool.kv_sources:
+                by_size[pool.block_size].append(pool)
+        cached: dict[str, int] = {}
+        limits = self.selector_limits
+        for size, group in by_size.items():
+            hashes = block_hashes(tokens, size)
+            if hashes:
+                cached.update(pool_overlaps(self.index, group, hashes, now, limits))
+        return cached
+
+    @property
+    def selector_limits(self):
+        return self.selector.config.freshness
+
+    def decide(
+        self, model: str, tokens: Sequence[int], max_tokens: int, exclude: Collection[str] = ()
+    ) -> Decision:
+        """Filter and rank the listed pools (minus `exclude`) for this prompt."""
+        started = time.perf_counter()
+        now = self.clock.monotonic()
+        pools = [p for p in self.table.pools.values() if p.listed and p.pool_id not in exclude]
+        cached = self.overlaps(pools, tokens, now)
+        decision = self.selector.select(pools, model, len(tokens), max_tokens, cached, now)
+        self.metrics.decision_latency.observe(time.perf_counter() - started)
+        return decision
+
+
+__all__ = ["FilterReason", "RoutingCore", "describe_filtered"]

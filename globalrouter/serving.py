@@ -1,0 +1,124 @@
+"""Serving links to pool frontends: one keepalive channel per URL, round-robin per pool, failure back-off."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import grpc
+
+from globalrouter.pool_state import PoolState
+from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc
+from meshkit.channels import aio_channel
+from meshkit.logs import get_logger
+
+log = get_logger(module="globalrouter.serving")
+
+PoolRequest = pool_frontend_pb2.PoolFrontendServiceGenerateRequest
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A pool accepted the request: its stream (positioned after the admission message)."""
+
+    pool_id: str
+    url: str
+    call: grpc.aio.UnaryStreamCall
+    admission: pool_frontend_pb2.PoolAdmission
+
+
+class AdmissionFailed(Exception):
+    """The pool did not take the request. `refused` says whether it answered (vs. was unreachable)."""
+
+    def __init__(self, pool_id: str, code: grpc.StatusCode, message: str, *, refused: bool) -> None:
+        super().__init__(f"{pool_id}: {code.name}: {message}")
+        self.pool_id = pool_id
+        self.code = code
+        self.message = message
+        self.refused = refused
+
+
+def is_refusal(code: grpc.StatusCode, message: str) -> bool:
+    """Whether a pre-admission error is the pool's own 'no' (so another pool may say yes).
+
+    Overload and drain are the contract's refusals; NOT_FOUND / FAILED_PRECONDITION mean our view of
+    the pool (its model, readiness) is stale. Anything else means we could not talk to it.
+    """
+    if code in (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ):
+        return True
+    return code == grpc.StatusCode.UNAVAILABLE and "drain" in message.lower()
+
+
+class ServingLinks:
+    """The frontend's links to every pool frontend it routes to."""
+
+    def __init__(self, backoff_initial: float, backoff_max: float) -> None:
+        self._channels: dict[
+            str, tuple[grpc.aio.Channel, pool_frontend_pb2_grpc.PoolFrontendServiceStub]
+        ] = {}
+        self._round_robin: dict[str, itertools.count] = {}
+        self._failures: dict[str, int] = {}
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+
+    def stub(self, url: str) -> pool_frontend_pb2_grpc.PoolFrontendServiceStub:
+        """The stub for `url`, its channel made on first use and kept (keepalive watches it)."""
+        entry = self._channels.get(url)
+        if entry is None:
+            channel = aio_channel(url)
+            entry = self._channels[url] = (channel, pool_frontend_pb2_grpc.PoolFrontendServiceStub(channel))
+        return entry[1]
+
+    def next_frontend(self, pool: PoolState) -> str:
+        """The pool's next frontend in round-robin order (a pool's frontends share its load)."""
+        counter = self._round_robin.setdefault(pool.pool_id, itertools.count())
+        return pool.frontends[next(counter) % len(pool.frontends)]
+
+    def link_failed(self, pool: PoolState, now: float) -> float:
+        """Puts the pool's link in back-off (doubling per consecutive failure); returns its length."""
+        n = self._failures.get(pool.pool_id, 0) + 1
+        self._failures[pool.pool_id] = n
+        wait = min(self._backoff_initial * 2 ** (n - 1), self._backoff_max)
+        pool.link_backoff_until = now + wait
+        log.warning("serving link failed; backing off", pool_id=pool.pool_id, backoff_s=wait, failures=n)
+        return wait
+
+    def link_ok(self, pool: PoolState) -> None:
+        """The pool answered: its back-off ends."""
+        if self._failures.pop(pool.pool_id, None):
+            pool.link_backoff_until = 0.0
+
+    async def prune(self, urls_in_use: set[str]) -> None:
+        """Closes channels to URLs no listed pool names any more."""
+        for url in [u for u in self._channels if u not in urls_in_use]:
+            channel, _ = self._channels.pop(url)
+            await channel.close()
+
+    async def close(self) -> None:
+        await self.prune(set())
+
+    async def admit(self, pool: PoolState, request: PoolRequest) -> Admitted:
+        """Opens the request on one of the pool's frontends and waits for its admission.
+
+        Raises AdmissionFailed (refused or unreachable); an unreachable link goes into back-off.
+        """
+        url = self.next_frontend(pool)
+        call = self.stub(url).Generate(request)
+        try:
+            first = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            code, message = exc.code(), exc.details() or ""
+            raise AdmissionFailed(pool.pool_id, code, message, refused=is_refusal(code, message)) from None
+        if first is grpc.aio.EOF or first.WhichOneof("payload") != "admission":
+            call.cancel()
+            raise AdmissionFailed(
+                pool.pool_id,
+                grpc.StatusCode.UNAVAILABLE,
+                "the pool's stream did not start with an admission",
+                refused=False,
+            )
+        return Admitted(pool_id=pool.pool_id, url=url, call=call, admission=first.admission)

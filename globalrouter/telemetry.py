@@ -1,0 +1,296 @@
+"""TelemetryService: relay streams → per-stream KV sources in the KvIndex and signals in PoolState."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import grpc
+
+from globalrouter.directory import PoolTable
+from globalrouter.metrics import RouterMetrics
+from globalrouter.pool_state import LoadSignal
+from meshkit.clock import Clock
+from meshkit.logs import get_logger
+from meshkit.timeconv import wall_seconds
+from meshkit.validation import Violations, check_identifier
+from poolrelay.v1 import pool_events_pb2, telemetry_pb2, telemetry_pb2_grpc
+
+log = get_logger(module="globalrouter.telemetry")
+
+PROTOCOL_VERSION = 1
+Request = telemetry_pb2.PublishPoolTelemetryRequest
+Response = telemetry_pb2.PublishPoolTelemetryResponse
+_DRAINING = (pool_events_pb2.DRAIN_STATE_DRAINING, pool_events_pb2.DRAIN_STATE_DRAINED)
+
+
+def validate_hello(hello: telemetry_pb2.TelemetryHello) -> Violations:
+    """Every problem of a hello, each naming its field."""
+    v = Violations()
+    check_identifier(v, "hello.pool_id", hello.pool_id)
+    check_identifier(v, "hello.relay_id", hello.relay_id)
+    if hello.incarnation == 0:
+        v.add("hello.incarnation", "must be > 0")
+    if hello.protocol_version != PROTOCOL_VERSION:
+        v.add(
+            "hello.protocol_version",
+            f"unsupported protocol version {hello.protocol_version}; this frontend speaks {PROTOCOL_VERSION}",
+        )
+    if hello.block_size == 0:
+        v.add("hello.block_size", "must be > 0")
+    if hello.hash_scheme != telemetry_pb2.HASH_SCHEME_XXH3_64_CHAINED_U32LE:
+        v.add("hello.hash_scheme", "must be HASH_SCHEME_XXH3_64_CHAINED_U32LE")
+    return v
+
+
+def load_signal(load: pool_events_pb2.PoolLoad) -> LoadSignal:
+    """The selection's view of a relay's load report."""
+    return LoadSignal(
+        requests_waiting=load.requests_waiting,
+        requests_running=load.requests_running,
+        prefill_tokens_in_flight=load.prefill_tokens_in_flight,
+        decode_tokens_in_flight=load.decode_tokens_in_flight,
+        kv_blocks_used=load.kv_blocks_used,
+        kv_blocks_total=load.kv_blocks_total,
+        max_running_requests=load.max_running_requests,
+        max_waiting_requests=load.max_waiting_requests,
+    )
+
+
+@dataclass(slots=True)
+class StreamState:
+    """What one relay stream contributes: its own KV source and its place in the delta sequence."""
+
+    source: str
+    """The stream's KvIndex source key (unique per stream)."""
+    pool_id: str
+    relay_id: str
+    incarnation: int
+    next_sequence: int | None = None
+    """The delta sequence expected next; None while waiting for a snapshot (deltas are ignored)."""
+    snapshot_id: int | None = None
+    snapshot_sequence: int = 0
+    snapshot_chunks: list[int] = field(default_factory=list)
+    next_chunk: int = 0
+    superseded: bool = False
+    """A newer stream of the same (pool, relay) took over; this one's messages are ignored."""
+    kv_applied: bool = False
+
+
+class StreamRejected(Exception):
+    """The stream must end with `code` and `message`."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class TelemetryIngest:
+    """The pure ingestion rules (no gRPC): one method per message kind; returns what to answer."""
+
+    def __init__(self, table: PoolTable, index, clock: Clock, metrics: RouterMetrics) -> None:
+        self._table = table
+        self._index = index
+        self._clock = clock
+        self._metrics = metrics
+        self._ids = itertools.count(1)
+        self.streams: dict[tuple[str, str], StreamState] = {}
+        """(pool_id, relay_id) -> the stream that currently speaks for that relay replica."""
+
+    # ---- stream life cycle ------------------------------------------------------------------
+    def open(self, hello: telemetry_pb2.TelemetryHello) -> StreamState:
+        """Accepts a hello (already validated) or raises StreamRejected."""
+        key = (hello.pool_id, hello.relay_id)
+        listed = self._table.lease_incarnation(hello.pool_id, hello.relay_id)
+        if listed > hello.incarnation:
+            raise StreamRejected(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"relay {hello.relay_id!r} of pool {hello.pool_id!r} is listed under a newer incarnation "
+                f"({listed} > {hello.incarnation})",
+            )
+        old = self.streams.get(key)
+        if old is not None:
+            if old.incarnation > hello.incarnation:
+                raise StreamRejected(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"relay {hello.relay_id!r} of pool {hello.pool_id!r} already streams under a newer "
+                    f"incarnation ({old.incarnation} > {hello.incarnation})",
+                )
+            # A reconnect or a restarted relay: the new stream replaces the old one's state.
+            self._release(old)
+            old.superseded = True
+        stream = StreamState(
+            source=f"{hello.pool_id}/{hello.relay_id}/{hello.incarnation}#{next(self._ids)}",
+            pool_id=hello.pool_id,
+            relay_id=hello.relay_id,
+            incarnation=hello.incarnation,
+        )
+        self.streams[key] = stream
+        self._table.stream_counts[hello.pool_id] = self._table.stream_counts.get(hello.pool_id, 0) + 1
+        pool = self._table.get(hello.pool_id)
+        pool.block_size = hello.block_size
+        if not pool.listed:  # what the relay says until discovery says otherwise
+            pool.model = hello.model or pool.model
+            pool.region = hello.region or pool.region
+        return stream
+
+    def close(self, stream: StreamState) -> None:
+        """The stream ended: only its own state goes."""
+        if stream.superseded:
+            return
+        self._release(stream)
+        stream.superseded = True
+        if self.streams.get((stream.pool_id, stream.relay_id)) is stream:
+            del self.streams[(stream.pool_id, stream.relay_id)]
+
+    def _release(self, stream: StreamState) -> None:
+        self._index.drop_source(stream.source)
+        pool = self._table.pools.get(stream.pool_id)
+        count = self._table.stream_counts.get(stream.pool_id, 1) - 1
+        if count > 0:
+            self._table.stream_counts[stream.pool_id] = count
+        else:
+            self._table.stream_counts.pop(stream.pool_id, None)
+        if pool is None:
+            return
+        pool.kv_sources.discard(stream.source)
+        if count <= 0:
+            # The last stream of the pool is gone: its signals are unknown now, not zero.
+            pool.load = None
+            pool.load_at = None
+            pool.kv_at = None
+            pool.state_at = None
+            pool.models_ready = {}
+            pool.telemetry_draining = False
+            pool.block_size = 0
+            self._table.forget_if_unused(stream.pool_id)
+
+    # ---- messages ---------------------------------------------------------------------------
+    def receive(self, stream: StreamState, msg: Request) -> Response | None:
+        """Applies one message; returns a SnapshotRequest to send back, or None."""
+        if stream.superseded:
+            return None
+        now = self._clock.monotonic()
+        pool = self._table.get(stream.pool_id)
+        kind = msg.WhichOneof("payload")
+        if stream.kv_applied:
+            pool.kv_at = now  # any message proves the stream, and so its in-order KV set, is live
+        if kind == "kv_delta":
+            return self._delta(stream, msg.kv_delta, now)
+        if kind == "kv_snapshot":
+            return self._snapshot_chunk(stream, msg.kv_snapshot, now)
+        if kind == "load":
+            pool.record_load(load_signal(msg.load.load), now)
+            if msg.load.HasField("observe_time"):
+                self._lag(wall_seconds(msg.load.observe_time))
+        elif kind == "readiness":
+            pool.models_ready = {
+                m.model: m.state == pool_events_pb2.MODEL_STATE_READY for m in msg.readiness.models
+            }
+            pool.state_at = now
+        elif kind == "drain":
+            pool.telemetry_draining = msg.drain.drain.state in _DRAINING
+            pool.state_at = now
+        elif kind == "heartbeat":
+            if msg.heartbeat.HasField("send_time"):
+                self._lag(wall_seconds(msg.heartbeat.send_time))
+        elif kind == "hello":
+            raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, "hello may only be the first message")
+        return None
+
+    def _lag(self, sent_wall: float) -> None:
+        self._metrics.telemetry_lag.observe(max(0.0, self._clock.wall() - sent_wall))
+
+    def _snapshot_chunk(
+        self, stream: StreamState, chunk: telemetry_pb2.KvSnapshot, now: float
+    ) -> Response | None:
+        if chunk.chunk_index == 0:
+            stream.snapshot_id = chunk.snapshot_id
+            stream.snapshot_sequence = chunk.sequence
+            stream.snapshot_chunks = []
+            stream.next_chunk = 0
+        if stream.snapshot_id != chunk.snapshot_id or chunk.chunk_index != stream.next_chunk:
+            stream.snapshot_id = None
+            stream.snapshot_chunks = []
+            return self._ask_snapshot(
+                stream,
+                f"snapshot chunk out of order: expected chunk {stream.next_chunk}, "
+                f"got {chunk.chunk_index} of snapshot {chunk.snapshot_id}",
+            )
+        stream.snapshot_chunks.extend(chunk.block_hashes)
+        stream.next_chunk += 1
+        if not chunk.last:
+            return None
+        # The whole snapshot arrived: it replaces this stream's set in one step.
+        self._index.apply_snapshot(stream.source, stream.snapshot_chunks)
+        stream.snapshot_chunks = []
+        stream.snapshot_id = None
+        stream.next_sequence = stream.snapshot_sequence + 1
+        stream.kv_applied = True
+        pool = self._table.get(stream.pool_id)
+        pool.kv_sources.add(stream.source)
+        pool.kv_at = now
+        return None
+
+    def _delta(self, stream: StreamState, delta: telemetry_pb2.KvDelta, now: float) -> Response | None:
+        if stream.next_sequence is None:
+            return None  # waiting for a snapshot: deltas cannot be placed
+        if delta.sequence != stream.next_sequence:
+            expected = stream.next_sequence
+            stream.next_sequence = None
+            return self._ask_snapshot(stream, f"gap: expected {expected}, got {delta.sequence}")
+        self._index.apply_delta(stream.source, delta.stored, delta.removed)
+        stream.next_sequence += 1
+        return None
+
+    def _ask_snapshot(self, stream: StreamState, reason: str) -> Response:
+        stream.next_sequence = None
+        self._metrics.telemetry_snapshot_requests.inc()
+        log.info("asking for a snapshot", pool_id=stream.pool_id, relay_id=stream.relay_id, reason=reason)
+        return Response(snapshot_request=telemetry_pb2.SnapshotRequest(reason=reason))
+
+
+class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
+    """The gRPC face of TelemetryIngest: one bidirectional stream per relay replica."""
+
+    def __init__(self, ingest: TelemetryIngest, frontend_id: str) -> None:
+        self._ingest = ingest
+        self.frontend_id = frontend_id
+
+    async def PublishPoolTelemetry(self, request_iterator, context: grpc.aio.ServicerContext):
+        first = await context.read()
+        if first is grpc.aio.EOF:
+            return
+        if first.WhichOneof("payload") != "hello":
+            v = Violations()
+            v.add("hello", "the first message of a telemetry stream must be a TelemetryHello")
+            await v.abort_if_any(context)
+        await validate_hello(first.hello).abort_if_any(context)
+        try:
+            stream = self._ingest.open(first.hello)
+        except StreamRejected as exc:
+            await context.abort(exc.code, exc.message)
+        slog = log.bind(pool_id=stream.pool_id, relay_id=stream.relay_id, incarnation=stream.incarnation)
+        slog.info("telemetry stream opened")
+        try:
+            await context.write(
+                Response(hello_ack=telemetry_pb2.TelemetryHelloAck(frontend_id=self.frontend_id))
+            )
+            while True:
+                msg = await context.read()
+                if msg is grpc.aio.EOF:
+                    break
+                if stream.superseded:
+                    await context.abort(
+                        grpc.StatusCode.ABORTED, "a newer stream of this relay replaced this one"
+                    )
+                try:
+                    answer = self._ingest.receive(stream, msg)
+                except StreamRejected as exc:
+                    await context.abort(exc.code, exc.message)
+                if answer is not None:
+                    await context.write(answer)
+        finally:
+            self._ingest.close(stream)
+            slog.info("telemetry stream closed")
