@@ -1,0 +1,150 @@
+"""The directory watch and the frontend lease, against an in-process fake discovery, on a FakeClock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from globaldiscovery.v1 import discovery_pb2, discovery_pb2_grpc
+from globalrouter.directory import DirectoryWatcher, PoolTable
+from globalrouter.registration import FrontendRegistration, next_delay
+from meshkit.clock import FakeClock
+from meshkit.server import create_server
+from meshkit.timeconv import duration
+from tests.router.fakes import pool_msg
+
+pytestmark = pytest.mark.timeout(30)
+Ev = discovery_pb2.WatchPoolsResponse
+T = discovery_pb2.WatchEventType
+
+
+class FakeDiscovery(discovery_pb2_grpc.DiscoveryServiceServicer):
+    """Serves one scripted watch per call; counts frontend registrations."""
+
+    def __init__(self) -> None:
+        self.watches: asyncio.Queue[list[Ev]] = asyncio.Queue()
+        self.live: list[asyncio.Queue] = []
+        self.registrations: list[discovery_pb2.RegisterFrontendRequest] = []
+        self.unregistrations = 0
+        self.fail_registrations = 0
+
+    async def WatchPools(self, request, context):
+        events = await self.watches.get()
+        for ev in events:
+            yield ev
+        more: asyncio.Queue = asyncio.Queue()
+        self.live.append(more)
+        while (ev := await more.get()) is not None:
+            yield ev
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "shutting down")
+
+    async def RegisterFrontend(self, request, context):
+        self.registrations.append(request)
+        if self.fail_registrations:
+            self.fail_registrations -= 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "not now")
+        return discovery_pb2.RegisterFrontendResponse(
+            heartbeat_interval=duration(2.0), lease_duration=duration(6.0)
+        )
+
+    async def UnregisterFrontend(self, request, context):
+        self.unregistrations += 1
+        return discovery_pb2.UnregisterFrontendResponse()
+
+
+@pytest.fixture
+async def discovery():
+    fake = FakeDiscovery()
+
+    def register(server):
+        discovery_pb2_grpc.add_DiscoveryServiceServicer_to_server(fake, server)
+        return ["globaldiscovery.v1.DiscoveryService"]
+
+    handle = create_server("127.0.0.1:0", register)
+    await handle.server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{handle.port}")
+    yield fake, channel
+    for q in fake.live:
+        q.put_nowait(None)
+    await channel.close()
+    await handle.server.stop(0)
+
+
+async def until(predicate, within: float = 5.0):
+    deadline = asyncio.get_running_loop().time() + within
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def snapshot(*pools, complete=True) -> list[Ev]:
+    return [
+        *(Ev(type=T.WATCH_EVENT_TYPE_ADDED, pool=p) for p in pools),
+        Ev(type=T.WATCH_EVENT_TYPE_SNAPSHOT_DONE, complete=complete),
+    ]
+
+
+async def test_watch_keeps_the_directory_through_an_outage_and_a_new_snapshot_replaces_it(discovery):
+    fake, channel = discovery
+    table = PoolTable()
+    watcher = DirectoryWatcher(table, channel, FakeClock())
+    fake.watches.put_nowait(snapshot(pool_msg("a", "http://h:1"), pool_msg("b", "http://h:2")))
+    task = asyncio.create_task(watcher.run())
+    await until(lambda: table.synced)
+    assert sorted(p.pool_id for p in table.listed()) == ["a", "b"]
+    await until(lambda: fake.live)
+    fake.live[-1].put_nowait(
+        Ev(type=T.WATCH_EVENT_TYPE_UPDATED, pool=pool_msg("a", "http://h:1", draining=True))
+    )
+    await until(lambda: table.pools["a"].directory_draining)
+    fake.live[-1].put_nowait(None)  # discovery goes away: the watch breaks
+    await until(lambda: watcher.watches_started == 2)
+    assert sorted(p.pool_id for p in table.listed()) == ["a", "b"]  # losing signals deletes nothing
+    fake.watches.put_nowait(snapshot(pool_msg("b", "http://h:2"), pool_msg("c", "http://h:3")))
+    await until(lambda: "c" in table.pools and table.pools["c"].listed)
+    assert sorted(p.pool_id for p in table.listed()) == ["b", "c"]  # the new snapshot is the truth
+    assert "a" not in table.pools
+    await until(lambda: len(fake.live) == 2)
+    fake.live[-1].put_nowait(Ev(type=T.WATCH_EVENT_TYPE_REMOVED, pool=pool_msg("b", "http://h:2")))
+    await until(lambda: "b" not in table.pools)
+    task.cancel()
+
+
+def test_unlisted_pool_with_telemetry_stays_known():
+    table = PoolTable()
+    table.apply_listed(pool_msg("a", "http://h:1", leases=[{"relay_id": "r", "incarnation": 3}]))
+    assert table.lease_incarnation("a", "r") == 3
+    table.stream_counts["a"] = 1
+    table.apply_removed("a")
+    assert "a" in table.pools and not table.pools["a"].listed
+    assert table.lease_incarnation("a", "r") == 0
+
+
+def test_retry_schedule():
+    assert [next_delay(5.0, n) for n in range(5)] == [5.0, 1.0, 2.0, 4.0, 5.0]
+
+
+async def test_registration_renews_at_the_dictated_interval_and_retries_failures(discovery):
+    fake, channel = discovery
+    clock = FakeClock()
+    reg = FrontendRegistration(
+        channel, clock, frontend_id="fe-1", url="http://127.0.0.1:9", region="", incarnation=5
+    )
+    fake.fail_registrations = 2
+    task = asyncio.create_task(reg.run())
+    await until(lambda: len(fake.registrations) == 1 and clock.sleepers == 1)
+    await clock.advance(1.0)  # retried after 1 s
+    await until(lambda: len(fake.registrations) == 2 and clock.sleepers == 1)
+    await clock.advance(1.9)
+    assert len(fake.registrations) == 2  # then after 2 s (doubling), not sooner
+    await clock.advance(0.1)
+    await until(lambda: len(fake.registrations) == 3 and clock.sleepers == 1)
+    assert reg.heartbeat == 2.0 and reg.failures == 0
+    await clock.advance(2.0)  # renewals at the server-dictated heartbeat
+    await until(lambda: len(fake.registrations) == 4)
+    task.cancel()
+    await reg.unregister()
+    assert fake.unregistrations == 1
+    assert fake.registrations[0].frontend_id == "fe-1" and fake.registrations[0].incarnation == 5
