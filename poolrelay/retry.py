@@ -8,10 +8,10 @@ import grpc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 # Pool-local streams: the pool is next door, so redial fast; cap the wait at 2 s.
-POOL_RECONNECT = wait_exponential_jitter(initial=0.1, max=2.0, jitter=0.1)
+POOL_RECONNECT = wait_exponential_jitter(multiplier=0.1, max=2.0, jitter=0.1)
 # Telemetry streams to global frontends: exponential with jitter so that many relays do not redial
 # a restarted frontend in lock-step; capped at 5 s.
-TELEMETRY_RECONNECT = wait_exponential_jitter(initial=0.2, max=5.0, jitter=0.2)
+TELEMETRY_RECONNECT = wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2)
 
 
 async def reconnect_forever(

@@ -1,0 +1,171 @@
+"""The relay against in-process fakes: registration, telemetry content, drain both ways, graceful stop."""
+
+from __future__ import annotations
+
+import pytest
+
+from globaldiscovery.v1 import discovery_pb2 as dpb
+from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
+from poolrelay.registration import Reason
+from poolrelay.relay import Relay, RelayConfig
+from poolrelay.status import relay_status
+from poolrelay.v1 import pool_events_pb2 as pe
+from poolrelay.v1 import pool_events_pb2_grpc as pe_grpc
+from poolrelay.v1 import status_pb2
+from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
+from tests.relay.fakes import FakeDiscovery, FakePool, TelemetryReceiver, start_server, wait_for
+
+
+@pytest.fixture
+async def mesh():
+    pool = FakePool({"m1": True})
+    disco = FakeDiscovery()
+    recv = TelemetryReceiver()
+    servers = []
+    addrs = {}
+    for name, add, servicer in [
+        ("pool", pe_grpc.add_PoolEventsServiceServicer_to_server, pool),
+        ("disco", dpb_grpc.add_DiscoveryServiceServicer_to_server, disco),
+        ("recv", tm_grpc.add_TelemetryServiceServicer_to_server, recv),
+    ]:
+        server, addr = await start_server((add, servicer))
+        servers.append(server)
+        addrs[name] = addr
+    relay = Relay(
+        RelayConfig(
+            pool=addrs["pool"],
+            discovery=addrs["disco"],
+            pool_id="pool-a",
+            region="eu",
+            frontends=("http://127.0.0.1:9000",),
+            relay_id="relay-1",
+            incarnation=7,
+            global_frontends=(f"http://{addrs['recv']}",),
+            report_interval=0.2,
+        )
+    )
+    await relay.start()
+    yield pool, disco, recv, relay
+    if not relay.stopped:
+        await relay.stop()
+    for s in servers:
+        await s.stop(0)
+
+
+@pytest.mark.timeout(30)
+async def test_registers_the_ready_model_with_capacity_and_renews(mesh):
+    pool, disco, _, relay = mesh
+    await wait_for(lambda: len(disco.registers) >= 2, message="a registration and a renewal")
+    req = disco.registers[0]
+    assert (req.pool_id, req.model, req.region, list(req.frontends)) == (
+        "pool-a",
+        "m1",
+        "eu",
+        ["http://127.0.0.1:9000"],
+    )
+    assert (req.relay_id, req.incarnation) == ("relay-1", 7)
+    assert (req.capacity.max_running_requests, req.capacity.kv_cache_blocks) == (8, 1000)
+    assert req.capacity.prefill_tokens_per_second == 5000
+    status = relay_status(relay)
+    assert status.healthy and status.registered_model == "m1"
+    assert status.routing_pool_unregistered_reason == status_pb2.UNREGISTERED_REASON_UNSPECIFIED
+    # A second Ready model does not move the relay off the one it registered.
+    pool.models["m2"] = True
+    pool.changed()
+    n = len(disco.registers)
+    await wait_for(lambda: len(disco.registers) > n + 1)
+    assert {r.model for r in disco.registers[n:]} == {"m1"}
+
+
+@pytest.mark.timeout(30)
+async def test_no_registration_while_several_models_then_at_once(mesh):
+    pool, disco, _, relay = mesh
+    await relay.stop()  # restart with a pool that has two Ready models
+    disco.registers.clear()
+    pool.models = {"a": True, "b": True}
+    relay2 = Relay(relay.config)
+    await relay2.start()
+    try:
+        await wait_for(lambda: relay2.status is not None and relay2.unregistered[0] == Reason.SEVERAL_MODELS)
+        status = relay_status(relay2)
+        assert status.healthy, "an unregistered pool does not make the relay unhealthy"
+        assert "a, b" in status.routing_pool_unregistered_detail
+        assert disco.registers == []
+        pool.models["b"] = False
+        pool.changed()
+        await wait_for(lambda: disco.registers, message="registration once one model is Ready")
+        assert disco.registers[0].model == "a"
+    finally:
+        await relay2.stop()
+
+
+@pytest.mark.timeout(30)
+async def test_telemetry_receiver_holds_the_pool_block_set(mesh):
+    pool, _, recv, relay = mesh
+    pool.kv_event("w1", stored=[1, 2, 3])
+    pool.kv_event("w2", stored=[3, 4])
+    await wait_for(lambda: recv.blocks == {1, 2, 3, 4}, message="blocks at the receiver")
+    pool.kv_event("w1", removed=[3])
+    pool.kv_event("w2", removed=[4], stored=[5])
+    pool.kv_event("w1", cleared=True, stored=[6])
+    await wait_for(lambda: recv.blocks == pool.pool_blocks() == {3, 5, 6})
+    await wait_for(lambda: recv.loads and recv.readiness and recv.heartbeats)
+    hello = recv.hellos[-1]
+    assert (hello.pool_id, hello.relay_id, hello.incarnation, hello.protocol_version) == (
+        "pool-a",
+        "relay-1",
+        7,
+        1,
+    )
+    assert hello.block_size == 16 and hello.hash_scheme == 1 and hello.region == "eu"
+    assert recv.errors == []
+    # A frontend that asks for a snapshot gets a fresh one.
+    before = recv.snapshots
+    recv.snapshot_requests.put_nowait("test")
+    await wait_for(lambda: recv.snapshots > before, message="a fresh snapshot on request")
+    assert recv.blocks == {3, 5, 6} and recv.errors == []
+    stream = relay_status(relay).telemetry_streams[0]
+    assert stream.state == status_pb2.TELEMETRY_STREAM_STATE_STREAMING and stream.snapshots_sent >= 2
+
+
+@pytest.mark.timeout(30)
+async def test_discovery_drain_is_passed_to_the_pool_and_drained_pool_unregisters(mesh):
+    pool, disco, recv, relay = mesh
+    await wait_for(lambda: disco.registers)
+    disco.drain_requested = True
+    await wait_for(lambda: pool.drain_calls, message="StartDrain at the pool")
+    assert pool.drain_calls[0].reason == "discovery"
+    await wait_for(lambda: disco.registers[-1].draining, message="registration says draining")
+    await wait_for(lambda: any(d.drain.state == pe.DRAIN_STATE_DRAINING for d in recv.drains))
+    pool.drain = pe.DrainStatus(state=pe.DRAIN_STATE_DRAINED)
+    pool.changed()
+    await wait_for(lambda: disco.unregisters, message="UnregisterPool after the drain")
+    assert disco.unregisters[0].reason == dpb.REMOVAL_REASON_DRAINED
+    n = len(disco.registers)
+    await wait_for(lambda: relay.unregistered[0] == Reason.POOL_DRAINED)
+    await relay.clock.sleep(0.5)  # more than two heartbeat intervals of the fake discovery
+    assert len(disco.registers) == n, "nothing registered while the pool stays drained"
+
+
+@pytest.mark.timeout(30)
+async def test_graceful_stop_unregisters(mesh):
+    _, disco, _, relay = mesh
+    await wait_for(lambda: disco.registers)
+    await relay.stop()
+    assert [u.reason for u in disco.unregisters] == [dpb.REMOVAL_REASON_UNREGISTERED]
+    assert (disco.unregisters[0].relay_id, disco.unregisters[0].incarnation) == ("relay-1", 7)
+    status = relay_status(relay)
+    assert status.routing_pool_unregistered_reason == status_pb2.UNREGISTERED_REASON_RELAY_STOPPED
+    assert all(s.state == status_pb2.TELEMETRY_STREAM_STATE_CLOSED for s in status.telemetry_streams)
+
+
+@pytest.mark.timeout(30)
+async def test_failed_calls_are_reported_and_retried(mesh):
+    _, disco, _, relay = mesh
+    await wait_for(lambda: disco.registers)
+    disco.fail = True
+    await wait_for(lambda: relay.unregistered[0] == Reason.CALL_FAILED, message="CALL_FAILED")
+    assert "UNAVAILABLE" in relay.unregistered[1]
+    disco.fail = False
+    n = len(disco.registers)
+    await wait_for(lambda: len(disco.registers) > n and relay.unregistered[0] == Reason.NONE, within=15)
