@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
@@ -83,13 +83,19 @@ class PoolTable:
         self.forget_if_unused(pool_id)
 
     def replace_directory(self, listed: Iterable[discovery_pb2.Pool], complete: bool) -> None:
-        """A new watch's snapshot is the truth: pools it does not list are unlisted."""
+        """A new watch's snapshot is the truth: pools it does not list are unlisted.
+
+        An incomplete snapshot (a fresh discovery replica that has not heard every heartbeat yet)
+        only adds and updates: a pool it misses may just not have renewed there yet, and losing
+        signals never deletes a pool. The watcher re-watches later for a complete one.
+        """
         seen: set[str] = set()
         for msg in listed:
             self.apply_listed(msg)
             seen.add(msg.pool_id)
-        for pool_id in [p for p, s in self.pools.items() if s.listed and p not in seen]:
-            self.apply_removed(pool_id)
+        if complete:
+            for pool_id in [p for p, s in self.pools.items() if s.listed and p not in seen]:
+                self.apply_removed(pool_id)
         self.synced = True
         self.complete = complete
 
@@ -116,13 +122,18 @@ class DirectoryWatcher:
         channel: grpc.aio.Channel,
         clock: Clock,
         on_change=None,
+        resync_after: Callable[[], float] = lambda: 15.0,
     ) -> None:
         self._table = table
         self._stub = discovery_pb2_grpc.DiscoveryServiceStub(channel)
         self._clock = clock
         self._on_change = on_change
+        self._resync_after = resync_after
         self.watches_started = 0
         self.connected = asyncio.Event()
+        """Set while a watch is in step with discovery (after its snapshot)."""
+        self._synced_this_watch = False
+        self._resync: asyncio.Timeout | None = None
 
     async def run(self) -> None:
         """Watches until cancelled."""
@@ -137,40 +148,51 @@ class DirectoryWatcher:
                     await self._watch_once()
 
     async def _watch_once(self) -> None:
-        """One watch: returns normally when the stream ended after a snapshot (re-watch at once)."""
+        """One watch. Returns normally when it ended after a snapshot (re-watch at once); raises
+        when it broke before one (re-watch after a back-off)."""
         self.watches_started += 1
-        snapshot: list[discovery_pb2.Pool] = []
-        in_snapshot = True
+        self._synced_this_watch = False
         call = self._stub.WatchPools(discovery_pb2.WatchPoolsRequest())
         try:
-            async for event in call:
-                if in_snapshot:
-                    if event.type == EventType.WATCH_EVENT_TYPE_SNAPSHOT_DONE:
-                        in_snapshot = False
-                        self._table.replace_directory(snapshot, event.complete)
-                        self.connected.set()
-                        log.info("directory snapshot", pools=len(snapshot), complete=event.complete)
-                        self._changed()
-                    elif event.type == EventType.WATCH_EVENT_TYPE_ADDED:
-                        snapshot.append(event.pool)
-                    continue
-                if event.type in (EventType.WATCH_EVENT_TYPE_ADDED, EventType.WATCH_EVENT_TYPE_UPDATED):
-                    self._table.apply_listed(event.pool)
-                elif event.type == EventType.WATCH_EVENT_TYPE_REMOVED:
-                    log.info("pool removed", pool_id=event.pool.pool_id, reason=event.removal_reason)
-                    self._table.apply_removed(event.pool.pool_id)
-                self._changed()
+            async with asyncio.timeout(None) as self._resync:
+                await self._follow(call)
+        except TimeoutError:
+            # The snapshot was incomplete: watch again for a complete one (nothing is lost, the
+            # new snapshot carries every pool's current state).
+            log.info("re-watching for a complete directory snapshot")
+            return
         except grpc.aio.AioRpcError as exc:
-            self.connected.clear()
             log.warning("directory watch broken; routing on the directory we have", code=exc.code().name)
-            if in_snapshot:
+            if not self._synced_this_watch:
                 raise
             return
         finally:
             call.cancel()
-        self.connected.clear()
-        if in_snapshot:
+            self.connected.clear()
+        if not self._synced_this_watch:
             raise WatchEnded("watch ended before its snapshot")
+
+    async def _follow(self, call) -> None:
+        snapshot: list[discovery_pb2.Pool] = []
+        async for event in call:
+            if not self._synced_this_watch:
+                if event.type == EventType.WATCH_EVENT_TYPE_SNAPSHOT_DONE:
+                    self._table.replace_directory(snapshot, event.complete)
+                    self._synced_this_watch = True
+                    self.connected.set()
+                    log.info("directory snapshot", pools=len(snapshot), complete=event.complete)
+                    if not event.complete and self._resync is not None:
+                        self._resync.reschedule(asyncio.get_running_loop().time() + self._resync_after())
+                    self._changed()
+                elif event.type == EventType.WATCH_EVENT_TYPE_ADDED:
+                    snapshot.append(event.pool)
+                continue
+            if event.type in (EventType.WATCH_EVENT_TYPE_ADDED, EventType.WATCH_EVENT_TYPE_UPDATED):
+                self._table.apply_listed(event.pool)
+            elif event.type == EventType.WATCH_EVENT_TYPE_REMOVED:
+                log.info("pool removed", pool_id=event.pool.pool_id, reason=event.removal_reason)
+                self._table.apply_removed(event.pool.pool_id)
+            self._changed()
 
     def _changed(self) -> None:
         if self._on_change is not None:

@@ -44,6 +44,8 @@ class FrontendRegistration:
             frontend_id=frontend_id, url=url, region=region, incarnation=incarnation
         )
         self.heartbeat = DEFAULT_HEARTBEAT_S
+        self.lease_duration = 3 * DEFAULT_HEARTBEAT_S
+        """The lease duration discovery dictated (how long a fresh replica's listing may be incomplete)."""
         self.failures = 0
         self.registrations = 0
 
@@ -59,9 +61,11 @@ class FrontendRegistration:
             log.info("frontend registered", frontend_id=self._request.frontend_id, url=self._request.url)
         self.failures = 0
         self.registrations += 1
-        hb = seconds(reply.heartbeat_interval)
+        hb, lease = seconds(reply.heartbeat_interval), seconds(reply.lease_duration)
         if hb > 0:
             self.heartbeat = hb
+        if lease > 0:
+            self.lease_duration = lease
         return True
 
     async def run(self) -> None:

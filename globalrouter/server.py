@@ -258,16 +258,20 @@ class Router:
         """Starts the directory watch and the lease renewals (needs a running loop)."""
         if self.config.discovery:
             self._discovery_channel = aio_channel(self.config.discovery)
-            self.watcher = DirectoryWatcher(
-                self.core.table, self._discovery_channel, self.clock, on_change=self._directory_changed
-            )
-            self.registration = FrontendRegistration(
+            self.registration = registration = FrontendRegistration(
                 self._discovery_channel,
                 self.clock,
                 frontend_id=self.config.frontend_id,
                 url=self.config.advertise,
                 region=self.config.region,
                 incarnation=self.config.incarnation,
+            )
+            self.watcher = DirectoryWatcher(
+                self.core.table,
+                self._discovery_channel,
+                self.clock,
+                on_change=self._directory_changed,
+                resync_after=lambda: registration.lease_duration,
             )
             self._tasks = (
                 asyncio.create_task(self.watcher.run(), name="directory-watch"),

@@ -148,3 +148,19 @@ async def test_registration_renews_at_the_dictated_interval_and_retries_failures
     await reg.unregister()
     assert fake.unregistrations == 1
     assert fake.registrations[0].frontend_id == "fe-1" and fake.registrations[0].incarnation == 5
+
+
+async def test_incomplete_snapshot_adds_but_removes_nothing_then_resyncs(discovery):
+    fake, channel = discovery
+    table = PoolTable()
+    watcher = DirectoryWatcher(table, channel, FakeClock(), resync_after=lambda: 0.2)
+    fake.watches.put_nowait(snapshot(pool_msg("a", "http://h:1"), pool_msg("b", "http://h:2")))
+    task = asyncio.create_task(watcher.run())
+    await until(lambda: table.synced)
+    fake.live[-1].put_nowait(None)
+    fake.watches.put_nowait(snapshot(pool_msg("b", "http://h:2"), complete=False))  # a fresh replica
+    await until(lambda: watcher.watches_started == 2 and len(fake.live) == 2)
+    assert sorted(p.pool_id for p in table.listed()) == ["a", "b"]
+    fake.watches.put_nowait(snapshot(pool_msg("b", "http://h:2")))  # complete now: a is gone
+    await until(lambda: watcher.watches_started == 3 and "a" not in table.pools)
+    task.cancel()
