@@ -1,0 +1,214 @@
+"""The pool on a fake clock: timing, batching, admission limits, load, drain and hand-back."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from meshkit.clock import FakeClock
+from mocker.config import Faults, PoolConfig
+from mocker.pool import DrainState, Pool, RefusalKind, Refused, Ticket
+from mocker.tokens import continue_sequence
+
+BS = 4
+
+
+def make_pool(clock: FakeClock, **overrides) -> Pool:
+    settings = dict(
+        pool_id="p",
+        models=("m", "cold"),
+        workers=2,
+        worker_capacity_blocks=64,
+        block_size=BS,
+        prefill_tokens_per_second=100.0,
+        decode_tokens_per_second=10.0,
+        max_running_per_worker=1,
+        max_queue=1,
+        not_ready=("cold",),
+    )
+    settings.update(overrides)
+    return Pool(PoolConfig(**settings), clock)
+
+
+class Run:
+    """One request driven to its end in its own task, recording (time, batch) as tokens arrive."""
+
+    def __init__(self, pool: Pool, tokens: list[int], max_tokens: int) -> None:
+        self.pool = pool
+        self.batches: list[tuple[float, list[int]]] = []
+        self.ticket: Ticket | None = None
+        self.admitted = asyncio.Event()
+        self.task = asyncio.create_task(self._go(tokens, max_tokens))
+
+    async def _go(self, tokens: list[int], max_tokens: int) -> None:
+        self.ticket = self.pool.admit("r", "m", tokens, max_tokens)
+        self.admitted.set()
+        async for batch in self.pool.run(self.ticket):
+            self.batches.append((self.pool.clock.monotonic(), batch))
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for _, b in self.batches for t in b]
+
+    @property
+    def first_token_at(self) -> float:
+        return self.batches[0][0]
+
+
+async def start(pool: Pool, tokens: list[int], max_tokens: int) -> Run:
+    run = Run(pool, tokens, max_tokens)
+    await asyncio.wait([run.task, asyncio.ensure_future(run.admitted.wait())], return_when="FIRST_COMPLETED")
+    if run.task.done():
+        run.task.result()  # raises the refusal
+    return run
+
+
+async def test_prefill_time_grows_with_uncached_tokens_and_tokens_follow_at_decode_rate(fake_clock):
+    pool = make_pool(fake_clock)
+    t0 = fake_clock.monotonic()
+    run = await start(pool, list(range(40)), 3)  # 40 uncached tokens at 100/s: 0.4 s prefill
+    await fake_clock.advance(10)
+    await run.task
+    assert [t - t0 for t, _ in run.batches] == pytest.approx([0.5, 0.6, 0.7])
+    assert run.tokens == continue_sequence(list(range(40)), 3)
+    assert run.ticket.cached_blocks == 0
+
+    # Same prompt again: its 10 blocks are cached on the worker that ran it, so no prefill.
+    t1 = fake_clock.monotonic()
+    again = await start(pool, list(range(40)), 1)
+    assert again.ticket.worker is run.ticket.worker and again.ticket.cached_blocks == 10
+    await fake_clock.advance(10)
+    await again.task
+    assert again.first_token_at - t1 == pytest.approx(0.1)
+
+    # Half the prompt shared: prefill covers only the other 20 tokens.
+    t2 = fake_clock.monotonic()
+    half = await start(pool, [*range(20), *range(100, 120)], 1)
+    assert half.ticket.cached_blocks == 5
+    await fake_clock.advance(10)
+    await half.task
+    assert half.first_token_at - t2 == pytest.approx(0.2 + 0.1)
+
+
+async def test_speedup_divides_every_duration(fake_clock):
+    pool = make_pool(fake_clock, speedup=4.0)
+    t0 = fake_clock.monotonic()
+    run = await start(pool, list(range(40)), 2)
+    await fake_clock.advance(10)
+    await run.task
+    assert [t - t0 for t, _ in run.batches] == pytest.approx([0.5 / 4, 0.6 / 4])
+
+
+async def test_fast_decode_batches_tokens_within_the_window(fake_clock):
+    pool = make_pool(fake_clock, decode_tokens_per_second=1000.0)  # one token per ms
+    decode_start = fake_clock.monotonic() + 0.04  # 4 uncached tokens at 100/s
+    run = await start(pool, list(range(4)), 20)
+    await fake_clock.advance(10)
+    await run.task
+    assert run.tokens == continue_sequence(list(range(4)), 20)
+    assert len(run.batches) < 20
+    times = [t for t, _ in run.batches]
+    assert all(b - a >= 0.005 - 1e-9 for a, b in itertools.pairwise(times))
+    # No token waits more than the window after it is due.
+    emitted = 0
+    for t, batch in run.batches:
+        for _ in batch:
+            emitted += 1
+            due = decode_start + emitted * 0.001
+            assert -1e-9 <= t - due <= 0.005 + 1e-9
+
+
+async def test_admission_refusals(fake_clock):
+    pool = make_pool(fake_clock)
+    with pytest.raises(Refused) as e:
+        pool.admit("r", "nope", [1], 1)
+    assert e.value.kind is RefusalKind.UNKNOWN_MODEL
+    with pytest.raises(Refused) as e:
+        pool.admit("r", "cold", [1], 1)
+    assert e.value.kind is RefusalKind.NOT_READY
+    pool.set_model_ready("cold", True)
+    assert pool.models["cold"] is True
+    pool.set_faults(Faults(refuse_all=True))
+    with pytest.raises(Refused) as e:
+        pool.admit("r", "m", [1], 1)
+    assert e.value.kind is RefusalKind.REFUSE_ALL
+    assert pool.stats.requests_refused == 1
+
+
+async def test_queue_full_after_every_slot_and_the_queue_are_taken(fake_clock):
+    pool = make_pool(fake_clock)  # 2 workers x 1 slot, queue 1
+    runs = [await start(pool, [i] * 8, 5) for i in range(3)]
+    await fake_clock.settle()
+    load = pool.load()
+    assert (load.requests_running, load.requests_waiting) == (2, 1)
+    assert load.decode_tokens_in_flight == 15
+    assert load.prefill_tokens_in_flight == 24
+    with pytest.raises(Refused) as e:
+        await start(pool, [9] * 8, 5)
+    assert e.value.kind is RefusalKind.QUEUE_FULL
+    await fake_clock.advance(60)
+    await asyncio.gather(*(r.task for r in runs))
+    assert all(len(r.tokens) == 5 for r in runs)
+    assert pool.load().requests_running == 0 and pool.stats.requests_finished == 3
+
+
+async def test_drain_finishes_accepted_refuses_new_and_hands_back_at_deadline(fake_clock):
+    pool = make_pool(fake_clock)
+    short = await start(pool, [1] * 8, 2)  # ends at 0.08 + 0.2 s
+    long = await start(pool, [2] * 8, 1000)  # would need 100 s
+    await fake_clock.settle()
+    pool.start_drain(5.0, "test")
+    assert pool.drain.state is DrainState.DRAINING
+    deadline = pool.drain.deadline_monotonic
+    with pytest.raises(Refused) as e:
+        pool.admit("r", "m", [1], 1)
+    assert e.value.kind is RefusalKind.DRAINING
+    pool.start_drain(60.0)  # a second call keeps the earlier deadline
+    assert pool.drain.deadline_monotonic == deadline
+
+    await fake_clock.advance(1.0)
+    assert short.task.done() and len(short.tokens) == 2
+    assert pool.drain.state is DrainState.DRAINING
+    await fake_clock.advance(4.5)
+    assert long.task.cancelled()
+    assert long.ticket.handed_back and 0 < len(long.tokens) < 1000
+    assert pool.drain.state is DrainState.DRAINED and pool.drain.drained.is_set()
+    assert pool.stats.requests_handed_back == 1 and pool.stats.requests_finished == 1
+    assert pool.tickets == set()
+
+
+async def test_drain_of_an_idle_pool_is_drained_at_once(fake_clock):
+    pool = make_pool(fake_clock)
+    pool.start_drain(5.0)
+    assert pool.drain.state is DrainState.DRAINED
+    await asyncio.wait_for(pool.wait_drained(), 1)
+
+
+async def test_kv_events_reach_subscribers_in_order_and_a_slow_one_overflows(fake_clock):
+    pool = make_pool(fake_clock, kv_subscriber_queue=2)
+    fast = pool.kv_hub.subscribe()
+    slow = pool.kv_hub.subscribe()
+    received = []
+
+    async def read() -> None:
+        async for ev in fast.events():
+            received.append(ev)
+
+    reader = asyncio.create_task(read())
+    for i in range(4):
+        run = await start(pool, [100 + i] * 8, 1)
+        await fake_clock.advance(1)
+        await run.task
+    assert [(e.worker_id, e.event_id) for e in received] == [
+        ("worker-0", 1),
+        ("worker-0", 2),
+        ("worker-0", 3),
+        ("worker-0", 4),
+    ]  # one request at a time: the idle worker-0 wins every tie
+    assert slow.overflowed and pool.kv_hub.subscribers == 1
+    with pytest.raises(Exception, match="more than 2 KV events"):
+        async for _ in slow.events():
+            pass
+    reader.cancel()
