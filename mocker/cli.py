@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import sys
 
-from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.cli import host_port, positive_seconds
 from meshkit.logs import configure_logging
 from meshkit.validation import Violations, check_identifier
@@ -34,24 +33,24 @@ def _int_at_least(minimum: int, maximum: int | None = None):
     return parse
 
 
-def _non_negative_seconds(value: str) -> float:
-    try:
-        s = float(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from exc
-    if not s >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {value!r}")
-    return s
+def _number_above(minimum: float, *, inclusive: bool):
+    """argparse type: a finite number > `minimum` (or >= it when `inclusive`)."""
+    bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from exc
+        if not (x >= minimum if inclusive else x > minimum) or x == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {value!r}")
+        return x
+
+    return parse
 
 
-def _positive_number(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from exc
-    if not (x > 0 and x != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value!r}")
-    return x
+_non_negative = _number_above(0, inclusive=True)
+_positive = _number_above(0, inclusive=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,13 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV blocks per worker",
     )
     s.add_argument("--block-size", type=_int_at_least(1), default=d.block_size, help="tokens per KV block")
-    s.add_argument("--speedup", type=_positive_number, default=d.speedup, help="divides every duration")
+    s.add_argument("--speedup", type=_positive, default=d.speedup, help="divides every duration")
     s.add_argument(
         "--max-queue", type=_int_at_least(0), default=d.max_queue, help="waiting requests admitted"
     )
     s.add_argument("--max-running-per-worker", type=_int_at_least(1), default=d.max_running_per_worker)
-    s.add_argument("--prefill-tokens-per-second", type=_positive_number, default=d.prefill_tokens_per_second)
-    s.add_argument("--decode-tokens-per-second", type=_positive_number, default=d.decode_tokens_per_second)
+    s.add_argument("--prefill-tokens-per-second", type=_positive, default=d.prefill_tokens_per_second)
+    s.add_argument("--decode-tokens-per-second", type=_positive, default=d.decode_tokens_per_second)
     s.add_argument(
         "--drain-timeout",
         type=positive_seconds,
@@ -89,9 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="exit abruptly once any stream has sent this many tokens (0: never)",
     )
-    s.add_argument(
-        "--added-latency", type=_non_negative_seconds, default=0.0, help="seconds before admission"
-    )
+    s.add_argument("--added-latency", type=_non_negative, default=0.0, help="seconds before admission")
     s.add_argument("--refuse-all", action="store_true", help="refuse every request (RESOURCE_EXHAUSTED)")
     s.add_argument("--not-ready", nargs="+", default=[], metavar="MODEL", help="models that start not ready")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -144,6 +141,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mocker: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-assert DEFAULT_BLOCK_SIZE == _DEFAULTS.block_size
