@@ -61,7 +61,13 @@ class SelectorPolicy:
     def choose(self, view: FrontendView, request: TraceRequest, now: float) -> Choice:
         cached = view.overlaps(request.hash_ids, now)
         decision = self.selector.select(
-            view.pools, view.pools[0].model, request.input_length, request.output_length, cached, now
+            view.pools,
+            view.pools[0].model,
+            request.input_length,
+            request.output_length,
+            cached,
+            now,
+            affinity_key=request.hash_ids[0] if request.hash_ids else 0,
         )
         best = decision.candidates[0]
         return Choice(_index_of(view, best.pool_id), best.uncached_tokens)
@@ -104,21 +110,23 @@ class LeastLoadedPolicy:
 
 class DynamoPolicy:
     """Dynamo's KV-aware cost one level up: prefill tokens left after the pool's overlap plus
-    the pool's queued work tokens, equal weights, lowest wins."""
+    the pool's queued work tokens, equal weights, lowest wins (ties broken at random, seeded,
+    which spreads new prefixes better than always taking the first pool)."""
 
-    def __init__(self, decode_weight: float, block_size: int) -> None:
+    def __init__(self, decode_weight: float, block_size: int, seed: int) -> None:
         self.decode_weight = decode_weight
         self.block_size = block_size
+        self.rng = random.Random(seed)
 
     def choose(self, view: FrontendView, request: TraceRequest, now: float) -> Choice:
         cached = view.overlaps(request.hash_ids, now)
-        best, best_cost, best_left = 0, float("inf"), request.input_length
-        for k, pool in enumerate(view.pools):
+        costs = []
+        for pool in view.pools:
             left = max(0, request.input_length - cached.get(pool.pool_id, 0) * self.block_size)
-            cost = left + view.queued_work(pool, now, self.decode_weight)
-            if cost < best_cost:
-                best, best_cost, best_left = k, cost, left
-        return Choice(best, best_left)
+            costs.append((left + view.queued_work(pool, now, self.decode_weight), left))
+        lowest = min(c for c, _ in costs)
+        best = self.rng.choice([k for k, (c, _) in enumerate(costs) if c == lowest])
+        return Choice(best, costs[best][1])
 
 
 def _index_of(view: FrontendView, pool_id: str) -> int:
@@ -133,7 +141,7 @@ POLICIES: dict[str, Callable[[SelectionConfig, int, int], Policy]] = {
     "random": lambda config, seed, block_size: RandomPolicy(seed),
     "round_robin": lambda config, seed, block_size: RoundRobinPolicy(),
     "least_loaded": lambda config, seed, block_size: LeastLoadedPolicy(config.decode_weight),
-    "dynamo": lambda config, seed, block_size: DynamoPolicy(config.decode_weight, block_size),
+    "dynamo": lambda config, seed, block_size: DynamoPolicy(config.decode_weight, block_size, seed),
 }
 """Policy name -> factory(selection config, seed, block size)."""
 

@@ -15,8 +15,13 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import xxhash
+
 from globalrouter.kv_index import KvIndex
 from globalrouter.pool_state import FreshnessLimits, PoolState
+
+_xxh3 = xxhash.xxh3_64_intdigest
+_SEED_MASK = (1 << 64) - 1
 
 
 class FilterReason(enum.Enum):
@@ -35,9 +40,10 @@ class SelectionConfig:
 
     freshness: FreshnessLimits = field(default_factory=FreshnessLimits)
     """How old each kind of signal may be before it counts as unknown."""
-    prefill_weight: float = 1.0
+    prefill_weight: float = 1.5
     """Multiplier of the prefill term (work left after the cached prefix); above 1 favours
-    cache affinity over load balance, which keeps each shared prefix in one pool."""
+    cache affinity over load balance, which keeps each shared prefix in one pool (a copy of a
+    prefix in a second pool costs cache space that later requests miss)."""
     load_weight: float = 1.0
     """Multiplier of the pool's reported queued and running work."""
     pending_weight: float = 1.0
@@ -51,6 +57,12 @@ class SelectionConfig:
     tokens_per_second_per_slot: float = 1_000.0
     """Throughput assumed per running slot for a pool that states max running requests but no
     prefill rate."""
+    hotspot_seconds: float = 1.0
+    """Seconds; a pool whose queue (reported + pending) exceeds the mean queue of the eligible
+    pools with known load by E seconds has its queue terms grown by E^2 / hotspot_seconds, so a
+    pool piling up behind a popular prefix sheds work before its tail latency grows, while
+    pools near the mean are ranked on cache and queue alone. Relative to the mean, the penalty
+    does not grow with the overall load. 0 turns it off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +174,23 @@ class Selector:
             return slots * self.config.tokens_per_second_per_slot
         return self.config.default_tokens_per_second
 
+    def _queue(self, pool: PoolState, known: bool, rate: float) -> tuple[float, float]:
+        """(load_cost, pending_cost): reported and pending work in seconds of throughput, weighted."""
+        cfg = self.config
+        dw = cfg.decode_weight
+        load_cost = 0.0
+        if known:
+            load = pool.load
+            load_cost = (
+                cfg.load_weight
+                * (load.prefill_tokens_in_flight + dw * load.decode_tokens_in_flight)  # type: ignore[union-attr]
+                / rate
+            )
+        pending_cost = (
+            cfg.pending_weight * (pool.pending_prefill_tokens + dw * pool.pending_decode_tokens) / rate
+        )
+        return load_cost, pending_cost
+
     def select(
         self,
         pools: Iterable[PoolState],
@@ -170,12 +199,18 @@ class Selector:
         max_tokens: int,
         cached_blocks: Mapping[str, int],
         now: float,
+        affinity_key: int = 0,
     ) -> Decision:
-        """Filters the listed pools and ranks the eligible ones, best first."""
+        """Filters the listed pools and ranks the eligible ones, best first.
+
+        Equal costs (typically idle pools and a prompt no pool caches) are ordered by a
+        rendezvous hash of `affinity_key` and the pool id: pass the prompt's first block hash,
+        so new prefixes spread evenly over the pools while the same prefix ties the same way
+        on every frontend.
+        """
         cfg = self.config
         limits = cfg.freshness
-        dw = cfg.decode_weight
-        candidates: list[tuple[bool, float, str, RankedPool]] = []
+        rows: list[_Row] = []
         filtered: list[FilteredPool] = []
         model_served = False
         first_block_size = 0
@@ -198,37 +233,42 @@ class Selector:
                 cached = min(cached, blocks)
                 uncached = prompt_tokens - cached * block_size
             else:
-                blocks = 0
-                cached = 0
+                blocks = cached = 0
                 uncached = prompt_tokens
-            prefill_cost = cfg.prefill_weight * uncached / rate
             known = pool.load_fresh(now, limits)
-            if known:
-                load = pool.load
-                load_cost = (
-                    cfg.load_weight
-                    * (load.prefill_tokens_in_flight + dw * load.decode_tokens_in_flight)  # type: ignore[union-attr]
-                    / rate
+            load_cost, pending_cost = self._queue(pool, known, rate)
+            rows.append(
+                _Row(
+                    pool,
+                    known,
+                    cfg.prefill_weight * uncached / rate,
+                    load_cost,
+                    pending_cost,
+                    cached,
+                    blocks,
+                    uncached,
                 )
-            else:
-                load_cost = 0.0
-            pending_cost = (
-                cfg.pending_weight * (pool.pending_prefill_tokens + dw * pool.pending_decode_tokens) / rate
             )
-            total = prefill_cost + load_cost + pending_cost
+        if cfg.hotspot_seconds > 0 and rows:
+            _penalize_hotspots(rows, cfg.hotspot_seconds)
+        candidates: list[tuple[bool, float, int, RankedPool]] = []
+        seed = affinity_key & _SEED_MASK
+        for r in rows:
+            total = r.prefill_cost + r.load_cost + r.pending_cost
             ranked = RankedPool(
-                pool_id=pool.pool_id,
+                pool_id=r.pool.pool_id,
                 total_cost=total,
-                prefill_cost=prefill_cost,
-                load_cost=load_cost,
-                pending_cost=pending_cost,
-                cached_blocks=cached,
-                prompt_blocks=blocks,
-                load_known=known,
-                region=pool.region,
-                uncached_tokens=uncached,
+                prefill_cost=r.prefill_cost,
+                load_cost=r.load_cost,
+                pending_cost=r.pending_cost,
+                cached_blocks=r.cached,
+                prompt_blocks=r.blocks,
+                load_known=r.known,
+                region=r.pool.region,
+                uncached_tokens=r.uncached,
             )
-            candidates.append((not known, total, pool.pool_id, ranked))
+            tie = _xxh3(r.pool.pool_id.encode(), seed=seed)
+            candidates.append((not r.known, total, tie, ranked))
         candidates.sort(key=_rank_key)
         filtered.sort(key=lambda f: f.pool_id)
         ranked_list = [c[3] for c in candidates]
@@ -239,5 +279,34 @@ class Selector:
         return Decision(ranked_list, filtered, prompt_blocks, model_served)
 
 
-def _rank_key(entry: tuple[bool, float, str, RankedPool]) -> tuple[bool, float, str]:
+@dataclass(slots=True)
+class _Row:
+    """One eligible pool while its costs are worked out."""
+
+    pool: PoolState
+    known: bool
+    prefill_cost: float
+    load_cost: float
+    pending_cost: float
+    cached: int
+    blocks: int
+    uncached: int
+
+
+def _penalize_hotspots(rows: list[_Row], scale: float) -> None:
+    """Grows the queue terms of pools whose queue exceeds the mean (of known-load pools)."""
+    queues = [r.load_cost + r.pending_cost for r in rows if r.known]
+    if not queues:
+        return
+    mean = sum(queues) / len(queues)
+    for r in rows:
+        queued = r.load_cost + r.pending_cost
+        excess = queued - mean
+        if excess > 0:
+            grow = 1.0 + excess * excess / (scale * queued)
+            r.load_cost *= grow
+            r.pending_cost *= grow
+
+
+def _rank_key(entry: tuple[bool, float, int, RankedPool]) -> tuple[bool, float, int]:
     return entry[0], entry[1], entry[2]

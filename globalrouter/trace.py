@@ -72,3 +72,86 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]
                 break
     out.sort(key=lambda r: r.arrival)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class SyntheticTraceSpec:
+    """A synthetic workload of the same format, to check a policy away from the shipped trace.
+
+    Requests belong to sessions; a session starts from one of `prefix_groups` shared prefixes
+    (Zipf-popular: system prompts, documents) and each of its turns extends the previous turn's
+    blocks (a multi-turn conversation), so prefixes are shared both across and within sessions.
+    """
+
+    requests: int = 4000
+    """Requests in the trace."""
+    rate: float = 4.0
+    """Mean arrivals per second (Poisson)."""
+    prefix_groups: int = 200
+    """Distinct shared prefixes."""
+    zipf_s: float = 1.1
+    """Zipf exponent of the prefix popularity (larger: a few prefixes dominate)."""
+    prefix_blocks: tuple[int, int] = (4, 40)
+    """Range of a shared prefix's length in blocks."""
+    turn_blocks: tuple[int, int] = (1, 12)
+    """Range of the blocks each turn adds."""
+    continue_probability: float = 0.6
+    """Chance that a request continues an open session rather than starting a new one."""
+    open_sessions: int = 64
+    """Sessions that can be continued at once (the oldest is closed when a new one opens)."""
+    max_blocks: int = 200
+    """A session ends once its prompt reaches this many blocks."""
+    output_mean: float = 150.0
+    """Mean output length (exponential)."""
+    seed: int = 0
+
+
+def synthetic_trace(spec: SyntheticTraceSpec) -> list[TraceRequest]:
+    """Generates a trace from `spec` (deterministic for a seed)."""
+    import random
+
+    rng = random.Random(spec.seed)
+    weights = [1.0 / (k + 1) ** spec.zipf_s for k in range(spec.prefix_groups)]
+    next_id = 0
+    prefixes: list[list[int]] = []
+    for _ in range(spec.prefix_groups):
+        n = rng.randint(*spec.prefix_blocks)
+        prefixes.append(list(range(next_id, next_id + n)))
+        next_id += n
+    sessions: list[list[int]] = []
+    out: list[TraceRequest] = []
+    t = 0.0
+    for _ in range(spec.requests):
+        t += rng.expovariate(spec.rate)
+        if sessions and rng.random() < spec.continue_probability:
+            k = rng.randrange(len(sessions))
+            blocks = sessions[k]
+        else:
+            group = rng.choices(range(spec.prefix_groups), weights)[0]
+            blocks = list(prefixes[group])
+            sessions.append(blocks)
+            if len(sessions) > spec.open_sessions:
+                sessions.pop(0)
+            k = len(sessions) - 1
+        added = rng.randint(*spec.turn_blocks)
+        blocks.extend(range(next_id, next_id + added))
+        next_id += added
+        if len(blocks) >= spec.max_blocks:
+            sessions.pop(k)
+        input_length = len(blocks) * TRACE_BLOCK_SIZE - rng.randrange(TRACE_BLOCK_SIZE)
+        output_length = max(1, round(rng.expovariate(1.0 / spec.output_mean)))
+        out.append(TraceRequest(round(t, 3), input_length, output_length, tuple(blocks)))
+    return out
+
+
+def write_trace(path: str | Path, trace: list[TraceRequest]) -> None:
+    """Writes a trace as JSONL (timestamps in integer milliseconds)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for r in trace:
+            obj = {
+                "timestamp": round(r.arrival * 1000),
+                "input_length": r.input_length,
+                "output_length": r.output_length,
+                "hash_ids": list(r.hash_ids),
+            }
+            f.write(json.dumps(obj) + "\n")

@@ -98,7 +98,7 @@ def test_unknown_load_ranks_behind_known_load():
     missing = pool("a", load=None)
     stale = pool("b")
     stale.load_at = NOW - 10 * FreshnessLimits().load_max_age
-    d = Selector().select([missing, stale, pool("c", load=busy)], MODEL, 1600, 16, {"a": 100, "b": 100}, NOW)
+    d = Selector().select([missing, stale, pool("c", load=busy)], MODEL, 1600, 16, {"a": 100, "b": 50}, NOW)
     assert order(d) == ["c", "a", "b"]  # the busy known pool first; unknown ones not excluded
     assert [c.load_known for c in d.candidates] == [True, False, False]
     assert d.candidates[1].load_cost == 0.0
@@ -125,9 +125,10 @@ def test_pools_of_different_capacity():
     # Same queued work: the pool that serves it four times faster is the better choice.
     load = LoadSignal(prefill_tokens_in_flight=40_000)
     pools = [pool("small", rate=5_000, load=load), pool("big", rate=20_000, load=load)]
-    d = Selector().select(pools, MODEL, 1600, 16, {}, NOW)
+    d = Selector(SelectionConfig(hotspot_seconds=0)).select(pools, MODEL, 1600, 16, {}, NOW)
     assert order(d) == ["big", "small"]
     assert d.candidates[1].load_cost == 4 * d.candidates[0].load_cost
+    assert order(Selector().select(pools, MODEL, 1600, 16, {}, NOW)) == ["big", "small"]
     # Without a stated rate, max running requests scales the throughput.
     a = pool("slots8", rate=0, capacity=PoolCapacityHint(max_running_requests=8), load=load)
     b = pool("slots2", rate=0, capacity=PoolCapacityHint(max_running_requests=2), load=load)
@@ -138,9 +139,46 @@ def test_weights_come_from_the_config():
     busy = LoadSignal(prefill_tokens_in_flight=3_000)
     pools = [pool("a", load=busy), pool("b")]
     cached = {"a": 100}  # a holds the whole prompt
-    assert order(Selector().select(pools, MODEL, 1600, 16, cached, NOW)) == ["b", "a"]
-    heavy = Selector(SelectionConfig(prefill_weight=4.0))
+    plain = SelectionConfig(prefill_weight=1.0, hotspot_seconds=0)
+    assert order(Selector(plain).select(pools, MODEL, 1600, 16, cached, NOW)) == ["b", "a"]
+    heavy = Selector(SelectionConfig(prefill_weight=4.0, hotspot_seconds=0))
     assert order(heavy.select(pools, MODEL, 1600, 16, cached, NOW)) == ["a", "b"]
+    d = heavy.select(pools, MODEL, 1600, 16, cached, NOW)
+    assert d.candidates[1].prefill_cost == 4.0 * 1600 / 10_000
+
+
+def test_hotspot_penalty_sheds_a_long_queue_despite_a_large_cache_advantage():
+    # a holds the whole 16,000-token prompt (1.6 s of prefill saved) but queues 3 s of work
+    # while the others queue 1 s: linear costs keep piling onto a, the hotspot term does not.
+    pools = [
+        pool("a", load=LoadSignal(prefill_tokens_in_flight=30_000)),
+        pool("b", load=LoadSignal(prefill_tokens_in_flight=10_000)),
+        pool("c", load=LoadSignal(prefill_tokens_in_flight=10_000)),
+    ]
+    cached = {"a": 1000}
+    linear = Selector(SelectionConfig(prefill_weight=1.5, hotspot_seconds=0))
+    assert order(linear.select(pools, MODEL, 16_000, 16, cached, NOW))[0] == "a"
+    d = Selector(SelectionConfig(prefill_weight=1.5, hotspot_seconds=1.0)).select(
+        pools, MODEL, 16_000, 16, cached, NOW
+    )
+    assert order(d)[-1] == "a"
+    # the mean queue is 5/3 s; a's excess 4/3 s grows its 3 s queue by (4/3)^2 s
+    assert abs(d.candidates[-1].load_cost - (3.0 + (4 / 3) ** 2)) < 1e-9
+    assert d.candidates[0].load_cost == 1.0  # below the mean: unchanged
+
+
+def test_equal_costs_tie_by_prefix_rendezvous_hash():
+    pools = [pool(f"p{k}") for k in range(8)]
+    sel = Selector()
+    firsts = {
+        sel.select(pools, MODEL, 1600, 16, {}, NOW, affinity_key=key).candidates[0].pool_id
+        for key in range(64)
+    }
+    assert len(firsts) >= 6  # new prefixes spread over the pools
+    again = [
+        sel.select(pools, MODEL, 1600, 16, {}, NOW, affinity_key=7).candidates[0].pool_id for _ in range(3)
+    ]
+    assert len(set(again)) == 1  # the same prefix ties the same way
 
 
 def test_pool_overlaps_takes_max_over_sources_and_ignores_stale_kv():
