@@ -87,16 +87,22 @@ class PoolSource:
         resyncing = True
         last_id: dict[str, int] = {}
         got = False
+        # While re-syncing, a read is waited for with a timeout; it must not be cancelled (that
+        # would cancel the whole call), so it stays pending and is awaited after the timeout.
+        pending: asyncio.Future | None = None
         try:
             while True:
                 if resyncing:
-                    try:
-                        msg = await asyncio.wait_for(call.read(), timeout=RESYNC_QUIET_S)
-                    except TimeoutError:
+                    pending = pending or asyncio.ensure_future(call.read())
+                    done, _ = await asyncio.wait({pending}, timeout=RESYNC_QUIET_S)
+                    if not done:
                         blocks.end_resync()
                         resyncing = False
                         self._on_blocks()
                         continue
+                    msg, pending = pending.result(), None
+                elif pending is not None:
+                    msg, pending = await pending, None
                 else:
                     msg = await call.read()
                 if msg is grpc.aio.EOF:
@@ -124,6 +130,8 @@ class PoolSource:
             if not got:
                 raise
         finally:
+            if pending is not None:
+                pending.cancel()
             call.cancel()
         if not got:
             raise ConnectionError("pool kv stream ended before its first message")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
+from poolrelay.pool_source import RESYNC_QUIET_S
 from poolrelay.registration import Reason
 from poolrelay.relay import Relay, RelayConfig
 from poolrelay.status import relay_status
@@ -102,6 +105,8 @@ async def test_no_registration_while_several_models_then_at_once(mesh):
 @pytest.mark.timeout(30)
 async def test_telemetry_receiver_holds_the_pool_block_set(mesh):
     pool, _, recv, relay = mesh
+    await wait_for(lambda: recv.snapshots, message="telemetry stream open")
+    await asyncio.sleep(RESYNC_QUIET_S * 2)  # an idle pool: the relay's subscription ends its re-sync by time
     pool.kv_event("w1", stored=[1, 2, 3])
     pool.kv_event("w2", stored=[3, 4])
     await wait_for(lambda: recv.blocks == {1, 2, 3, 4}, message="blocks at the receiver")
