@@ -1,0 +1,1 @@
+"""mocker: a simulated LLM serving pool (serving link, pool-local event API, admin API)."""

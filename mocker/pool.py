@@ -196,13 +196,16 @@ class Pool:
             await worker.acquire()
             acquired = True
             ticket.state = TicketState.RUNNING
-            # The cache may have changed while the request waited: prefill what is missing now.
-            cached = worker.cache.cached_prefix(ticket.hashes)
-            ticket.prefill_pending = len(ticket.tokens) - cached * self.config.block_size
             self.changes.notify()
-            await self.clock.sleep(self.timing.prefill_seconds(ticket.prefill_pending))
-            worker.store(ticket.hashes)
-            ticket.prefill_pending = 0
+            async with worker.prefill_lock:
+                # The cache may have changed while the request waited (an earlier prefill may
+                # have stored this very prefix): prefill only what is missing now.
+                cached = worker.cache.cached_prefix(ticket.hashes)
+                ticket.prefill_pending = len(ticket.tokens) - cached * self.config.block_size
+                self.changes.notify()
+                await self.clock.sleep(self.timing.prefill_seconds(ticket.prefill_pending))
+                worker.store(ticket.hashes)
+                ticket.prefill_pending = 0
             self.changes.notify()
             async for batch in self._decode(ticket):
                 yield batch

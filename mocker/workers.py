@@ -107,6 +107,9 @@ class Worker:
         self.event_id = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._on_event = on_event
+        # Prefill is compute-bound: a worker prefills one request at a time (first come, first
+        # served), so its prefill rate is a real capacity; decode runs batched for every request.
+        self.prefill_lock = asyncio.Lock()
 
     @property
     def waiting(self) -> int:

@@ -212,3 +212,21 @@ async def test_kv_events_reach_subscribers_in_order_and_a_slow_one_overflows(fak
         async for _ in slow.events():
             pass
     reader.cancel()
+
+
+async def test_a_worker_prefills_one_request_at_a_time_and_the_next_reuses_its_blocks(fake_clock):
+    pool = make_pool(fake_clock, workers=1, max_running_per_worker=2)
+    t0 = fake_clock.monotonic()
+    a = await start(pool, list(range(40)), 1)  # 0.4 s prefill
+    b = await start(pool, list(range(40)), 1)  # same prompt, admitted while a prefills
+    c = await start(pool, [*range(20), *range(500, 540)], 1)  # waits for a slot: 2 running
+    assert (a.ticket.cached_blocks, b.ticket.cached_blocks) == (0, 0)
+    await fake_clock.settle()
+    assert pool.load().prefill_tokens_in_flight == 40 + 40 + 60
+    await fake_clock.advance(10)
+    await asyncio.gather(a.task, b.task, c.task)
+    assert a.first_token_at - t0 == pytest.approx(0.4 + 0.1)
+    # b prefilled after a, finding all 10 blocks a stored: no prefill work of its own.
+    assert b.first_token_at - t0 == pytest.approx(0.4 + 0.1)
+    # c got a's slot at 0.5 s; its first 5 blocks were cached, 40 tokens left to prefill.
+    assert c.first_token_at - t0 == pytest.approx(0.5 + 0.4 + 0.1)
