@@ -41,5 +41,9 @@ def configure_logging(service: str, level: str = "info") -> structlog.stdlib.Bou
 
 
 def get_logger(**context: object) -> structlog.stdlib.BoundLogger:
-    """A logger with `context` bound (per module or per RPC)."""
-    return structlog.get_logger().bind(**context)
+    """A logger with `context` bound (per module or per RPC).
+
+    Lazy: a module-level logger created at import time, before `configure_logging`, still uses
+    the configuration (renderer, level) set later (`.bind()` here would freeze the defaults).
+    """
+    return structlog.get_logger(**context)
