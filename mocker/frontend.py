@@ -70,7 +70,7 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
                 request.request_id, request.model, list(request.token_ids), request.max_tokens
             )
         except Refused as refused:
-            rlog.info("refused", reason=refused.kind.value)
+            rlog.debug("refused", reason=refused.kind.value)
             await context.abort(REFUSAL_CODES[refused.kind], refused.message)
         rlog = rlog.bind(worker=ticket.worker.worker_id)
         rlog.debug("admitted", cached_blocks=ticket.cached_blocks, prompt_blocks=ticket.prompt_blocks)
