@@ -174,3 +174,25 @@ async def test_failed_calls_are_reported_and_retried(mesh):
     disco.fail = False
     n = len(disco.registers)
     await wait_for(lambda: len(disco.registers) > n and relay.unregistered[0] == Reason.NONE, within=15)
+
+
+@pytest.mark.timeout(30)
+async def test_lost_pool_means_nothing_registered():
+    pool, disco = FakePool({"m1": True}), FakeDiscovery()
+    pool_server, pool_addr = await start_server((pe_grpc.add_PoolEventsServiceServicer_to_server, pool))
+    disco_server, disco_addr = await start_server((dpb_grpc.add_DiscoveryServiceServicer_to_server, disco))
+    relay = Relay(
+        RelayConfig(pool_addr, disco_addr, "pool-a", "eu", ("http://127.0.0.1:9000",), "relay-1", 1)
+    )
+    await relay.start()
+    try:
+        await wait_for(lambda: disco.registers, message="registered")
+        await pool_server.stop(0)
+        await wait_for(lambda: relay.unregistered[0] == Reason.POOL_UNREACHABLE, message="POOL_UNREACHABLE")
+        n = len(disco.registers)
+        await asyncio.sleep(4 * disco.heartbeat)
+        assert len(disco.registers) == n, "no renewals for a pool the relay cannot see"
+        assert disco.unregisters == [], "a lost pool is not unregistered: its lease runs out"
+    finally:
+        await relay.stop()
+        await disco_server.stop(0)
