@@ -102,7 +102,7 @@ class GenerateRun:
             except grpc.aio.AioRpcError as exc:
                 error = exc
             finally:
-                admitted.call.cancel()
+                await self._links.release(admitted)
             if finish is not None or len(rec.tokens) >= self._max_tokens:
                 reason = (
                     _FINISH.get(finish.reason, router_pb2.FINISH_REASON_LENGTH)

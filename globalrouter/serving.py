@@ -62,6 +62,10 @@ class ServingLinks:
         ] = {}
         self._round_robin: dict[str, itertools.count] = {}
         self._failures: dict[str, int] = {}
+        self._in_flight: dict[str, int] = {}
+        """URL -> streams open on its channel (a channel is never closed under a live stream)."""
+        self._retired: set[str] = set()
+        """URLs no listed pool names any more, closed when their last stream ends."""
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
 
@@ -93,13 +97,35 @@ class ServingLinks:
             pool.link_backoff_until = 0.0
 
     async def prune(self, urls_in_use: set[str]) -> None:
-        """Closes channels to URLs no listed pool names any more."""
-        for url in [u for u in self._channels if u not in urls_in_use]:
-            channel, _ = self._channels.pop(url)
-            await channel.close()
+        """Closes channels to URLs no listed pool names any more, once no stream runs on them
+        (a drained pool leaves the directory while its handed-back streams still end)."""
+        self._retired = {u for u in self._channels if u not in urls_in_use}
+        for url in [u for u in self._retired if not self._in_flight.get(u)]:
+            await self._close(url)
+
+    async def _close(self, url: str) -> None:
+        self._retired.discard(url)
+        entry = self._channels.pop(url, None)
+        if entry is not None:
+            await entry[0].close()
+
+    async def release(self, admitted: Admitted) -> None:
+        """The request's stream on `admitted` ended (finished, failed or cancelled)."""
+        admitted.call.cancel()
+        await self._release_url(admitted.url)
+
+    async def _release_url(self, url: str) -> None:
+        left = self._in_flight.get(url, 1) - 1
+        if left > 0:
+            self._in_flight[url] = left
+            return
+        self._in_flight.pop(url, None)
+        if url in self._retired:
+            await self._close(url)
 
     async def close(self) -> None:
-        await self.prune(set())
+        for url in list(self._channels):
+            await self._close(url)
 
     async def admit(self, pool: PoolState, request: PoolRequest) -> Admitted:
         """Opens the request on one of the pool's frontends and waits for its admission.
@@ -108,13 +134,20 @@ class ServingLinks:
         """
         url = self.next_frontend(pool)
         call = self.stub(url).Generate(request)
+        self._in_flight[url] = self._in_flight.get(url, 0) + 1
         try:
             first = await call.read()
         except grpc.aio.AioRpcError as exc:
+            await self._release_url(url)
             code, message = exc.code(), exc.details() or ""
             raise AdmissionFailed(pool.pool_id, code, message, refused=is_refusal(code, message)) from None
+        except BaseException:
+            call.cancel()
+            await self._release_url(url)
+            raise
         if first is grpc.aio.EOF or first.WhichOneof("payload") != "admission":
             call.cancel()
+            await self._release_url(url)
             raise AdmissionFailed(
                 pool.pool_id,
                 grpc.StatusCode.UNAVAILABLE,
