@@ -251,8 +251,7 @@ class Selector:
             )
         if cfg.hotspot_seconds > 0 and rows:
             _penalize_hotspots(rows, cfg.hotspot_seconds)
-        candidates: list[tuple[bool, float, int, RankedPool]] = []
-        seed = affinity_key & _SEED_MASK
+        candidates: list[tuple[bool, float, RankedPool]] = []
         for r in rows:
             total = r.prefill_cost + r.load_cost + r.pending_cost
             ranked = RankedPool(
@@ -267,11 +266,10 @@ class Selector:
                 region=r.pool.region,
                 uncached_tokens=r.uncached,
             )
-            tie = _xxh3(r.pool.pool_id.encode(), seed=seed)
-            candidates.append((not r.known, total, tie, ranked))
+            candidates.append((not r.known, total, ranked))
         candidates.sort(key=_rank_key)
         filtered.sort(key=lambda f: f.pool_id)
-        ranked_list = [c[3] for c in candidates]
+        ranked_list = _break_ties(candidates, affinity_key & _SEED_MASK)
         if ranked_list:
             prompt_blocks = ranked_list[0].prompt_blocks
         else:
@@ -308,5 +306,20 @@ def _penalize_hotspots(rows: list[_Row], scale: float) -> None:
             r.pending_cost *= grow
 
 
-def _rank_key(entry: tuple[bool, float, int, RankedPool]) -> tuple[bool, float, int]:
-    return entry[0], entry[1], entry[2]
+def _rank_key(entry: tuple[bool, float, RankedPool]) -> tuple[bool, float]:
+    return entry[0], entry[1]
+
+
+def _break_ties(candidates: list[tuple[bool, float, RankedPool]], seed: int) -> list[RankedPool]:
+    """The ranked pools, each run of equal keys reordered by rendezvous hash (hashes are only
+    computed for ties, which are rare outside idle pools and uncached prompts)."""
+    out = [c[2] for c in candidates]
+    i, n = 0, len(candidates)
+    while i < n:
+        j = i + 1
+        while j < n and candidates[j][0] == candidates[i][0] and candidates[j][1] == candidates[i][1]:
+            j += 1
+        if j - i > 1:
+            out[i:j] = sorted(out[i:j], key=lambda r: _xxh3(r.pool_id.encode(), seed=seed))
+        i = j
+    return out

@@ -53,7 +53,8 @@ class SimConfig:
     seed: int = 0
     """Seed of the random policy."""
     timeline: bool = False
-    """Record each pool's queued work at every load report (for plots)."""
+    """Record each pool's queued work at every load report and each request's placement (for
+    plots)."""
 
 
 @dataclass(slots=True)
@@ -76,6 +77,8 @@ class SimResult:
     timeline_t: list[float] = field(default_factory=list)
     timeline_work: list[list[float]] = field(default_factory=list)
     """Per load report: each pool's queued work tokens (only with SimConfig.timeline)."""
+    placements: list[tuple[float, int, float]] = field(default_factory=list)
+    """(arrival, pool index, work tokens) of each request (only with SimConfig.timeline)."""
 
 
 class LruCache:
@@ -143,8 +146,8 @@ class SimPool:
         self.work = 0.0
         self.requests = 0
 
-    def admit(self, request: TraceRequest) -> tuple[int, float]:
-        """Serves a request arriving now; returns (hit blocks, wait seconds)."""
+    def admit(self, request: TraceRequest) -> tuple[int, float, float]:
+        """Serves a request arriving now; returns (hit blocks, wait seconds, work tokens)."""
         hit = self.cache.prefix_hit(request.hash_ids)
         self.cache.insert(request.hash_ids)
         work = max(0, request.input_length - TRACE_BLOCK_SIZE * hit) + (
@@ -155,7 +158,7 @@ class SimPool:
         self.jobs.append(_Job(self.free_at, start, work, request.output_length))
         self.work += work
         self.requests += 1
-        return hit, start - request.arrival
+        return hit, start - request.arrival, work
 
     def load(self, now: float) -> LoadSignal:
         """The load report a relay would read at `now`: remaining work split into the prefill
@@ -250,6 +253,7 @@ def simulate(
     waits: list[float] = []
     timeline_t: list[float] = []
     timeline_work: list[list[float]] = []
+    placements: list[tuple[float, int, float]] = []
     for request in trace:
         now = request.arrival
         if now >= next_kv:
@@ -271,14 +275,16 @@ def simulate(
                 timeline_work.append([sim.queued_work(tick) for sim in sims])
             next_load = tick + config.load_interval
         choice = policy.choose(view, request, now)
-        hit, wait = sims[choice.pool].admit(request)
+        hit, wait, work = sims[choice.pool].admit(request)
+        if config.timeline:
+            placements.append((now, choice.pool, work))
         states[choice.pool].record_sent(choice.uncached_tokens, request.output_length)
         hits += hit
         blocks += len(request.hash_ids)
         waits.append(wait)
 
-    work = [s.work for s in sims]
-    mean_work = sum(work) / len(work) if work else 0.0
+    work_per_pool = [s.work for s in sims]
+    mean_work = sum(work_per_pool) / len(work_per_pool) if work_per_pool else 0.0
     hit_rate = hits / blocks if blocks else 0.0
     ideal = ideal_hit_rate(trace, config.pools * config.capacity_blocks)
     return SimResult(
@@ -289,13 +295,14 @@ def simulate(
         share_of_ideal=hit_rate / ideal if ideal else 1.0,
         wait_p50=_percentile(waits, 50),
         wait_p99=_percentile(waits, 99),
-        imbalance=max(work) / mean_work if mean_work else 1.0,
+        imbalance=max(work_per_pool) / mean_work if mean_work else 1.0,
         wait_mean=sum(waits) / len(waits) if waits else 0.0,
-        work_per_pool=work,
+        work_per_pool=work_per_pool,
         requests_per_pool=[s.requests for s in sims],
         sim_seconds=time.perf_counter() - started,
         timeline_t=timeline_t,
         timeline_work=timeline_work,
+        placements=placements,
     )
 
 
@@ -370,8 +377,8 @@ SUMMARY_FIELDS = (
 def summary(result: SimResult) -> dict:
     """The JSON object of one run (without the timeline)."""
     out = asdict(result)
-    out.pop("timeline_t")
-    out.pop("timeline_work")
+    for key in ("timeline_t", "timeline_work", "placements"):
+        out.pop(key)
     return out
 
 
