@@ -207,8 +207,13 @@ class Pool:
                 worker.store(ticket.hashes)
                 ticket.prefill_pending = 0
             self.changes.notify()
+            output: list[int] = []
             async for batch in self._decode(ticket):
+                output.extend(batch)
                 yield batch
+            # Like a real prefix cache, the finished sequence's full output blocks stay cached too,
+            # so a follow-up turn (prompt + answer + more) finds them.
+            worker.store(ticket.hashes + self._output_hashes(ticket, output))
             self.stats.requests_finished += 1
         finally:
             if acquired:
@@ -235,6 +240,13 @@ class Pool:
             self.stats.tokens_generated += n
             self.changes.notify()
             yield batch
+
+    def _output_hashes(self, ticket: Ticket, output: list[int]) -> list[int]:
+        """Chained hashes of the full blocks after the prompt's full blocks (prompt tail + output)."""
+        bs = self.config.block_size
+        tail = ticket.tokens[ticket.prompt_blocks * bs :] + output
+        parent = ticket.hashes[-1] if ticket.hashes else 0
+        return block_hashes(tail, bs, parent)
 
     def close(self, ticket: Ticket) -> None:
         """Forgets an ended request (idempotent); completes a drain when it was the last one."""

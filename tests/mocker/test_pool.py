@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from meshkit.blocks import block_hashes
 from meshkit.clock import FakeClock
 from mocker.config import Faults, PoolConfig
 from mocker.pool import DrainState, Pool, RefusalKind, Refused, Ticket
@@ -90,6 +91,19 @@ async def test_prefill_time_grows_with_uncached_tokens_and_tokens_follow_at_deco
     await fake_clock.advance(10)
     await half.task
     assert half.first_token_at - t2 == pytest.approx(0.2 + 0.1)
+
+
+async def test_a_finished_sequence_leaves_its_output_blocks_cached(fake_clock):
+    pool = make_pool(fake_clock)
+    prompt = list(range(10))  # 2 full blocks of 4, and 2 tokens of a third
+    run = await start(pool, prompt, 7)
+    await fake_clock.settle()
+    await fake_clock.advance(0.1 + 0.35)  # prefill done, 3 of 7 tokens out: only the prompt is cached
+    assert pool.workers[0].cache.blocks() == block_hashes(prompt, BS)
+    await fake_clock.advance(10)
+    await run.task
+    assert pool.workers[0].cache.blocks() == block_hashes(prompt + run.tokens, BS)  # 17 tokens: 4 blocks
+    assert pool.workers[0].event_id == 2
 
 
 async def test_speedup_divides_every_duration(fake_clock):

@@ -56,11 +56,13 @@ async def test_generate_streams_admission_tokens_finish_and_reuses_the_cache(ser
     again, _, _ = await s.generate(prompt, 1)
     assert (again.worker_id, again.cached_blocks) == (admission.worker_id, 6)
     # A migrated request (prompt + first k) continues exactly as the uninterrupted one.
-    _, tail, _ = await s.generate(prompt + tokens[:12], 18)
+    # Finished output blocks stay cached too: the continuation finds all 7 of its full blocks.
+    resumed, tail, _ = await s.generate(prompt + tokens[:12], 18)
     assert tail == tokens[12:]
+    assert (resumed.worker_id, resumed.cached_blocks, resumed.prompt_blocks) == (admission.worker_id, 7, 7)
     stats = await s.admin.GetPoolStats(adm.GetPoolStatsRequest())
     assert (stats.requests_admitted, stats.requests_finished, stats.tokens_generated) == (3, 3, 49)
-    assert (stats.prompt_blocks, stats.cached_blocks) == (6 + 6 + 7, 6 + 6)
+    assert (stats.prompt_blocks, stats.cached_blocks) == (6 + 6 + 7, 0 + 6 + 7)
 
 
 @pytest.mark.parametrize(
