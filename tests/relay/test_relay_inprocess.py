@@ -196,3 +196,21 @@ async def test_lost_pool_means_nothing_registered():
     finally:
         await relay.stop()
         await disco_server.stop(0)
+
+
+@pytest.mark.timeout(30)
+async def test_streams_follow_the_frontends_discovery_lists(mesh):
+    pool, disco, _, relay = mesh
+    extra = TelemetryReceiver()
+    server, addr = await start_server((tm_grpc.add_TelemetryServiceServicer_to_server, extra))
+    try:
+        disco.frontends = [f"http://{addr}"]
+        await wait_for(lambda: extra.snapshots, message="a stream to the frontend discovery listed")
+        pool.kv_event("w1", stored=[42])
+        await wait_for(lambda: extra.blocks == {42})
+        assert len(relay.hub.publishers) == 2, "the --global-frontends stream stays"
+        disco.frontends = []
+        await wait_for(lambda: f"http://{addr}" not in relay.hub.publishers, message="stream closed")
+        assert len(relay.hub.publishers) == 1
+    finally:
+        await server.stop(0)
