@@ -158,6 +158,7 @@ class TelemetryReceiver(tm_grpc.TelemetryServiceServicer):
         self.snapshot_requests: asyncio.Queue[str] = asyncio.Queue()
         self._chunks: list[int] = []
         self._chunk_id: int | None = None
+        self.server: grpc.aio.Server | None = None  # set by tests that stop the receiver's server
 
     def stall(self) -> None:
         self.resumed.clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
@@ -34,6 +35,7 @@ async def mesh():
         server, addr = await start_server((add, servicer))
         servers.append(server)
         addrs[name] = addr
+    recv.server = servers[-1]
     relay = Relay(
         RelayConfig(
             pool=addrs["pool"],
@@ -212,5 +214,47 @@ async def test_streams_follow_the_frontends_discovery_lists(mesh):
         disco.frontends = []
         await wait_for(lambda: f"http://{addr}" not in relay.hub.publishers, message="stream closed")
         assert len(relay.hub.publishers) == 1
+    finally:
+        await server.stop(0)
+
+
+@pytest.mark.timeout(30)
+async def test_kv_gap_resubscribes_and_the_set_is_right_again(mesh):
+    pool, _, recv, _ = mesh
+    await wait_for(lambda: recv.snapshots, message="telemetry stream open")
+    pool.kv_event("w1", stored=[1, 2])
+    await wait_for(lambda: recv.blocks == {1, 2})
+    pool.event_ids["w1"] += 1  # the relay misses event 2 of w1 (block 3 stored, 1 removed)
+    pool.workers["w1"] = {2, 3}
+    pool.kv_event("w1", stored=[4])
+    await wait_for(lambda: recv.blocks == {2, 3, 4}, message="fresh worker snapshots after the gap")
+    assert recv.errors == []
+
+
+@pytest.mark.timeout(30)
+async def test_telemetry_reconnects_to_a_restarted_frontend_with_a_fresh_snapshot(mesh):
+    pool, _, recv, relay = mesh
+    url = next(iter(relay.hub.publishers))
+    port = int(url.rsplit(":", 1)[1])
+    pool.kv_event("w1", stored=[1, 2])
+    await wait_for(lambda: recv.blocks == {1, 2})
+    publisher = relay.hub.publishers[url]
+    connects = publisher.connects
+    # The frontend restarts: every stream ends; a new one (empty state) listens on the same port.
+    await recv.server.stop(0)
+    await wait_for(
+        lambda: publisher.state != status_pb2.TELEMETRY_STREAM_STATE_STREAMING, message="stream broken"
+    )
+    fresh = TelemetryReceiver()
+    server = grpc.aio.server()
+    tm_grpc.add_TelemetryServiceServicer_to_server(fresh, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    try:
+        pool.kv_event("w2", stored=[3])
+        await wait_for(
+            lambda: fresh.blocks == {1, 2, 3}, within=15, message="state rebuilt at the new frontend"
+        )
+        assert publisher.connects > connects and fresh.snapshots >= 1 and fresh.errors == []
     finally:
         await server.stop(0)
