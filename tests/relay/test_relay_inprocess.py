@@ -143,6 +143,7 @@ async def test_discovery_drain_is_passed_to_the_pool_and_drained_pool_unregister
     await wait_for(lambda: pool.drain_calls, message="StartDrain at the pool")
     assert pool.drain_calls[0].reason == "discovery"
     await wait_for(lambda: disco.registers[-1].draining, message="registration says draining")
+    assert disco.registers[-1].HasField("drain_deadline")
     await wait_for(lambda: any(d.drain.state == pe.DRAIN_STATE_DRAINING for d in recv.drains))
     pool.drain = pe.DrainStatus(state=pe.DRAIN_STATE_DRAINED)
     pool.changed()
