@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -23,8 +22,8 @@ from functools import lru_cache
 import grpc
 import numpy as np
 
-from globalrouter.simulate import LruCache
-from globalrouter.trace import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
+from globalrouter.simulate import DECODE_WORK_PER_TOKEN, ideal_hit_rate, load_trace_for, positive
+from globalrouter.trace import TRACE_BLOCK_SIZE, TraceRequest
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.channels import aio_channel
@@ -32,7 +31,7 @@ from meshkit.cli import host_port
 
 VOCAB = 50_000
 """Token ids of the replayed blocks are drawn below this."""
-DECODE_WORK_PER_TOKEN = 4
+UNLIMITED_BLOCKS = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,18 +119,6 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
 
 
-def _ideal(trace: Sequence[TraceRequest], capacity: int) -> float:
-    cache = LruCache(capacity if capacity > 0 else 1 << 62)
-    hits = total = 0
-    for r in trace:
-        hits += cache.prefix_hit(r.hash_ids)
-        total += len(r.hash_ids)
-        cache.insert(r.hash_ids)
-        cache.stored.clear()
-        cache.removed.clear()
-    return hits / total if total else 0.0
-
-
 async def _one(
     stub: router_pb2_grpc.RouterServiceStub,
     config: ReplayConfig,
@@ -215,7 +202,8 @@ def summarize(
             per_pool[o.pools[0]] += 1
             work[o.pools[0]] += r.input_length - cached_tokens + DECODE_WORK_PER_TOKEN * o.tokens
     hit_rate = hit / blocks if blocks else 0.0
-    ideal = _ideal([trace[o.index] for o in sorted(ok, key=lambda o: o.index)], config.ideal_capacity_blocks)
+    served = [trace[o.index] for o in sorted(ok, key=lambda o: o.index)]
+    ideal = ideal_hit_rate(served, config.ideal_capacity_blocks or UNLIMITED_BLOCKS)
     ttfts = [o.ttft for o in ok if o.ttft is not None]
     latencies = [o.latency for o in ok]
     mean_work = sum(work.values()) / len(work) if work else 0.0
@@ -240,19 +228,6 @@ def summarize(
 
 
 # ---- command line ------------------------------------------------------------------------------
-def _positive(kind: type):
-    def parse(value: str):
-        try:
-            x = kind(value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from exc
-        if not x > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
-        return x
-
-    return parse
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "replay",
@@ -262,38 +237,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--trace", required=True, help="JSONL trace (Mooncake format)")
     p.add_argument("--router", required=True, type=host_port, help="HOST:PORT of a global frontend")
-    p.add_argument("--speedup", type=_positive(float), default=1.0, help="divide arrival times by this")
-    p.add_argument("--limit", type=_positive(int), default=None, help="only the first N requests")
+    p.add_argument("--speedup", type=positive(float), default=1.0, help="divide arrival times by this")
+    p.add_argument("--limit", type=positive(int), default=None, help="only the first N requests")
     p.add_argument("--model", default="demo-model", help="model to ask for (default demo-model)")
-    p.add_argument("--concurrency", type=_positive(int), default=64, help="requests in flight at most")
+    p.add_argument("--concurrency", type=positive(int), default=64, help="requests in flight at most")
     p.add_argument(
         "--mesh-block-size",
-        type=_positive(int),
+        type=positive(int),
         default=DEFAULT_BLOCK_SIZE,
         help=f"tokens per KV block in the mesh (default {DEFAULT_BLOCK_SIZE})",
     )
     p.add_argument(
         "--max-output-tokens",
-        type=_positive(int),
+        type=positive(int),
         default=0,
         help="cap each request's output (default: trace's)",
     )
     p.add_argument(
         "--ideal-capacity-blocks",
-        type=_positive(int),
+        type=positive(int),
         default=0,
         help="trace blocks of the ideal single cache (default: unlimited)",
     )
-    p.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds per request")
+    p.add_argument("--timeout", type=positive(float), default=300.0, help="seconds per request")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        trace = load_trace(args.trace, args.limit)
-    except (OSError, TraceError) as exc:
-        print(f"globalrouter replay: {exc}", file=sys.stderr)
+    trace = load_trace_for("replay", args.trace, args.limit)
+    if trace is None:
         return 2
     config = ReplayConfig(
         router=args.router,

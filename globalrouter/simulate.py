@@ -307,24 +307,28 @@ def simulate(
 
 
 # ---- command line ------------------------------------------------------------------------------
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from exc
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
-    return n
+def positive(kind: type[int] | type[float]):
+    """argparse type: a number of `kind` > 0."""
+
+    def parse(value: str):
+        try:
+            x = kind(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from exc
+        if not x > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
+        return x
+
+    return parse
 
 
-def _positive_float(value: str) -> float:
+def load_trace_for(command: str, path: str, limit: int | None) -> list[TraceRequest] | None:
+    """Loads a trace for a CLI command; None after printing why it cannot (exit code 2)."""
     try:
-        x = float(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from exc
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
-    return x
+        return load_trace(path, limit)
+    except (OSError, TraceError) as exc:
+        print(f"globalrouter {command}: {exc}", file=sys.stderr)
+        return None
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -335,12 +339,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--trace", required=True, help="JSONL trace (Mooncake format)")
-    p.add_argument("--pools", type=_positive_int, default=8, help="number of pools (default 8)")
+    p.add_argument("--pools", type=positive(int), default=8, help="number of pools (default 8)")
     p.add_argument(
-        "--pool-capacity-blocks", type=_positive_int, default=4000, help="KV blocks per pool (default 4000)"
+        "--pool-capacity-blocks", type=positive(int), default=4000, help="KV blocks per pool (default 4000)"
     )
     p.add_argument(
-        "--pool-rate", type=_positive_float, default=12_000.0, help="work tokens/s per pool (default 12000)"
+        "--pool-rate", type=positive(float), default=12_000.0, help="work tokens/s per pool (default 12000)"
     )
     p.add_argument(
         "--policy",
@@ -349,15 +353,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="routing policy (default: the project's Selector); 'all' runs every policy",
     )
     p.add_argument(
-        "--load-interval", type=_positive_float, default=1.0, help="seconds between load reports (default 1)"
+        "--load-interval", type=positive(float), default=1.0, help="seconds between load reports (default 1)"
     )
     p.add_argument(
         "--kv-interval",
-        type=_positive_float,
+        type=positive(float),
         default=0.1,
         help="seconds between KV delta batches (default 0.1)",
     )
-    p.add_argument("--limit", type=_positive_int, default=None, help="only the first N requests")
+    p.add_argument("--limit", type=positive(int), default=None, help="only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with --policy all)")
     p.set_defaults(func=run)
@@ -383,10 +387,8 @@ def summary(result: SimResult) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        trace = load_trace(args.trace, args.limit)
-    except (OSError, TraceError) as exc:
-        print(f"globalrouter simulate: {exc}", file=sys.stderr)
+    trace = load_trace_for("simulate", args.trace, args.limit)
+    if trace is None:
         return 2
     config = SimConfig(
         pools=args.pools,
