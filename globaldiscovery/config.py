@@ -1,0 +1,46 @@
+"""Configuration of a discovery server: one frozen dataclass, built by cli.py and checked at start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_LEASE_SECONDS = 86_400.0
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    """Everything a discovery server needs to start."""
+
+    listen: str = "127.0.0.1:50051"
+    """HOST:PORT to listen on (port 0 picks a free one)."""
+
+    heartbeat_interval: float = 5.0
+    """Seconds between renewals, dictated to every relay and frontend in each reply."""
+
+    lease_duration: float = 15.0
+    """Seconds a lease lives without renewal; greater than heartbeat_interval, at most one day."""
+
+    watch_queue_limit: int = 10_000
+    """Events a WatchPools stream may fall behind before it is ended with RESOURCE_EXHAUSTED."""
+
+    store: str = "memory"
+    """Where the directory lives: "memory" (this process only)."""
+
+    stop_grace: float = 5.0
+    """Seconds in-flight calls get to finish on SIGTERM."""
+
+    def problems(self) -> list[str]:
+        """What is wrong with this configuration, one sentence per problem naming the flag."""
+        found = []
+        if not self.heartbeat_interval > 0:
+            found.append(f"--heartbeat-interval must be > 0 (got {self.heartbeat_interval:g})")
+        if not self.lease_duration > self.heartbeat_interval:
+            found.append(
+                f"--lease-duration ({self.lease_duration:g} s) must be greater than "
+                f"--heartbeat-interval ({self.heartbeat_interval:g} s)"
+            )
+        if self.lease_duration > MAX_LEASE_SECONDS:
+            found.append(f"--lease-duration must be at most one day (got {self.lease_duration:g} s)")
+        if self.watch_queue_limit < 1:
+            found.append(f"--watch-queue-limit must be >= 1 (got {self.watch_queue_limit})")
+        return found

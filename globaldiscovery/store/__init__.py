@@ -1,0 +1,8 @@
+"""Where the directory lives: the Store interface and its implementations (in memory by default)."""
+
+from __future__ import annotations
+
+from globaldiscovery.store.base import Store
+from globaldiscovery.store.memory import MemoryStore
+
+__all__ = ["MemoryStore", "Store"]

@@ -1,0 +1,64 @@
+"""The Store interface the gRPC layer talks to; each store keeps time (leases, drains) itself."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from globaldiscovery.directory import (
+    FrontendView,
+    PoolRegistration,
+    PoolView,
+    RegisterResult,
+    Removal,
+    Watcher,
+)
+
+
+class Store(Protocol):
+    """The pool and frontend directory behind DiscoveryService.
+
+    Errors are the directory's: StaleIncarnation, ModelConflict, DrainCompleted, NotFound.
+    """
+
+    heartbeat_interval: float
+    lease_duration: float
+
+    async def start(self) -> None:
+        """Starts background work (expiry)."""
+
+    async def close(self) -> None:
+        """Ends every watcher (they see the stream end) and stops background work."""
+
+    async def register_pool(self, reg: PoolRegistration) -> RegisterResult:
+        """Registers or renews one relay replica's lease of a pool."""
+
+    async def unregister_pool(self, pool_id: str, relay_id: str, incarnation: int, reason: Removal) -> bool:
+        """Ends one lease at once; True when that removed the pool."""
+
+    async def remove_pool(self, pool_id: str) -> PoolView:
+        """Removes a pool and all its leases."""
+
+    async def drain_pool(self, pool_id: str, timeout: float) -> PoolView:  # noqa: ASYNC109 (a drain length)
+        """Starts a discovery-side drain ending `timeout` seconds from now."""
+
+    async def list_pools(
+        self, *, model: str, region: str, after: str | None, limit: int
+    ) -> tuple[list[PoolView], bool, bool]:
+        """A page of pools after `after`; whether more follow; whether the listing is complete."""
+
+    async def watch(self, *, model: str, region: str) -> Watcher:
+        """A watcher holding the snapshot and SNAPSHOT_DONE, then every change."""
+
+    def unwatch(self, watcher: Watcher) -> None:
+        """Forgets a watcher whose stream ended."""
+
+    async def register_frontend(
+        self, frontend_id: str, url: str, region: str, incarnation: int
+    ) -> FrontendView:
+        """Registers or renews a global frontend's lease."""
+
+    async def unregister_frontend(self, frontend_id: str, incarnation: int) -> bool:
+        """Ends a global frontend's lease at once."""
+
+    async def list_frontends(self) -> tuple[list[FrontendView], bool]:
+        """Every live frontend ordered by id, and whether the listing is complete."""
