@@ -1,0 +1,30 @@
+"""Fixtures: an in-process discovery server (real aio gRPC on 127.0.0.1) and its client stub."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from globaldiscovery.config import DiscoveryConfig
+from globaldiscovery.server import build_server, make_store
+from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
+from meshkit.clock import SystemClock
+
+
+@pytest.fixture
+async def discovery():
+    """(stub, address, handle, store) of a started in-process server; stopped at the end."""
+    config = DiscoveryConfig(listen="127.0.0.1:0", heartbeat_interval=1.0, lease_duration=3.0)
+    store = make_store(config, SystemClock())
+    handle = build_server(config, store)
+    await store.start()
+    await handle.server.start()
+    await handle.set_serving(True)
+    address = f"127.0.0.1:{handle.port}"
+    channel = grpc.aio.insecure_channel(address)
+    try:
+        yield pb_grpc.DiscoveryServiceStub(channel), address, handle, store
+    finally:
+        await channel.close()
+        await store.close()
+        await handle.server.stop(0)
