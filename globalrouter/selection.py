@@ -57,12 +57,13 @@ class SelectionConfig:
     tokens_per_second_per_slot: float = 1_000.0
     """Throughput assumed per running slot for a pool that states max running requests but no
     prefill rate."""
-    hotspot_seconds: float = 1.0
-    """Seconds; a pool whose queue (reported + pending) exceeds the mean queue of the eligible
-    pools with known load by E seconds has its queue terms grown by E^2 / hotspot_seconds, so a
-    pool piling up behind a popular prefix sheds work before its tail latency grows, while
-    pools near the mean are ranked on cache and queue alone. Relative to the mean, the penalty
-    does not grow with the overall load. 0 turns it off."""
+    hotspot_seconds: float = 0.5
+    """Seconds; a pool whose queue W (reported + pending, in seconds) exceeds the mean queue M
+    of the eligible pools with known load by E = W - M gets E^2 / (hotspot_seconds + M) added
+    to its queue terms: a pool piling up behind a popular prefix sheds work before its tail
+    latency grows, while pools near the mean are ranked on cache and queue alone. Measured
+    against the mean (plus this floor), the penalty does not grow with the overall load.
+    0 turns it off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +293,8 @@ class _Row:
 
 
 def _penalize_hotspots(rows: list[_Row], scale: float) -> None:
-    """Grows the queue terms of pools whose queue exceeds the mean (of known-load pools)."""
+    """Adds E^2 / (scale + M) to the queue terms of pools whose queue exceeds the mean M of the
+    known-load pools by E (split between the reported and the pending term)."""
     queues = [r.load_cost + r.pending_cost for r in rows if r.known]
     if not queues:
         return
@@ -301,7 +303,7 @@ def _penalize_hotspots(rows: list[_Row], scale: float) -> None:
         queued = r.load_cost + r.pending_cost
         excess = queued - mean
         if excess > 0:
-            grow = 1.0 + excess * excess / (scale * queued)
+            grow = 1.0 + excess * excess / ((scale + mean) * queued)
             r.load_cost *= grow
             r.pending_cost *= grow
 

@@ -162,8 +162,8 @@ def test_hotspot_penalty_sheds_a_long_queue_despite_a_large_cache_advantage():
         pools, MODEL, 16_000, 16, cached, NOW
     )
     assert order(d)[-1] == "a"
-    # the mean queue is 5/3 s; a's excess 4/3 s grows its 3 s queue by (4/3)^2 s
-    assert abs(d.candidates[-1].load_cost - (3.0 + (4 / 3) ** 2)) < 1e-9
+    # the mean queue is 5/3 s; a's excess 4/3 s adds (4/3)^2 / (1 + 5/3) s to its 3 s queue
+    assert abs(d.candidates[-1].load_cost - (3.0 + (4 / 3) ** 2 / (1 + 5 / 3))) < 1e-9
     assert d.candidates[0].load_cost == 1.0  # below the mean: unchanged
 
 
