@@ -1,0 +1,171 @@
+"""`globaldiscovery` as a real process: grpcurl, generated stubs, SIGTERM, bad flags, `pools --json`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import grpc
+import pytest
+
+from globaldiscovery.v1 import discovery_pb2 as pb
+from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
+from tests.support import BIN, command, free_port, wait_healthy, wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+GRPCURL = str(BIN / "grpcurl")
+
+
+def start(procs, *extra: str):
+    address = f"127.0.0.1:{free_port()}"
+    proc = procs.start(
+        "globaldiscovery",
+        [
+            command("globaldiscovery"),
+            "serve",
+            "--listen",
+            address,
+            "--heartbeat-interval",
+            "0.5",
+            "--lease-duration",
+            "1.5",
+            *extra,
+        ],
+    )
+    wait_healthy(address, timeout=30, proc=proc)
+    return proc, address
+
+
+def grpcurl(*args: str) -> str:
+    done = subprocess.run([GRPCURL, "-plaintext", *args], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_grpcurl_lists_services_and_registers_then_lists(procs):
+    _, address = start(procs)
+    services = grpcurl(address, "list").split()
+    assert "globaldiscovery.v1.DiscoveryService" in services and "grpc.health.v1.Health" in services
+    body = {
+        "pool_id": "pool-g",
+        "model": "llama",
+        "region": "eu",
+        "frontends": ["http://127.0.0.1:8000"],
+        "relay_id": "relay-1",
+        "incarnation": "1",
+    }
+    reply = json.loads(
+        grpcurl("-d", json.dumps(body), address, "globaldiscovery.v1.DiscoveryService/RegisterPool")
+    )
+    assert reply["heartbeat_interval"] == "0.500s" and reply["lease_duration"] == "1.500s"
+    listing = json.loads(grpcurl("-d", "{}", address, "globaldiscovery.v1.DiscoveryService/ListPools"))
+    assert [p["pool_id"] for p in listing["pools"]] == ["pool-g"]
+    assert listing["pools"][0]["frontends"] == ["http://127.0.0.1:8000"]
+
+
+def test_stubs_register_then_sigterm_exits_zero_quickly(procs):
+    proc, address = start(procs)
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.DiscoveryServiceStub(channel)
+        stub.RegisterPool(
+            pb.RegisterPoolRequest(
+                pool_id="p", model="m", region="r", frontends=["http://h:1"], relay_id="x", incarnation=1
+            ),
+            timeout=10,
+        )
+        watch = stub.WatchPools(pb.WatchPoolsRequest(), timeout=30)
+        assert next(watch).type == pb.WATCH_EVENT_TYPE_ADDED
+        assert next(watch).type == pb.WATCH_EVENT_TYPE_SNAPSHOT_DONE
+        started = time.monotonic()
+        proc.signal(signal.SIGTERM)
+        # The open watch is closed cleanly with UNAVAILABLE, not cut off.
+        with pytest.raises(grpc.RpcError) as info:
+            next(watch)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert proc.popen.wait(timeout=5) == 0
+        assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    "flags,named",
+    [
+        (["--heartbeat-interval", "0"], "--heartbeat-interval"),
+        (["--heartbeat-interval", "-1"], "--heartbeat-interval"),
+        (["--heartbeat-interval", "soon"], "--heartbeat-interval"),
+        (["--heartbeat-interval", "5", "--lease-duration", "5"], "--lease-duration"),
+        (["--heartbeat-interval", "5", "--lease-duration", "86401"], "--lease-duration"),
+        (["--listen", "nowhere"], "--listen"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(flags, named):
+    done = subprocess.run(
+        [command("globaldiscovery"), "serve", *flags], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 2
+    assert named in done.stderr
+
+
+def test_pools_json_and_table(procs):
+    _, address = start(procs)
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.DiscoveryServiceStub(channel)
+        for pool, model in (("pool-b", "m2"), ("pool-a", "m1")):
+            stub.RegisterPool(
+                pb.RegisterPoolRequest(
+                    pool_id=pool,
+                    model=model,
+                    region="eu",
+                    frontends=["http://h:1"],
+                    relay_id="r",
+                    incarnation=1,
+                ),
+                timeout=10,
+            )
+        done = subprocess.run(
+            [command("globaldiscovery"), "pools", "--discovery", address, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        lines = [json.loads(line) for line in done.stdout.splitlines()]
+        assert [(r["pool_id"], r["model"], r["region"], r["frontends"], r["draining"]) for r in lines] == [
+            ("pool-a", "m1", "eu", ["http://h:1"], False),
+            ("pool-b", "m2", "eu", ["http://h:1"], False),
+        ]
+        table = subprocess.run(
+            [command("globaldiscovery"), "pools", "--discovery", address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert table.returncode == 0 and "POOL" in table.stdout and "pool-a" in table.stdout
+    # Leases lapse without renewals: the listing empties.
+    wait_until(
+        lambda: (
+            subprocess.run(
+                [command("globaldiscovery"), "pools", "--discovery", address, "--json"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
+            == ""
+        ),
+        timeout=20,
+        message="pools to lapse",
+    )
+
+
+def test_pools_against_nothing_fails_clearly():
+    address = f"127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [command("globaldiscovery"), "pools", "--discovery", address, "--timeout", "1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1
+    assert "UNAVAILABLE" in done.stderr or "DEADLINE_EXCEEDED" in done.stderr
