@@ -7,6 +7,7 @@ import threading
 import grpc
 import pytest
 
+from globaldiscovery.v1 import discovery_pb2, discovery_pb2_grpc
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from mocker.tokens import continue_sequence
 from mocker.v1 import admin_pb2, admin_pb2_grpc
@@ -110,3 +111,15 @@ def test_discovery_down_keeps_routing_and_the_watch_resumes(procs):
     mesh.start_pool("pool-b", "us", "--speedup", "10")
     mesh.wait_routable(router, mesh.pools, timeout=25)  # the watch resumed: pool-b is listed
     assert router.pools()["pool-a"].listed
+    # SIGTERM: the frontend unregisters (relays stop streaming to it) and exits 0.
+    wait_until(lambda: frontends(mesh), 10, message="the router re-registered with the new discovery")
+    assert router.proc.terminate() == 0
+    assert frontends(mesh) == []
+
+
+def frontends(mesh: Mesh) -> list[str]:
+    with grpc.insecure_channel(mesh.discovery) as ch:
+        reply = discovery_pb2_grpc.DiscoveryServiceStub(ch).ListFrontends(
+            discovery_pb2.ListFrontendsRequest(), timeout=5
+        )
+    return [f.frontend_id for f in reply.frontends]

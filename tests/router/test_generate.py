@@ -170,3 +170,38 @@ async def test_route_shows_cost_terms_and_filter_reasons(mesh):
         await stub.ListPools(router_pb2.ListPoolsRequest(model="x", page_token=page.next_page_token))
     assert bad_request_fields(err.value) == ["page_token"]
     await relay.close()
+
+
+async def test_a_pools_frontends_share_its_load_round_robin():
+    router, stub, channel = await start_router()
+    fakes, servers, urls = [], [], []
+    for _ in range(2):
+        fake, server, url = await start_fake_pool()
+        fakes.append(fake)
+        servers.append(server)
+        urls.append(url)
+    router.core.table.apply_listed(pool_msg("p1", urls))
+    try:
+        for i in range(6):
+            await collect(stub, gen_request([*PROMPT, i], 2))
+        assert [len(f.behaviour.requests) for f in fakes] == [3, 3]
+    finally:
+        await channel.close()
+        await router.handle.server.stop(0)
+        for server in servers:
+            await server.stop(0)
+
+
+async def test_an_unreachable_pool_is_skipped_and_backs_off(mesh):
+    router, stub, _pools = mesh
+    dead = order(router)[0]
+    router.core.table.pools[dead].frontends = ("http://127.0.0.1:1",)  # nothing listens there
+    tokens, summary = await collect(stub, gen_request(PROMPT, 3))
+    assert summary.pools[0] != dead and not summary.refused_by  # unreachable is not a refusal
+    assert tokens == continue_sequence(PROMPT, 3)
+    reply = await stub.Route(
+        router_pb2.RouteRequest(model="m", prompt=router_pb2.Prompt(token_ids={"ids": PROMPT}))
+    )
+    assert dead not in [c.pool_id for c in reply.candidates]
+    assert [(f.pool_id, f.reason) for f in reply.filtered] == [(dead, router_pb2.FILTER_REASON_LINK_BACKOFF)]
+    assert "back-off" in reply.filtered[0].detail
