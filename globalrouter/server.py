@@ -31,7 +31,7 @@ from meshkit.logs import configure_logging, get_logger
 from meshkit.server import ServerHandle, serve_until_signalled
 from meshkit.server import create_server as create_grpc_server
 from meshkit.timeconv import duration
-from meshkit.validation import Violations, check_identifier
+from meshkit.validation import Violations, check_identifier, url_problem
 from poolrelay.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 log = get_logger(module="globalrouter.server")
@@ -371,14 +371,16 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--listen", type=host_port, default="127.0.0.1:50061", help="HOST:PORT to serve on")
     p.add_argument("--discovery", type=host_port, required=True, help="discovery HOST:PORT")
-    p.add_argument("--advertise", default="", help="URL relays dial (default http://<listen>)")
-    p.add_argument("--frontend-id", default="", help="id in discovery (default globalrouter-<port>)")
-    p.add_argument("--region", default="", help="this frontend's region")
+    p.add_argument("--advertise", type=_url, default=None, help="URL relays dial (default http://<listen>)")
+    p.add_argument(
+        "--frontend-id", type=_identifier, default=None, help="id in discovery (default globalrouter-<port>)"
+    )
+    p.add_argument("--region", type=_identifier, default=None, help="this frontend's region")
     p.add_argument(
         "--migration-limit", type=_non_negative, default=3, help="mid-stream migrations per request"
     )
     p.add_argument("--admission-tries", type=_positive, default=4, help="pools asked per admission round")
-    p.add_argument("--metrics-listen", type=host_port, default="", help="HOST:PORT for Prometheus /metrics")
+    p.add_argument("--metrics-listen", type=host_port, default=None, help="HOST:PORT for Prometheus /metrics")
     p.add_argument("--grace", type=float, default=5.0, help="seconds in-flight calls get on SIGTERM")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_run)
@@ -398,21 +400,34 @@ def _positive(value: str) -> int:
     return n
 
 
-def _run(args: argparse.Namespace) -> int:
-    from meshkit.validation import url_problem
+def _url(value: str) -> str:
+    """argparse type: an http(s) URL with host and port only."""
+    problem = url_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{value!r} {problem}")
+    return value
 
-    if args.advertise and (problem := url_problem(args.advertise)):
-        raise SystemExit(f"globalrouter serve: --advertise {args.advertise!r} {problem}")
+
+def _identifier(value: str) -> str:
+    """argparse type: an id (non-empty, at most 128 characters, no surrounding space or control characters)."""
+    v = Violations()
+    check_identifier(v, "id", value)
+    if v:
+        raise argparse.ArgumentTypeError("; ".join(d for _f, d in v.items))
+    return value
+
+
+def _run(args: argparse.Namespace) -> int:
     configure_logging("globalrouter", args.log_level)
     config = RouterConfig(
         listen=args.listen,
         discovery=args.discovery,
-        advertise=args.advertise,
-        frontend_id=args.frontend_id,
-        region=args.region,
+        advertise=args.advertise or "",
+        frontend_id=args.frontend_id or "",
+        region=args.region or "",
         migration_limit=args.migration_limit,
         admission_tries=args.admission_tries,
-        metrics_listen=args.metrics_listen,
+        metrics_listen=args.metrics_listen or "",
         grace=args.grace,
     )
     try:
