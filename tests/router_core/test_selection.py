@@ -198,3 +198,11 @@ def test_filter_reason_names_match_the_proto_enum():
 
     for reason in FilterReason:
         assert router_pb2.FilterReason.Value(f"FILTER_REASON_{reason.name}") == reason.value
+
+
+def test_fast_ranked_pool_constructor_matches_the_dataclass():
+    from globalrouter.selection import RankedPool, _new_ranked
+
+    values = ("p", 1.5, 0.25, 0.75, 0.5, 3, 10, False, "r", 100)
+    assert _new_ranked(*values) == RankedPool(*values)
+    assert repr(_new_ranked(*values)) == repr(RankedPool(*values))
