@@ -84,7 +84,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         decision = self._core.decide(request.model, tokens, request.max_tokens)
         error = self._no_candidate_error(request.model, decision)
         if error is not None:
-            metrics.requests.labels(request.model, error.code.name).inc()
+            # A model no pool serves is labelled as such: clients must not grow the label set.
+            label = request.model if decision.model_served else "(not served)"
+            metrics.requests.labels(label, error.code.name).inc()
             await context.abort(error.code, error.message)
         run = GenerateRun(
             self._core,
