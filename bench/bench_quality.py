@@ -127,6 +127,20 @@ def main() -> int:
         f"{goal['default'].wait_p99:.3f} <= dynamo {goal['dynamo'].wait_p99:.3f}: {'MET' if met else 'NOT MET'}"
     )
 
+    # dynamo's figures move with its random tie-breaks: the spread over seeds at the goal point
+    spread = [
+        simulate(trace, SimConfig(pools=8, capacity_blocks=4000, rate=GOAL_RATE, seed=s), "dynamo")
+        for s in range(10)
+    ]
+    spread_share = [r.share_of_ideal for r in spread]
+    spread_p99 = [r.wait_p99 for r in spread]
+    beaten = sum(goal["default"].wait_p99 <= p for p in spread_p99)
+    print(
+        f"dynamo over tie-break seeds 0-9 (R={GOAL_RATE}): share {min(spread_share):.4f}..{max(spread_share):.4f} "
+        f"(mean {statistics.mean(spread_share):.4f}), p99 {min(spread_p99):.3f}..{max(spread_p99):.3f} "
+        f"(mean {statistics.mean(spread_p99):.3f}); default p99 <= dynamo's in {beaten} of 10 seeds"
+    )
+
     # generality: other pool counts, other traces
     cases = [("shared trace", trace, n, 32_000 // n, GOAL_RATE) for n in (4, 16)]
     for name, spec in SYNTHETIC.items():
@@ -194,6 +208,13 @@ def main() -> int:
         f"{'met' if met else 'NOT met'}** (default {goal['default'].share_of_ideal:.4f} / "
         f"{goal['default'].wait_p99:.3f} s, dynamo {goal['dynamo'].share_of_ideal:.4f} / "
         f"{goal['dynamo'].wait_p99:.3f} s).",
+        "",
+        f"Dynamo's figures move with its random tie-breaks; over seeds 0-9 at R = {GOAL_RATE:,}: share_of_ideal "
+        f"{min(spread_share):.4f} to {max(spread_share):.4f} (mean {statistics.mean(spread_share):.4f}), wait_p99 "
+        f"{min(spread_p99):.3f} to {max(spread_p99):.3f} s (mean {statistics.mean(spread_p99):.3f} s); the default's "
+        f"wait_p99 is no worse than dynamo's in {beaten} of the 10 seeds, and its share_of_ideal is "
+        f"{goal['default'].share_of_ideal - statistics.mean(spread_share):+.4f} from dynamo's mean. In short: the "
+        "default trades a little hit rate for a lower tail; both are close to the ideal.",
         "",
         "### Generality: default vs dynamo elsewhere (dynamo: mean of tie-break seeds 0, 1, 2)",
         "",
