@@ -158,3 +158,8 @@ def test_errors_and_the_cli(mesh):
     result = generate_cli(router, [*PREFIX[:64], 5], 6)
     assert result["tokens"] == continue_sequence([*PREFIX[:64], 5], 6)
     assert result["finish_reason"] == "length" and result["migrations"] == 0 and len(result["pools"]) == 1
+    # The metrics a dashboard needs are exported.
+    assert router.metric("globalrouter_telemetry_lag_seconds_count") > 0
+    assert router.metric("globalrouter_decision_latency_seconds_count") > 0
+    assert router.metric("globalrouter_requests_total", model=MODEL, outcome="OK") >= 1
+    assert router.metric("globalrouter_cached_prefix_ratio_count") >= 1
