@@ -244,6 +244,7 @@ class Router:
     core: RoutingCore
     links: ServingLinks
     ingest: TelemetryIngest
+    telemetry: TelemetryServicer
     metrics: RouterMetrics
     clock: Clock
     watcher: DirectoryWatcher | None = None
@@ -296,6 +297,7 @@ class Router:
                 await task
         if self.registration is not None:
             await self.registration.unregister()
+        self.telemetry.end_streams()
         if self._discovery_channel is not None:
             await self._discovery_channel.close()
         await self.links.close()
@@ -344,7 +346,14 @@ def create_server(
     telemetry_servicer.frontend_id = final.frontend_id
     router_servicer.config = final
     return Router(
-        config=final, handle=handle, core=core, links=links, ingest=ingest, metrics=metrics, clock=clock
+        config=final,
+        handle=handle,
+        core=core,
+        links=links,
+        ingest=ingest,
+        telemetry=telemetry_servicer,
+        metrics=metrics,
+        clock=clock,
     )
 
 

@@ -257,6 +257,14 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
     def __init__(self, ingest: TelemetryIngest, frontend_id: str) -> None:
         self._ingest = ingest
         self.frontend_id = frontend_id
+        self.closing = False
+
+    def end_streams(self) -> None:
+        """Ends every open stream at its next message (relays send at least every report interval).
+
+        Called on stop after unregistering: telemetry streams never finish by themselves, so they
+        must not hold the grace period that in-flight Generates need."""
+        self.closing = True
 
     async def PublishPoolTelemetry(self, request_iterator, context: grpc.aio.ServicerContext):
         first = await context.read()
@@ -267,6 +275,8 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
             v.add("hello", "the first message of a telemetry stream must be a TelemetryHello")
             await v.abort_if_any(context)
         await validate_hello(first.hello).abort_if_any(context)
+        if self.closing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the global frontend is stopping")
         try:
             stream = self._ingest.open(first.hello)
         except StreamRejected as exc:
@@ -281,6 +291,8 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
                 msg = await context.read()
                 if msg is grpc.aio.EOF:
                     break
+                if self.closing:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "the global frontend is stopping")
                 if stream.superseded:
                     await context.abort(
                         grpc.StatusCode.ABORTED, "a newer stream of this relay replaced this one"
