@@ -205,3 +205,15 @@ async def test_an_unreachable_pool_is_skipped_and_backs_off(mesh):
     assert dead not in [c.pool_id for c in reply.candidates]
     assert [(f.pool_id, f.reason) for f in reply.filtered] == [(dead, router_pb2.FILTER_REASON_LINK_BACKOFF)]
     assert "back-off" in reply.filtered[0].detail
+
+
+async def test_trailing_metadata_names_the_pools_and_migrations(mesh):
+    router, stub, pools = mesh
+    first = order(router)[0]
+    pools[first].behaviour.fail_after_tokens = 2
+    call = stub.Generate(gen_request(PROMPT, 6), timeout=20)
+    async for _msg in call:
+        pass
+    trailers = dict(await call.trailing_metadata())
+    assert trailers["x-migrations"] == "1"
+    assert trailers["x-pools"].split(",")[0] == first and len(trailers["x-pools"].split(",")) == 2
