@@ -12,6 +12,7 @@ from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
 from globalrouter.v1 import pool_frontend_pb2 as pf
 from globalrouter.v1 import pool_frontend_pb2_grpc as pf_grpc
+from meshkit.timeconv import duration
 from mocker.v1 import admin_pb2, admin_pb2_grpc
 from poolrelay.v1 import status_pb2, status_pb2_grpc
 from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
@@ -173,3 +174,27 @@ async def test_telemetry_receiver_holds_the_workers_block_set_after_traffic(proc
         assert [s.state for s in st.telemetry_streams] == [status_pb2.TELEMETRY_STREAM_STATE_STREAMING]
     finally:
         await server.stop(0)
+
+
+@pytest.mark.timeout(90)
+def test_discovery_drain_reaches_the_pool_and_the_drained_pool_stays_out(procs):
+    discovery = start_discovery(procs)
+    pool = start_mocker(procs)
+    _, status = start_relay(procs, pool, discovery)
+    wait_until(lambda: listed(discovery), timeout=15, message="pool listed")
+    with grpc.insecure_channel(discovery) as ch:
+        dpb_grpc.DiscoveryServiceStub(ch).DrainPool(
+            dpb.DrainPoolRequest(pool_id="pool-a", timeout=duration(2.0)), timeout=5
+        )
+    wait_until(lambda: relay_status(status).draining, timeout=10, message="relay reports the drain")
+    wait_until(
+        lambda: (
+            relay_status(status).routing_pool_unregistered_reason
+            == status_pb2.UNREGISTERED_REASON_POOL_DRAINED
+        ),
+        timeout=15,
+        message="pool drained",
+    )
+    assert listed(discovery) is None
+    time.sleep(3 * HEARTBEAT)
+    assert listed(discovery) is None, "a drained pool is not registered again"
