@@ -99,7 +99,6 @@ class HeartbeatLoop(Generic[W]):
         self._last_sent: W | None = None
         self._changed = asyncio.Event()
         self._sleeper: asyncio.Future | None = None
-        self.calls = 0
 
     def poke(self) -> None:
         """What to register may have changed: re-evaluate now."""
@@ -144,7 +143,6 @@ class HeartbeatLoop(Generic[W]):
             if want == self._last_sent and now < self.schedule.next_at:
                 await self._wait(self.schedule.next_at)
                 continue
-            self.calls += 1
             try:
                 renewal = await self._register(want)
             except asyncio.CancelledError:

@@ -103,6 +103,7 @@ class Relay:
         self._drain_passed = False
         self._drained_unregistered = False
         self._tasks: list[asyncio.Task] = []
+        self._runners: list[asyncio.Task] = []
 
     # --- pool side ----------------------------------------------------------------------------
 
@@ -116,6 +117,8 @@ class Relay:
 
     def _on_reachable(self, reachable: bool) -> None:
         self.reachable = reachable
+        if not reachable:
+            self.hub.forget_load()
         self.heartbeat.poke()
 
     @property

@@ -294,6 +294,10 @@ class TelemetryHub:
         self._report("readiness", ready, changed=old.get("readiness") != ready)
         self._report("drain", drain, changed=old.get("drain") != drain)
 
+    def forget_load(self) -> None:
+        """The pool cannot be read: stop repeating its last load, so receivers see it go stale."""
+        self._reports.pop("load", None)
+
     def set_drain(self, drain: pe.DrainStatus) -> None:
         """A drain the relay learned elsewhere (passed on from discovery)."""
         msg = Req(drain=tm.DrainReport(drain=drain))

@@ -196,6 +196,7 @@ async def test_lost_pool_means_nothing_registered():
         await asyncio.sleep(4 * disco.heartbeat)
         assert len(disco.registers) == n, "no renewals for a pool the relay cannot see"
         assert disco.unregisters == [], "a lost pool is not unregistered: its lease runs out"
+        assert "load" not in relay.hub.current_reports(), "its last load is not repeated as if fresh"
     finally:
         await relay.stop()
         await disco_server.stop(0)
