@@ -11,7 +11,7 @@ from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_state import PoolState
 from globalrouter.selection import Decision, FilterReason, Selector, pool_overlaps
-from meshkit.blocks import block_hashes
+from meshkit.blocks import DEFAULT_BLOCK_SIZE, block_hashes
 from meshkit.clock import Clock
 
 
@@ -21,6 +21,17 @@ def describe_filtered(decision: Decision) -> str:
         f"{f.pool_id}: {f.reason.name.lower().replace('_', ' ')}" + (f" ({f.detail})" if f.detail else "")
         for f in decision.filtered
     )
+
+
+def affinity_key(tokens: Sequence[int]) -> int:
+    """The prompt's tie-break key: the hash of its first block (or of all of it when shorter).
+
+    Equal costs (idle pools, a prefix nobody caches) then spread new prefixes over the pools by
+    rendezvous hashing, and every frontend breaks the tie the same way, so a prefix's first
+    requests land together instead of all on the first pool in the table."""
+    head = list(tokens[:DEFAULT_BLOCK_SIZE])
+    hashes = block_hashes(head, len(head)) if head else []
+    return hashes[0] if hashes else 0
 
 
 class RoutingCore:
@@ -61,7 +72,9 @@ class RoutingCore:
         now = self.clock.monotonic()
         pools = [p for p in self.table.pools.values() if p.listed and p.pool_id not in exclude]
         cached = self.overlaps(pools, tokens, now)
-        decision = self.selector.select(pools, model, len(tokens), max_tokens, cached, now)
+        decision = self.selector.select(
+            pools, model, len(tokens), max_tokens, cached, now, affinity_key=affinity_key(tokens)
+        )
         self.metrics.decision_latency.observe(time.perf_counter() - started)
         return decision
 
