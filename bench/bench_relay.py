@@ -198,7 +198,7 @@ def main() -> int:
     args = parser.parse_args()
     configure_logging("bench", "warning")
     events = make_events(args.events)
-    cmd = "python bench/bench_relay.py" + (f" --events {args.events}" if args.events != 100_000 else "")
+    cmd = ".venv/bin/python bench/bench_relay.py" + (f" --events {args.events}" if args.events != 100_000 else "")
 
     base = baseline(events, batch=64)
     print(f"baseline pool_blocks (no gRPC): {base:,.0f} events/s")
