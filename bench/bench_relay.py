@@ -34,7 +34,8 @@ from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc  # noqa: E402
 WORKERS = 4
 BLOCKS_PER_EVENT = 4  # a KV event stores 4 blocks and evicts 4 (a short prompt on a full cache)
 SHARED = 0.25
-PACE = 10_000  # events/s for the paced run  # fraction of stored blocks another worker already holds (no pool-level transition)
+PACE = 10_000  # events/s for the paced run
+REPEATS = 3  # rate measurements report the best of this many runs  # fraction of stored blocks another worker already holds (no pool-level transition)
 
 
 class CountingReceiver(tm_grpc.TelemetryServiceServicer):
@@ -198,13 +199,16 @@ def main() -> int:
     args = parser.parse_args()
     configure_logging("bench", "warning")
     events = make_events(args.events)
-    cmd = ".venv/bin/python bench/bench_relay.py" + (f" --events {args.events}" if args.events != 100_000 else "")
+    cmd = ".venv/bin/python bench/bench_relay.py" + (
+        f" --events {args.events}" if args.events != 100_000 else ""
+    )
 
-    base = baseline(events, batch=64)
+    # Best of REPEATS: the machine is shared, and the best run is the one least disturbed.
+    base = max(baseline(events, batch=64) for _ in range(REPEATS))
     print(f"baseline pool_blocks (no gRPC): {base:,.0f} events/s")
-    one = asyncio.run(through_relay(events, 1))
+    one = max((asyncio.run(through_relay(events, 1)) for _ in range(REPEATS)), key=lambda r: r["rate"])
     print(f"through relay to 1 frontend: {one['rate']:,.0f} events/s ({one['rate'] / base:.2f}x baseline)")
-    sixteen = asyncio.run(through_relay(events, 16))
+    sixteen = max((asyncio.run(through_relay(events, 16)) for _ in range(REPEATS)), key=lambda r: r["rate"])
     print(
         f"through relay to 16 frontends: {sixteen['rate']:,.0f} events/s ({sixteen['rate'] / base:.2f}x baseline, "
         f"{sixteen['rate'] / one['rate']:.2f}x one frontend)"
@@ -236,7 +240,7 @@ Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_ve
 other work (figures move between runs; compare ratios). Workload: {len(events):,} worker KV events
 over {WORKERS} workers, each storing {BLOCKS_PER_EVENT} blocks ({SHARED:.0%} already held by another
 worker) and evicting {BLOCKS_PER_EVENT} once a worker holds 256; transitions coalesced for 5 ms
-per delta. Receivers are in-process gRPC servers on loopback (same process, same cores).
+per delta; rates are the best of {REPEATS} runs. Receivers are in-process gRPC servers on loopback (same process, same cores).
 
 | measurement | result |
 |---|---|
