@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from globaldiscovery.v1 import discovery_pb2 as pb  # noqa: E402
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc  # noqa: E402
@@ -93,15 +94,22 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def _renew_worker(
-    address: str, ids: list[int], channels: int, concurrency: int, duration: float, start_at: float
+    address: str, ids: list[int], channels: int, concurrency: int, duration: float, start_at: float, mode: str
 ):
     chans = [grpc.aio.insecure_channel(address) for _ in range(channels)]
     stubs = [pb_grpc.DiscoveryServiceStub(c) for c in chans]
     requests = [request(i) for i in ids]
-    # Register this worker's share first (not timed).
-    for lo in range(0, len(requests), concurrency):
-        batch = requests[lo : lo + concurrency]
-        await asyncio.gather(*(stubs[k % channels].RegisterPool(r) for k, r in enumerate(batch)))
+    if mode == "health":
+        # Baseline: the cheapest unary call the same server answers, through the same client setup.
+        health = [health_pb2_grpc.HealthStub(c) for c in chans]
+        check = health_pb2.HealthCheckRequest()
+        calls = [lambda _r, k=k: health[k].Check(check, timeout=10) for k in range(channels)]
+    else:
+        # Register this worker's share first (not timed).
+        for lo in range(0, len(requests), concurrency):
+            batch = requests[lo : lo + concurrency]
+            await asyncio.gather(*(stubs[k % channels].RegisterPool(r) for k, r in enumerate(batch)))
+        calls = [lambda r, k=k: stubs[k].RegisterPool(r, timeout=10) for k in range(channels)]
     await asyncio.sleep(max(0.0, start_at - time.time()))  # every worker starts the window together
     end = start_at + duration
     done = errors = 0
@@ -109,12 +117,12 @@ async def _renew_worker(
 
     async def loop(k: int) -> None:
         nonlocal done, errors, cursor
-        stub = stubs[k % channels]
+        call = calls[k % channels]
         while time.time() < end:
             r = requests[cursor % len(requests)]
             cursor += 1
             try:
-                await stub.RegisterPool(r, timeout=10)
+                await call(r)
                 if time.time() <= end:
                     done += 1
             except grpc.aio.AioRpcError:
@@ -126,8 +134,8 @@ async def _renew_worker(
     return done, errors
 
 
-def renew_worker(address, ids, channels, concurrency, duration, start_at, out) -> None:
-    out.put(asyncio.run(_renew_worker(address, ids, channels, concurrency, duration, start_at)))
+def renew_worker(address, ids, channels, concurrency, duration, start_at, mode, out) -> None:
+    out.put(asyncio.run(_renew_worker(address, ids, channels, concurrency, duration, start_at, mode)))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -137,16 +145,23 @@ def cpu_seconds(pid: int) -> float:
 
 
 def bench_renewals(
-    server_pid: int, address: str, pools: int, procs: int, channels: int, concurrency: int, duration: float
+    server_pid: int,
+    address: str,
+    pools: int,
+    procs: int,
+    channels: int,
+    concurrency: int,
+    duration: float,
+    mode: str = "register",
 ):
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     share = [list(range(p, pools, procs)) for p in range(procs)]
     # Registering 10,000 pools takes a while on a busy machine; start the timed window after it.
-    start_at = time.time() + 8.0 + pools / 2000
+    start_at = time.time() + (8.0 + pools / 2000 if mode == "register" else 5.0)
     workers = [
         ctx.Process(
-            target=renew_worker, args=(address, share[p], channels, concurrency, duration, start_at, out)
+            target=renew_worker, args=(address, share[p], channels, concurrency, duration, start_at, mode, out)
         )
         for p in range(procs)
     ]
@@ -212,9 +227,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pools", type=int, default=10_000)
-    parser.add_argument("--client-procs", type=int, default=3)
+    parser.add_argument("--client-procs", type=int, default=2)
     parser.add_argument("--channels", type=int, default=2, help="aio channels per client process")
-    parser.add_argument("--concurrency", type=int, default=64, help="concurrent calls per client process")
+    parser.add_argument("--concurrency", type=int, default=128, help="concurrent calls per client process")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of measured renewals")
     parser.add_argument("--expiring", type=int, default=1000)
     args = parser.parse_args()
@@ -227,6 +242,14 @@ def main() -> int:
         print(
             f"renewals/s with {args.pools} pools: {rate:.0f} (errors {errors}); server used {server_cpu:.2f} "
             f"CPU cores → {rate / server_cpu:.0f} renewals per server CPU-second",
+            flush=True,
+        )
+        base, base_errors, base_cpu = bench_renewals(
+            proc.pid, address, args.pools, args.client_procs, args.channels, args.concurrency, args.duration, "health"
+        )
+        print(
+            f"baseline grpc.health.v1 Check/s, same server and clients: {base:.0f} (errors {base_errors}); "
+            f"server used {base_cpu:.2f} CPU cores; renewals reach {rate / base:.0%} of it",
             flush=True,
         )
         list1000 = bench_list(address, 1000, 50)
@@ -266,6 +289,7 @@ with other work while measured).
 |---|---|---|
 | Renewals per second, {args.pools:,} pools registered | {rate:,.0f} /s ({errors} errors) | ≥ 5,000 /s |
 | Server CPU during the renewal window | {server_cpu:.2f} cores → {rate / server_cpu:,.0f} renewals per server CPU-second | |
+| Baseline: `grpc.health.v1` Check per second, same server and client setup | {base:,.0f} /s ({base_errors} errors), server {base_cpu:.2f} cores; renewals reach {rate / base:.0%} of it | |
 | ListPools latency at {args.pools:,} pools, page_size 1000 | p50 {list1000[0]:.1f} ms, p99 {list1000[1]:.1f} ms | |
 | ListPools latency at {args.pools:,} pools, page_size 100 | p50 {list100[0]:.1f} ms, p99 {list100[1]:.1f} ms | |
 | Expiry lag, {args.expiring:,} pools expiring together (lease 1 s) | p50 {lag50:.1f} ms, p99 {lag99:.1f} ms, max {lagmax:.1f} ms | p99 ≤ 100 ms |

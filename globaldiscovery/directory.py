@@ -244,6 +244,7 @@ class Directory:
         self._watch_limit = watch_queue_limit
         self._leases: LeaseTable[tuple[str, str], PoolRegistration] = LeaseTable(lease_duration)
         self._frontends: LeaseTable[str, tuple[str, str]] = LeaseTable(lease_duration)
+        self.frontends_version = 0  # grows on every frontend change, so callers can cache the list
         self._pools: dict[str, _Pool] = {}
         self._order: list[str] = []  # pool ids, sorted, for ordered pages
         self._drains: dict[str, float] = {}  # pool_id -> monotonic deadline of an operator drain
@@ -286,7 +287,8 @@ class Directory:
                     touched[pool_id] = None
             for pool_id in touched:
                 self._settle(pool_id, Removal.LEASE_EXPIRED)
-        self._frontends.expire_due(now)
+        if self._frontends.expire_due(now):
+            self.frontends_version += 1
         if self._drains:
             for pool_id, deadline in sorted(self._drains.items(), key=lambda kv: kv[1]):
                 if deadline <= now:
@@ -413,12 +415,15 @@ class Directory:
         """Registers or renews a frontend's lease. Raises StaleIncarnation."""
         self.advance(now)
         lease = self._frontends.grant(frontend_id, incarnation, (url, region), now)
+        self.frontends_version += 1
         return self._frontend_view(lease)
 
     def unregister_frontend(self, frontend_id: str, incarnation: int, now: float) -> bool:
         """Ends a frontend's lease at once. Raises StaleIncarnation. Idempotent."""
         self.advance(now)
-        return self._frontends.end(frontend_id, incarnation) is not None
+        ended = self._frontends.end(frontend_id, incarnation) is not None
+        self.frontends_version += 1
+        return ended
 
     def list_frontends(self, now: float) -> list[FrontendView]:
         """Every live frontend, ordered by frontend_id."""

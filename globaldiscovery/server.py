@@ -9,7 +9,14 @@ import grpc
 
 from globaldiscovery import convert, validation
 from globaldiscovery.config import DiscoveryConfig
-from globaldiscovery.directory import DrainCompleted, ModelConflict, NotFound, StaleIncarnation, WatcherClosed
+from globaldiscovery.directory import (
+    DrainCompleted,
+    ModelConflict,
+    NotFound,
+    PoolRegistration,
+    StaleIncarnation,
+    WatcherClosed,
+)
 from globaldiscovery.store import MemoryStore, Store
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
@@ -42,26 +49,52 @@ async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext) -> None:
     await context.abort(code, str(exc))
 
 
+# Renewals are mostly byte-for-byte repeats of the last registration; remembering that many
+# already-validated requests lets a repeat skip validation and conversion.
+_MAX_REMEMBERED = 200_000
+
+
 class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
     """The gRPC face of a Store."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._validated: dict[tuple[str, str], tuple[pb.RegisterPoolRequest, PoolRegistration]] = {}
+        self._frontends: tuple[object, list[pb.Frontend]] = (None, [])
+
+    async def _registration(self, request: pb.RegisterPoolRequest, context) -> PoolRegistration:
+        key = (request.pool_id, request.relay_id)
+        known = self._validated.get(key)
+        if known is not None and known[0] == request:
+            return known[1]
+        await _check(validation.register_pool(request), context)
+        registration = convert.registration(request)
+        if len(self._validated) >= _MAX_REMEMBERED:
+            self._validated.clear()
+        self._validated[key] = (request, registration)
+        return registration
+
+    async def _frontend_list(self) -> list[pb.Frontend]:
+        """The live frontends as messages, rebuilt only when the frontend table changed."""
+        version = self.store.frontends_version()
+        if self._frontends[0] != version or version is None:
+            frontends, _ = await self.store.list_frontends()
+            self._frontends = (version, [convert.frontend(f) for f in frontends])
+        return self._frontends[1]
 
     async def RegisterPool(self, request: pb.RegisterPoolRequest, context: grpc.aio.ServicerContext):
-        await _check(validation.register_pool(request), context)
+        registration = await self._registration(request, context)
         try:
-            result = await self.store.register_pool(convert.registration(request))
+            result = await self.store.register_pool(registration)
         except _DIRECTORY_ERRORS as exc:
             log.info("register refused", pool_id=request.pool_id, relay_id=request.relay_id, reason=str(exc))
             await _abort_for(exc, context)
             raise  # unreachable: abort raises
-        frontends, _ = await self.store.list_frontends()
         reply = pb.RegisterPoolResponse(
             heartbeat_interval=timeconv.duration(self.store.heartbeat_interval),
             lease_duration=timeconv.duration(self.store.lease_duration),
             lease_expire_time=timeconv.timestamp(result.lease_expire_wall),
-            frontends=[convert.frontend(f) for f in frontends],
+            frontends=await self._frontend_list(),
             drain_requested=result.drain_requested,
             pool=convert.pool(result.pool),
         )

@@ -60,5 +60,8 @@ class Store(Protocol):
     async def unregister_frontend(self, frontend_id: str, incarnation: int) -> bool:
         """Ends a global frontend's lease at once."""
 
+    def frontends_version(self) -> object:
+        """A value that changes whenever the frontend list changes (None: unknown, do not cache)."""
+
     async def list_frontends(self) -> tuple[list[FrontendView], bool]:
         """Every live frontend ordered by id, and whether the listing is complete."""

@@ -127,6 +127,10 @@ class MemoryStore:
     async def unregister_frontend(self, frontend_id: str, incarnation: int) -> bool:
         return self.directory.unregister_frontend(frontend_id, incarnation, self._now())
 
+    def frontends_version(self) -> object:
+        self.directory.advance(self._now())  # an expired frontend changes the list too
+        return self.directory.frontends_version
+
     async def list_frontends(self) -> tuple[list[FrontendView], bool]:
         now = self._now()
         return self.directory.list_frontends(now), self.directory.complete(now)
