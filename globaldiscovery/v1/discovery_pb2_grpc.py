@@ -100,6 +100,9 @@ class DiscoveryServiceServicer:
         (a pool serves one model in one region). The caller's own earlier lease of the pool, if any,
         is ended, so replicas that all move to a new model converge within one heartbeat. Also when
         a discovery-side drain of the pool has completed for this relay incarnation.
+
+        A renewal that changes nothing a watcher sees (only the lease's expiry moves) sends no
+        UPDATED event and keeps the pool's revision; ListPools always shows current expiries.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -109,6 +112,7 @@ class DiscoveryServiceServicer:
         """Ends the lease of (pool_id, relay_id) at once; the pool leaves every listing at once when it
         was its last live lease. Unregistering a lease that does not exist succeeds (idempotent).
         PERMISSION_DENIED when the lease is held by a newer incarnation than the caller's.
+        A reason of REMOVAL_REASON_UNSPECIFIED is reported as REMOVAL_REASON_UNREGISTERED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -128,7 +132,11 @@ class DiscoveryServiceServicer:
         SNAPSHOT_DONE marker, then ADDED / UPDATED / REMOVED changes in the order they happened. A
         pool is removed within a small, measured bound after its last lease expires. The stream ends
         with UNAVAILABLE when the server shuts down; clients re-watch and take the new snapshot as
-        the truth.
+        the truth. A pool that changes so that it no longer matches the watcher's filter is REMOVED
+        for that watcher (removal_reason UNSPECIFIED), and ADDED again if it matches later. Watchers
+        never slow the server down: a watcher that falls more than a bounded number of events
+        behind (the server's --watch-queue-limit, default 10,000) is ended with RESOURCE_EXHAUSTED
+        and re-watches.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

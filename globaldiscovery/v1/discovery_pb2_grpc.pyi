@@ -54,11 +54,15 @@ class DiscoveryServiceStub:
       (a pool serves one model in one region). The caller's own earlier lease of the pool, if any,
       is ended, so replicas that all move to a new model converge within one heartbeat. Also when
       a discovery-side drain of the pool has completed for this relay incarnation.
+
+    A renewal that changes nothing a watcher sees (only the lease's expiry moves) sends no
+    UPDATED event and keeps the pool's revision; ListPools always shows current expiries.
     """
     UnregisterPool: _grpc.UnaryUnaryMultiCallable[_discovery_pb2.UnregisterPoolRequest, _discovery_pb2.UnregisterPoolResponse]
     """Ends the lease of (pool_id, relay_id) at once; the pool leaves every listing at once when it
     was its last live lease. Unregistering a lease that does not exist succeeds (idempotent).
     PERMISSION_DENIED when the lease is held by a newer incarnation than the caller's.
+    A reason of REMOVAL_REASON_UNSPECIFIED is reported as REMOVAL_REASON_UNREGISTERED.
     """
     ListPools: _grpc.UnaryUnaryMultiCallable[_discovery_pb2.ListPoolsRequest, _discovery_pb2.ListPoolsResponse]
     """Lists the live pools, ordered by pool_id, filtered by model and region, paginated
@@ -70,7 +74,11 @@ class DiscoveryServiceStub:
     SNAPSHOT_DONE marker, then ADDED / UPDATED / REMOVED changes in the order they happened. A
     pool is removed within a small, measured bound after its last lease expires. The stream ends
     with UNAVAILABLE when the server shuts down; clients re-watch and take the new snapshot as
-    the truth.
+    the truth. A pool that changes so that it no longer matches the watcher's filter is REMOVED
+    for that watcher (removal_reason UNSPECIFIED), and ADDED again if it matches later. Watchers
+    never slow the server down: a watcher that falls more than a bounded number of events
+    behind (the server's --watch-queue-limit, default 10,000) is ended with RESOURCE_EXHAUSTED
+    and re-watches.
     """
     DrainPool: _grpc.UnaryUnaryMultiCallable[_discovery_pb2.DrainPoolRequest, _discovery_pb2.DrainPoolResponse]
     """Starts a discovery-side drain: the pool is marked draining at once (watchers see UPDATED),
@@ -111,11 +119,15 @@ class DiscoveryServiceAsyncStub(DiscoveryServiceStub):
       (a pool serves one model in one region). The caller's own earlier lease of the pool, if any,
       is ended, so replicas that all move to a new model converge within one heartbeat. Also when
       a discovery-side drain of the pool has completed for this relay incarnation.
+
+    A renewal that changes nothing a watcher sees (only the lease's expiry moves) sends no
+    UPDATED event and keeps the pool's revision; ListPools always shows current expiries.
     """
     UnregisterPool: _aio.UnaryUnaryMultiCallable[_discovery_pb2.UnregisterPoolRequest, _discovery_pb2.UnregisterPoolResponse]  # type: ignore[assignment]
     """Ends the lease of (pool_id, relay_id) at once; the pool leaves every listing at once when it
     was its last live lease. Unregistering a lease that does not exist succeeds (idempotent).
     PERMISSION_DENIED when the lease is held by a newer incarnation than the caller's.
+    A reason of REMOVAL_REASON_UNSPECIFIED is reported as REMOVAL_REASON_UNREGISTERED.
     """
     ListPools: _aio.UnaryUnaryMultiCallable[_discovery_pb2.ListPoolsRequest, _discovery_pb2.ListPoolsResponse]  # type: ignore[assignment]
     """Lists the live pools, ordered by pool_id, filtered by model and region, paginated
@@ -127,7 +139,11 @@ class DiscoveryServiceAsyncStub(DiscoveryServiceStub):
     SNAPSHOT_DONE marker, then ADDED / UPDATED / REMOVED changes in the order they happened. A
     pool is removed within a small, measured bound after its last lease expires. The stream ends
     with UNAVAILABLE when the server shuts down; clients re-watch and take the new snapshot as
-    the truth.
+    the truth. A pool that changes so that it no longer matches the watcher's filter is REMOVED
+    for that watcher (removal_reason UNSPECIFIED), and ADDED again if it matches later. Watchers
+    never slow the server down: a watcher that falls more than a bounded number of events
+    behind (the server's --watch-queue-limit, default 10,000) is ended with RESOURCE_EXHAUSTED
+    and re-watches.
     """
     DrainPool: _aio.UnaryUnaryMultiCallable[_discovery_pb2.DrainPoolRequest, _discovery_pb2.DrainPoolResponse]  # type: ignore[assignment]
     """Starts a discovery-side drain: the pool is marked draining at once (watchers see UPDATED),
@@ -171,6 +187,9 @@ class DiscoveryServiceServicer(metaclass=_abc_1.ABCMeta):
           (a pool serves one model in one region). The caller's own earlier lease of the pool, if any,
           is ended, so replicas that all move to a new model converge within one heartbeat. Also when
           a discovery-side drain of the pool has completed for this relay incarnation.
+
+        A renewal that changes nothing a watcher sees (only the lease's expiry moves) sends no
+        UPDATED event and keeps the pool's revision; ListPools always shows current expiries.
         """
 
     @_abc_1.abstractmethod
@@ -182,6 +201,7 @@ class DiscoveryServiceServicer(metaclass=_abc_1.ABCMeta):
         """Ends the lease of (pool_id, relay_id) at once; the pool leaves every listing at once when it
         was its last live lease. Unregistering a lease that does not exist succeeds (idempotent).
         PERMISSION_DENIED when the lease is held by a newer incarnation than the caller's.
+        A reason of REMOVAL_REASON_UNSPECIFIED is reported as REMOVAL_REASON_UNREGISTERED.
         """
 
     @_abc_1.abstractmethod
@@ -205,7 +225,11 @@ class DiscoveryServiceServicer(metaclass=_abc_1.ABCMeta):
         SNAPSHOT_DONE marker, then ADDED / UPDATED / REMOVED changes in the order they happened. A
         pool is removed within a small, measured bound after its last lease expires. The stream ends
         with UNAVAILABLE when the server shuts down; clients re-watch and take the new snapshot as
-        the truth.
+        the truth. A pool that changes so that it no longer matches the watcher's filter is REMOVED
+        for that watcher (removal_reason UNSPECIFIED), and ADDED again if it matches later. Watchers
+        never slow the server down: a watcher that falls more than a bounded number of events
+        behind (the server's --watch-queue-limit, default 10,000) is ended with RESOURCE_EXHAUSTED
+        and re-watches.
         """
 
     @_abc_1.abstractmethod
