@@ -12,9 +12,17 @@ from meshkit.clock import SystemClock
 
 
 @pytest.fixture
-async def discovery():
+def watch_queue_limit() -> int:
+    """Overridden by tests that need a small watcher bound."""
+    return 10_000
+
+
+@pytest.fixture
+async def discovery(watch_queue_limit):
     """(stub, address, handle, store) of a started in-process server; stopped at the end."""
-    config = DiscoveryConfig(listen="127.0.0.1:0", heartbeat_interval=1.0, lease_duration=3.0)
+    config = DiscoveryConfig(
+        listen="127.0.0.1:0", heartbeat_interval=1.0, lease_duration=3.0, watch_queue_limit=watch_queue_limit
+    )
     store = make_store(config, SystemClock())
     handle = build_server(config, store)
     await store.start()

@@ -9,6 +9,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from globaldiscovery.v1 import discovery_pb2 as pb
+from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit import timeconv
 from meshkit.validation import bad_request_fields
 
@@ -301,3 +302,34 @@ async def test_shutdown_ends_watch_with_unavailable(discovery):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await asyncio.wait_for(call.read(), 10)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("watch_queue_limit", [5])
+async def test_watcher_that_does_not_read_is_ended_with_resource_exhausted(discovery):
+    stub, address, _, store = discovery
+    # No BDP probing: the flow-control window stays small, so a reader that stops reading soon
+    # stops the server's writes and the events pile up in its bounded queue.
+    slow_channel = grpc.aio.insecure_channel(address, options=[("grpc.http2.bdp_probe", 0)])
+    slow = pb_grpc.DiscoveryServiceStub(slow_channel).WatchPools(pb.WatchPoolsRequest())
+    await read(slow, 1)  # SNAPSHOT_DONE; then it stops reading
+    fast = stub.WatchPools(pb.WatchPoolsRequest())
+    await read(fast, 1)
+    big = ["x" * 120] * 64  # large events fill the transport's buffers quickly
+    for i in range(3000):
+        await stub.RegisterPool(
+            register_request(pool_id=f"pool-{i:04d}", capabilities=[f"{c}{i}" for c in big])
+        )
+        if i % 50 == 0:
+            await read(fast, 50 if i else 1)  # a reader that keeps up is never ended
+        if len(tuple(store.directory.watchers)) == 1:
+            break  # the server ended the slow watcher
+    assert len(tuple(store.directory.watchers)) == 1, "the watcher that never read was not ended"
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        for _ in range(10_000):  # what was already in flight, then the status
+            await asyncio.wait_for(slow.read(), 10)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # The server is unaffected: the fast watcher keeps receiving.
+    await stub.RegisterPool(register_request(pool_id="after"))
+    assert not fast.done()
+    fast.cancel()
+    await slow_channel.close()
