@@ -20,7 +20,8 @@ from meshkit.logs import configure_logging
 _DEFAULTS = DiscoveryConfig()
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command's parser and its `serve` sub-parser (whose errors name the serve flags)."""
     parser = argparse.ArgumentParser(
         prog="globaldiscovery",
         description="Global Discovery: the directory of serving pools and global frontends.",
@@ -64,14 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     pools.add_argument("--model", default="", help="only pools serving this model")
     pools.add_argument("--region", default="", help="only pools in this region")
     pools.add_argument("--timeout", type=flags.positive_seconds, default=10.0, help="seconds per call")
-    return parser
+    return parser, serve
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    parser, serve_parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return _serve(parser, args)
+        return _serve(serve_parser, args)
     return _pools(args)
 
 
