@@ -11,7 +11,7 @@ import asyncio
 import bisect
 import enum
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from globaldiscovery.leases import Lease, LeaseTable, StaleIncarnation
@@ -87,6 +87,7 @@ class PoolRegistration:
     capabilities: tuple[str, ...] = ()
     draining: bool = False
     drain_deadline_wall: float | None = None
+    expire_wall: float | None = None  # set when a shared store (etcd) keeps the lease's time
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +238,7 @@ class Directory:
         wall_offset: float,
         watch_queue_limit: int = 10_000,
         complete_at_start: bool = False,
+        on_drained: Callable[[str, list[tuple[str, int]]], None] | None = None,
     ) -> None:
         self.lease_duration = lease_duration
         self._wall_offset = wall_offset  # wall = monotonic + offset, fixed so timestamps agree
@@ -250,6 +252,7 @@ class Directory:
         self._drains: dict[str, float] = {}  # pool_id -> monotonic deadline of an operator drain
         self._drained: dict[tuple[str, str], int] = {}  # (pool, relay) -> highest refused incarnation
         self._watchers: set[Watcher] = set()
+        self._on_drained = on_drained  # told (pool_id, [(relay_id, incarnation)]) when a drain completes
 
     # ----- time -----
 
@@ -296,15 +299,18 @@ class Directory:
 
     # ----- pools -----
 
-    def register_pool(self, reg: PoolRegistration, now: float) -> RegisterResult:
+    def register_pool(self, reg: PoolRegistration, now: float, *, trusted: bool = False) -> RegisterResult:
         """Registers or renews (reg.pool_id, reg.relay_id)'s lease.
 
         Raises DrainCompleted, StaleIncarnation or ModelConflict (after ending the caller's own
-        earlier lease of the pool) as the contract says.
+        earlier lease of the pool) as the contract says. `trusted` applies a registration a shared
+        store already accepted (a mirror of etcd), without those checks.
         """
         self.advance(now)
         key = (reg.pool_id, reg.relay_id)
-        refused = self._drained.get(key)
+        if trusted:
+            self._leases.end(key)  # a mirror follows the store, whatever the incarnation
+        refused = None if trusted else self._drained.get(key)
         if refused is not None and reg.incarnation <= refused:
             raise DrainCompleted(
                 f"pool {reg.pool_id!r} was drained; relay {reg.relay_id!r} incarnation {reg.incarnation} "
@@ -312,7 +318,7 @@ class Directory:
             )
         self._leases.check(key, reg.incarnation)
         record = self._pools.get(reg.pool_id)
-        if record is not None:
+        if record is not None and not trusted:
             for relay_id, other in record.relays.items():
                 if relay_id == reg.relay_id:
                     continue
@@ -504,10 +510,14 @@ class Directory:
         if record is None:
             self._drains.pop(pool_id, None)
             return
+        refused = []
         for relay_id, lease in record.relays.items():
             key = (pool_id, relay_id)
             self._drained[key] = max(self._drained.get(key, 0), lease.incarnation)
+            refused.append((relay_id, lease.incarnation))
         self._drop(record, Removal.DRAINED)
+        if self._on_drained is not None:
+            self._on_drained(pool_id, refused)
 
     def _merged(self, record: _Pool) -> tuple:
         leases = [record.relays[r] for r in sorted(record.relays)]
@@ -556,7 +566,7 @@ class Directory:
                     relay_id=lease.key[1],
                     incarnation=lease.incarnation,
                     frontends=lease.value.frontends,
-                    expire_wall=self.wall(lease.expires_at),
+                    expire_wall=lease.value.expire_wall or self.wall(lease.expires_at),
                     draining=lease.value.draining,
                 )
                 for lease in leases

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 from globaldiscovery.directory import (
     Directory,
     FrontendView,
@@ -14,10 +11,8 @@ from globaldiscovery.directory import (
     Removal,
     Watcher,
 )
+from globaldiscovery.store.expiry import Expiry
 from meshkit.clock import Clock
-from meshkit.logs import get_logger
-
-log = get_logger(module="globaldiscovery.store.memory")
 
 
 class MemoryStore:
@@ -41,46 +36,17 @@ class MemoryStore:
             wall_offset=clock.wall() - now,
             watch_queue_limit=watch_queue_limit,
         )
-        self._wake = asyncio.Event()
-        self._scheduled: float | None = None  # the deadline the expiry task sleeps towards
-        self._task: asyncio.Task[None] | None = None
+        self._expiry = Expiry(self.directory, clock)
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._expire_loop(), name="discovery-expiry")
+        self._expiry.start()
 
     async def close(self) -> None:
         self.directory.close_watchers()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._expiry.stop()
 
     def _poke(self) -> None:
-        """Wakes the expiry task when something now ends earlier than what it sleeps towards."""
-        deadline = self.directory.next_deadline()
-        if deadline is not None and (self._scheduled is None or deadline < self._scheduled):
-            self._wake.set()
-
-    async def _expire_loop(self) -> None:
-        """Sleeps until the next deadline exactly (not a coarse poll), so removal lag stays small."""
-        while True:
-            try:
-                self.directory.advance(self.clock.monotonic())
-            except Exception:  # a bug here must not stop expiry for good
-                log.exception("expiry failed")
-            self._scheduled = self.directory.next_deadline()
-            self._wake.clear()
-            waiter = asyncio.ensure_future(self._wake.wait())
-            waits: set[asyncio.Future] = {waiter}
-            if self._scheduled is not None:
-                waits.add(asyncio.ensure_future(self.clock.sleep(self._scheduled - self.clock.monotonic())))
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
+        self._expiry.poke()
 
     def _now(self) -> float:
         return self.clock.monotonic()
