@@ -10,6 +10,7 @@ import sys
 import grpc
 
 from globaldiscovery.config import DiscoveryConfig
+from globaldiscovery.store.base import StoreUnavailable
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit import cli as flags
@@ -53,7 +54,17 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="events a watcher may fall behind before its stream is ended (default %(default)s)",
     )
     serve.add_argument(
-        "--store", choices=["memory"], default=_DEFAULTS.store, help="where the directory lives"
+        "--store",
+        choices=["memory", "etcd"],
+        default=_DEFAULTS.store,
+        help="where the directory lives: this process, or etcd shared by replicas (default %(default)s)",
+    )
+    serve.add_argument(
+        "--etcd-endpoints",
+        type=flags.host_port,
+        default=None,
+        metavar="HOST:PORT",
+        help="etcd, with --store etcd",
     )
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
 
@@ -83,6 +94,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         lease_duration=args.lease_duration,
         watch_queue_limit=args.watch_queue_limit,
         store=args.store,
+        etcd_endpoints=args.etcd_endpoints or "",
     )
     problems = config.problems()
     if problems:
@@ -92,7 +104,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(serve(config))
-    except RuntimeError as exc:  # cannot bind
+    except (RuntimeError, StoreUnavailable) as exc:  # cannot bind, or etcd does not answer
         print(f"globaldiscovery: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -24,7 +24,10 @@ class DiscoveryConfig:
     """Events a WatchPools stream may fall behind before it is ended with RESOURCE_EXHAUSTED."""
 
     store: str = "memory"
-    """Where the directory lives: "memory" (this process only)."""
+    """Where the directory lives: "memory" (this process only) or "etcd" (shared by replicas)."""
+
+    etcd_endpoints: str = ""
+    """HOST:PORT of etcd, with store "etcd"."""
 
     stop_grace: float = 5.0
     """Seconds in-flight calls get to finish on SIGTERM."""
@@ -41,6 +44,8 @@ class DiscoveryConfig:
             )
         if self.lease_duration > MAX_LEASE_SECONDS:
             found.append(f"--lease-duration must be at most one day (got {self.lease_duration:g} s)")
+        if self.store == "etcd" and not self.etcd_endpoints:
+            found.append("--store etcd needs --etcd-endpoints HOST:PORT")
         if self.watch_queue_limit < 1:
             found.append(f"--watch-queue-limit must be >= 1 (got {self.watch_queue_limit})")
         return found

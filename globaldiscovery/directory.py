@@ -387,6 +387,11 @@ class Directory:
             self._settle(pool_id, Removal.UNSPECIFIED)
         return self._view(record)
 
+    def drain_deadline_wall(self, pool_id: str) -> float | None:
+        """The deadline of a discovery-side drain of the pool, or None."""
+        deadline = self._drains.get(pool_id)
+        return self.wall(deadline) if deadline is not None else None
+
     def get_pool(self, pool_id: str, now: float) -> PoolView | None:
         """The pool as listed, or None."""
         self.advance(now)

@@ -17,7 +17,7 @@ from globaldiscovery.directory import (
     StaleIncarnation,
     WatcherClosed,
 )
-from globaldiscovery.store import MemoryStore, Store
+from globaldiscovery.store import MemoryStore, Store, StoreUnavailable
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit import pagination, timeconv
@@ -36,6 +36,7 @@ _ERROR_CODES: dict[type[Exception], grpc.StatusCode] = {
     ModelConflict: grpc.StatusCode.FAILED_PRECONDITION,
     DrainCompleted: grpc.StatusCode.FAILED_PRECONDITION,
     NotFound: grpc.StatusCode.NOT_FOUND,
+    StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
 }
 _DIRECTORY_ERRORS = tuple(_ERROR_CODES)
 
@@ -214,6 +215,16 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
 
 def make_store(config: DiscoveryConfig, clock: Clock) -> Store:
     """The store `config` names."""
+    if config.store == "etcd":
+        from globaldiscovery.store.etcd import EtcdStore  # aetcd loads only when asked for
+
+        return EtcdStore(
+            clock,
+            endpoint=config.etcd_endpoints,
+            heartbeat_interval=config.heartbeat_interval,
+            lease_duration=config.lease_duration,
+            watch_queue_limit=config.watch_queue_limit,
+        )
     if config.store != "memory":
         raise ValueError(f"unknown store {config.store!r}")
     return MemoryStore(

@@ -14,10 +14,15 @@ from globaldiscovery.directory import (
 )
 
 
+class StoreUnavailable(Exception):
+    """A shared store cannot be reached or did not answer in time (UNAVAILABLE for the caller)."""
+
+
 class Store(Protocol):
     """The pool and frontend directory behind DiscoveryService.
 
-    Errors are the directory's: StaleIncarnation, ModelConflict, DrainCompleted, NotFound.
+    Errors are the directory's (StaleIncarnation, ModelConflict, DrainCompleted, NotFound) and
+    StoreUnavailable.
     """
 
     heartbeat_interval: float

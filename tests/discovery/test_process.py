@@ -12,31 +12,12 @@ import pytest
 
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
-from tests.support import BIN, command, free_port, wait_healthy, wait_until
+from tests.discovery.helpers import start_discovery
+from tests.support import BIN, command, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
 GRPCURL = str(BIN / "grpcurl")
-
-
-def start(procs, *extra: str):
-    address = f"127.0.0.1:{free_port()}"
-    proc = procs.start(
-        "globaldiscovery",
-        [
-            command("globaldiscovery"),
-            "serve",
-            "--listen",
-            address,
-            "--heartbeat-interval",
-            "0.5",
-            "--lease-duration",
-            "1.5",
-            *extra,
-        ],
-    )
-    wait_healthy(address, timeout=30, proc=proc)
-    return proc, address
 
 
 def grpcurl(*args: str) -> str:
@@ -46,7 +27,7 @@ def grpcurl(*args: str) -> str:
 
 
 def test_grpcurl_lists_services_and_registers_then_lists(procs):
-    _, address = start(procs)
+    _, address = start_discovery(procs)
     services = grpcurl(address, "list").split()
     assert "globaldiscovery.v1.DiscoveryService" in services and "grpc.health.v1.Health" in services
     body = {
@@ -67,7 +48,7 @@ def test_grpcurl_lists_services_and_registers_then_lists(procs):
 
 
 def test_stubs_register_then_sigterm_exits_zero_quickly(procs):
-    proc, address = start(procs)
+    proc, address = start_discovery(procs)
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.DiscoveryServiceStub(channel)
         stub.RegisterPool(
@@ -98,6 +79,8 @@ def test_stubs_register_then_sigterm_exits_zero_quickly(procs):
         (["--heartbeat-interval", "5", "--lease-duration", "5"], "--lease-duration"),
         (["--heartbeat-interval", "5", "--lease-duration", "86401"], "--lease-duration"),
         (["--listen", "nowhere"], "--listen"),
+        (["--store", "etcd"], "--etcd-endpoints"),
+        (["--store", "etcd", "--etcd-endpoints", "no-port"], "--etcd-endpoints"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(flags, named):
@@ -109,7 +92,7 @@ def test_bad_flags_exit_2_naming_the_flag(flags, named):
 
 
 def test_pools_json_and_table(procs):
-    _, address = start(procs)
+    _, address = start_discovery(procs)
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.DiscoveryServiceStub(channel)
         for pool, model in (("pool-b", "m2"), ("pool-a", "m1")):

@@ -1,0 +1,385 @@
+"""The etcd store: state shared by any number of discovery replicas; etcd's own leases carry expiry.
+
+Every write goes to etcd; each replica keeps a mirror (a Directory that never expires anything
+itself) fed by one etcd watch, and answers listings and watchers from it. A lease lapses when
+etcd ends it: the key's DELETE reaches every replica's mirror, and so every watcher. A call
+returns only after this replica's mirror has seen its own write, so a reply shows the write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+from dataclasses import asdict
+
+import aetcd
+import aetcd.exceptions
+
+from globaldiscovery.directory import (
+    Capacity,
+    Directory,
+    DrainCompleted,
+    FrontendView,
+    ModelConflict,
+    NotFound,
+    PoolRegistration,
+    PoolView,
+    RegisterResult,
+    Removal,
+    StaleIncarnation,
+    Watcher,
+)
+from globaldiscovery.store.base import StoreUnavailable
+from globaldiscovery.store.expiry import Expiry
+from meshkit.clock import Clock
+from meshkit.logs import get_logger
+
+log = get_logger(module="globaldiscovery.store.etcd")
+
+PREFIX = b"/globaldiscovery/v1/"
+LEASES = PREFIX + b"lease/"  # lease/<pool>\0<relay> -> registration JSON (on an etcd lease)
+DRAINS = PREFIX + b"drain/"  # drain/<pool> -> {"deadline_wall": ...}
+DRAINED = PREFIX + b"drained/"  # drained/<pool>\0<relay> -> highest refused incarnation
+FRONTENDS = PREFIX + b"frontend/"  # frontend/<id> -> frontend JSON (on an etcd lease)
+SEP = b"\x00"  # ids never hold control characters, so this cannot be part of one
+MIRROR_LEASE = 10 * 365 * 86_400.0  # the mirror never expires a lease itself: etcd does
+CATCH_UP_SECONDS = 10.0
+
+
+def _unavailable(method):
+    """Turns etcd client errors into StoreUnavailable (UNAVAILABLE for the caller)."""
+
+    @functools.wraps(method)
+    async def wrapper(*args, **kwargs):
+        try:
+            return await method(*args, **kwargs)
+        except (aetcd.exceptions.ClientError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"etcd did not answer: {exc}") from exc
+
+    return wrapper
+
+
+def _lease_key(pool_id: str, relay_id: str) -> bytes:
+    return LEASES + pool_id.encode() + SEP + relay_id.encode()
+
+
+def _encode(reg: PoolRegistration, lease_id: int, end_reason: Removal | None = None) -> bytes:
+    record = asdict(reg)
+    record["lease_id"] = lease_id
+    record["end_reason"] = end_reason.value if end_reason is not None else None
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+def _decode(value: bytes) -> tuple[PoolRegistration, int, Removal | None]:
+    record = json.loads(value)
+    lease_id = record.pop("lease_id")
+    end_reason = record.pop("end_reason")
+    record["frontends"] = tuple(record["frontends"])
+    record["capabilities"] = tuple(record["capabilities"])
+    if record["capacity"] is not None:
+        record["capacity"] = Capacity(**record["capacity"])
+    return PoolRegistration(**record), lease_id, Removal(end_reason) if end_reason is not None else None
+
+
+class EtcdStore:
+    """The directory shared through etcd; listings are complete at once."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        endpoint: str,
+        heartbeat_interval: float,
+        lease_duration: float,
+        watch_queue_limit: int = 10_000,
+    ) -> None:
+        self.clock = clock
+        host, _, port = endpoint.rpartition(":")
+        self._client = aetcd.Client(host=host, port=int(port))
+        self.heartbeat_interval = heartbeat_interval
+        # etcd leases last whole seconds (and at least 2); the relays are told the real figure.
+        self._ttl = max(2, math.ceil(lease_duration))
+        self.lease_duration = float(self._ttl)
+        now = clock.monotonic()
+        self.directory = Directory(
+            MIRROR_LEASE,
+            started_at=now,
+            wall_offset=clock.wall() - now,
+            watch_queue_limit=watch_queue_limit,
+            complete_at_start=True,
+            on_drained=self._drain_completed,
+        )
+        self._expiry = Expiry(self.directory, clock)
+        self._frontends: dict[str, FrontendView] = {}
+        self._frontends_version = 0
+        self._applied = 0  # the etcd revision the mirror has applied
+        self._advanced = asyncio.Event()
+        self._follower: asyncio.Task[None] | None = None
+        self._watch = None
+        self._background: set[asyncio.Task] = set()
+
+    # ----- lifecycle and the mirror -----
+
+    @_unavailable
+    async def start(self) -> None:
+        await self._client.connect()
+        snapshot = await self._client.get_prefix(PREFIX)
+        kvs = sorted(snapshot, key=lambda kv: not kv.key.startswith(LEASES))  # pools before their drains
+        for kv in kvs:
+            self._apply("PUT", kv.key, kv.value, None)
+        self._applied = snapshot.header.revision
+        self._watch = await self._client.watch_prefix(
+            PREFIX, start_revision=snapshot.header.revision + 1, prev_kv=True
+        )
+        self._follower = asyncio.create_task(self._follow(), name="etcd-follow")
+        self._expiry.start()
+
+    async def close(self) -> None:
+        self.directory.close_watchers()
+        await self._expiry.stop()
+        for task in [self._follower, *self._background]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self._watch is not None:
+            with contextlib.suppress(Exception):
+                await self._watch.cancel()
+        with contextlib.suppress(Exception):
+            await self._client.close()
+
+    async def _follow(self) -> None:
+        async for event in self._watch:
+            try:
+                prev = event.prev_kv.value if event.prev_kv is not None else None
+                self._apply(event.kind, event.kv.key, event.kv.value, prev)
+            except Exception:  # one bad record must not stop the mirror
+                log.exception("cannot apply etcd event", key=event.kv.key)
+            self._applied = max(self._applied, event.kv.mod_revision)
+            self._advanced.set()
+
+    def _apply(self, kind: str, key: bytes, value: bytes, prev: bytes | None) -> None:
+        now = self.clock.monotonic()
+        if key.startswith(LEASES):
+            if kind == "PUT":
+                reg, _, _ = _decode(value)
+                self.directory.register_pool(reg, now, trusted=True)
+            else:
+                pool_id, relay_id = (part.decode() for part in key[len(LEASES) :].split(SEP, 1))
+                reason = Removal.LEASE_EXPIRED
+                if prev is not None:
+                    reason = _decode(prev)[2] or Removal.LEASE_EXPIRED
+                self.directory.unregister_pool(pool_id, relay_id, 2**64, reason, now)
+        elif key.startswith(DRAINS) and kind == "PUT":
+            pool_id = key[len(DRAINS) :].decode()
+            deadline_wall = json.loads(value)["deadline_wall"]
+            with contextlib.suppress(NotFound):
+                self.directory.drain_pool(pool_id, deadline_wall - self.directory.wall(now), now)
+        elif key.startswith(FRONTENDS):
+            frontend_id = key[len(FRONTENDS) :].decode()
+            if kind == "PUT":
+                record = json.loads(value)
+                record.pop("lease_id", None)
+                self._frontends[frontend_id] = FrontendView(**record)
+            else:
+                self._frontends.pop(frontend_id, None)
+            self._frontends_version += 1
+        self._expiry.poke()
+
+    async def _caught_up(self, revision: int) -> None:
+        """Waits until the mirror has applied `revision` (this replica's own write)."""
+        deadline = self.clock.monotonic() + CATCH_UP_SECONDS
+        while self._applied < revision:
+            self._advanced.clear()
+            left = deadline - self.clock.monotonic()
+            if left <= 0:
+                raise StoreUnavailable("the etcd watch fell behind")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._advanced.wait(), left)
+
+    def _drain_completed(self, pool_id: str, refused: list[tuple[str, int]]) -> None:
+        """The mirror ended a drain: record the refusals and end the leases in etcd (every replica may)."""
+        task = asyncio.get_running_loop().create_task(self._write_drained(pool_id, refused))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _write_drained(self, pool_id: str, refused: list[tuple[str, int]]) -> None:
+        try:
+            for relay_id, incarnation in refused:
+                await self._client.put(
+                    DRAINED + pool_id.encode() + SEP + relay_id.encode(), str(incarnation).encode()
+                )
+                await self._client.delete(_lease_key(pool_id, relay_id))
+            await self._client.delete(DRAINS + pool_id.encode())
+        except Exception as exc:
+            log.warning("cannot record a completed drain in etcd", pool_id=pool_id, error=repr(exc))
+
+    # ----- etcd leases -----
+
+    async def _lease_for(self, lease_id: int | None) -> int:
+        """Renews etcd lease `lease_id` when it is still alive, else grants a new one."""
+        if lease_id:
+            reply = await self._client.refresh_lease(lease_id)
+            if reply.TTL > 0:
+                return lease_id
+        return (await self._client.lease(self._ttl)).id
+
+    # ----- pools -----
+
+    @_unavailable
+    async def register_pool(self, reg: PoolRegistration) -> RegisterResult:
+        key = _lease_key(reg.pool_id, reg.relay_id)
+        drained = await self._client.get(DRAINED + reg.pool_id.encode() + SEP + reg.relay_id.encode())
+        if drained is not None and reg.incarnation <= int(drained.value):
+            raise DrainCompleted(
+                f"pool {reg.pool_id!r} was drained; relay {reg.relay_id!r} incarnation {reg.incarnation} "
+                f"may not register it again (a restarted relay, with a higher incarnation, may)"
+            )
+        current = await self._client.get(key)
+        held = _decode(current.value) if current is not None else None
+        if held is not None and held[0].incarnation > reg.incarnation:
+            raise StaleIncarnation(key, held[0].incarnation, reg.incarnation)
+        for kv in await self._client.get_prefix(LEASES + reg.pool_id.encode() + SEP):
+            other, _, _ = _decode(kv.value)
+            if other.relay_id != reg.relay_id and (other.model != reg.model or other.region != reg.region):
+                if held is not None:
+                    await self._end(key, held[0], held[1], Removal.UNREGISTERED)
+                raise ModelConflict(
+                    f"pool {reg.pool_id!r} is registered by relay {other.relay_id!r} with model "
+                    f"{other.model!r} in region {other.region!r}; a pool serves one model in one region "
+                    f"(this relay's earlier lease, if any, was ended)"
+                )
+        lease_id = await self._lease_for(held[1] if held is not None else None)
+        expire_wall = self.clock.wall() + self._ttl
+        stored = dataclasses.replace(reg, expire_wall=expire_wall)
+        reply = await self._client.put(key, _encode(stored, lease_id), lease=lease_id)
+        await self._caught_up(reply.header.revision)
+        now = self.clock.monotonic()
+        view = self.directory.get_pool(reg.pool_id, now)
+        if view is None:
+            raise NotFound(f"pool {reg.pool_id!r} left the directory while it registered")
+        drain_wall = self.directory.drain_deadline_wall(reg.pool_id)
+        return RegisterResult(
+            lease=None,  # type: ignore[arg-type]
+            lease_expire_wall=expire_wall,
+            pool=view,
+            drain_requested=drain_wall is not None,
+            drain_deadline_wall=drain_wall,
+        )
+
+    async def _end(self, key: bytes, reg: PoolRegistration, lease_id: int, reason: Removal) -> int:
+        """Marks why a lease ends (so every mirror reports it), then deletes it; returns the revision."""
+        await self._client.put(key, _encode(reg, lease_id, reason), lease=lease_id)
+        reply = await self._client.delete(key)
+        return reply.header.revision if reply is not None else 0
+
+    @_unavailable
+    async def unregister_pool(self, pool_id: str, relay_id: str, incarnation: int, reason: Removal) -> bool:
+        key = _lease_key(pool_id, relay_id)
+        current = await self._client.get(key)
+        if current is None:
+            return False
+        reg, lease_id, _ = _decode(current.value)
+        if reg.incarnation > incarnation:
+            raise StaleIncarnation(key, reg.incarnation, incarnation)
+        await self._caught_up(await self._end(key, reg, lease_id, reason))
+        return self.directory.get_pool(pool_id, self.clock.monotonic()) is None
+
+    @_unavailable
+    async def remove_pool(self, pool_id: str) -> PoolView:
+        view = self.directory.get_pool(pool_id, self.clock.monotonic())
+        if view is None:
+            raise NotFound(f"pool {pool_id!r} is not listed")
+        revision = 0
+        for kv in await self._client.get_prefix(LEASES + pool_id.encode() + SEP):
+            reg, lease_id, _ = _decode(kv.value)
+            revision = await self._end(kv.key, reg, lease_id, Removal.REMOVED)
+        await self._client.delete(DRAINS + pool_id.encode())
+        await self._caught_up(revision)
+        return view
+
+    @_unavailable
+    async def drain_pool(self, pool_id: str, timeout: float) -> PoolView:  # noqa: ASYNC109 (a drain length)
+        now = self.clock.monotonic()
+        if self.directory.get_pool(pool_id, now) is None:
+            raise NotFound(f"pool {pool_id!r} is not listed")
+        key = DRAINS + pool_id.encode()
+        body = json.dumps({"deadline_wall": self.clock.wall() + timeout}).encode()
+        # Only the first drain sets the deadline: an already-draining pool keeps the earlier one.
+        ok, _ = await self._client.transaction(
+            compare=[self._client.transactions.version(key) == 0],
+            success=[self._client.transactions.put(key, body)],
+            failure=[],
+        )
+        if ok:
+            current = await self._client.get(key)
+            await self._caught_up(current.mod_revision)
+        view = self.directory.get_pool(pool_id, self.clock.monotonic())
+        if view is None:
+            raise NotFound(f"pool {pool_id!r} is not listed")
+        return view
+
+    async def list_pools(
+        self, *, model: str, region: str, after: str | None, limit: int
+    ) -> tuple[list[PoolView], bool, bool]:
+        pools, more = self.directory.list_pools(
+            self.clock.monotonic(), model=model, region=region, after=after, limit=limit
+        )
+        return pools, more, True
+
+    async def watch(self, *, model: str, region: str) -> Watcher:
+        return self.directory.watch(self.clock.monotonic(), model=model, region=region)
+
+    def unwatch(self, watcher: Watcher) -> None:
+        self.directory.unwatch(watcher)
+
+    # ----- frontends -----
+
+    @_unavailable
+    async def register_frontend(
+        self, frontend_id: str, url: str, region: str, incarnation: int
+    ) -> FrontendView:
+        key = FRONTENDS + frontend_id.encode()
+        current = await self._client.get(key)
+        lease_id = None
+        if current is not None:
+            record = json.loads(current.value)
+            if record["incarnation"] > incarnation:
+                raise StaleIncarnation(frontend_id, record["incarnation"], incarnation)
+            lease_id = record.pop("lease_id", None)
+        lease_id = await self._lease_for(lease_id)
+        view = FrontendView(
+            frontend_id=frontend_id,
+            url=url,
+            region=region,
+            incarnation=incarnation,
+            expire_wall=self.clock.wall() + self._ttl,
+        )
+        body = json.dumps({**asdict(view), "lease_id": lease_id}).encode()
+        reply = await self._client.put(key, body, lease=lease_id)
+        await self._caught_up(reply.header.revision)
+        return view
+
+    @_unavailable
+    async def unregister_frontend(self, frontend_id: str, incarnation: int) -> bool:
+        key = FRONTENDS + frontend_id.encode()
+        current = await self._client.get(key)
+        if current is None:
+            return False
+        held = json.loads(current.value)["incarnation"]
+        if held > incarnation:
+            raise StaleIncarnation(frontend_id, held, incarnation)
+        reply = await self._client.delete(key)
+        if reply is not None:
+            await self._caught_up(reply.header.revision)
+        return True
+
+    def frontends_version(self) -> object:
+        return self._frontends_version
+
+    async def list_frontends(self) -> tuple[list[FrontendView], bool]:
+        return sorted(self._frontends.values(), key=lambda f: f.frontend_id), True

@@ -1,0 +1,26 @@
+"""Helpers shared by the discovery tests."""
+
+from __future__ import annotations
+
+from tests.support import command, free_port, wait_healthy
+
+
+def start_discovery(procs, *extra: str):
+    """Starts `globaldiscovery serve` (heartbeat 0.5 s, lease 1.5 s unless `extra` overrides); (proc, address)."""
+    address = f"127.0.0.1:{free_port()}"
+    proc = procs.start(
+        "globaldiscovery",
+        [
+            command("globaldiscovery"),
+            "serve",
+            "--listen",
+            address,
+            "--heartbeat-interval",
+            "0.5",
+            "--lease-duration",
+            "1.5",
+            *extra,
+        ],
+    )
+    wait_healthy(address, timeout=30, proc=proc)
+    return proc, address

@@ -1,0 +1,169 @@
+"""The etcd store against a real etcd: replicas share state, etcd's leases carry expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+
+import grpc
+import pytest
+
+from globaldiscovery.directory import (
+    DrainCompleted,
+    EventKind,
+    ModelConflict,
+    PoolRegistration,
+    Removal,
+    StaleIncarnation,
+)
+from globaldiscovery.store.etcd import EtcdStore
+from globaldiscovery.v1 import discovery_pb2 as pb
+from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
+from meshkit.clock import SystemClock
+from tests.discovery.etcd_support import etcd_available, running_etcd
+from tests.discovery.helpers import start_discovery
+from tests.support import command, wait_until
+
+pytestmark = [
+    pytest.mark.timeout(90),
+    pytest.mark.skipif(not etcd_available(), reason="/usr/bin/etcd is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def etcd():
+    with running_etcd() as address:
+        yield address
+
+
+@pytest.fixture
+async def replicas(etcd):
+    """Two discovery replicas sharing one etcd."""
+    stores = [
+        EtcdStore(SystemClock(), endpoint=etcd, heartbeat_interval=0.5, lease_duration=2.0) for _ in range(2)
+    ]
+    for store in stores:
+        await store.start()
+    try:
+        yield stores
+    finally:
+        for store in stores:
+            await store.close()
+
+
+def reg(pool: str, relay: str = "r1", inc: int = 1, model: str = "m") -> PoolRegistration:
+    return PoolRegistration(pool, model, "eu", (f"http://{relay}:1",), relay, inc)
+
+
+async def next_event(watcher, kind: EventKind):
+    while True:
+        event = await asyncio.wait_for(watcher.next(), 15)
+        assert event is not None
+        if event.kind is kind:
+            return event
+
+
+async def test_replicas_share_registrations_and_unregister(replicas):
+    a, b = replicas
+    watcher = await b.watch(model="", region="")
+    await a.register_pool(reg("share-1"))
+    result = await a.register_pool(reg("share-1", relay="r2"))
+    assert [lease.relay_id for lease in result.pool.leases] == ["r1", "r2"]
+    added = await next_event(watcher, EventKind.ADDED)
+    assert added.pool.pool_id == "share-1"
+    await asyncio.sleep(0.2)
+    pools, _, complete = await b.list_pools(model="", region="", after=None, limit=100)
+    assert complete and [p.pool_id for p in pools if p.pool_id == "share-1"] == ["share-1"]
+    assert await a.unregister_pool("share-1", "r1", 1, Removal.UNREGISTERED) is False
+    assert await a.unregister_pool("share-1", "r2", 1, Removal.UNREGISTERED) is True
+    removed = await next_event(watcher, EventKind.REMOVED)
+    assert removed.pool.pool_id == "share-1" and removed.reason is Removal.UNREGISTERED
+
+
+async def test_lapsed_lease_leaves_every_replica_after_its_expiry(replicas):
+    a, b = replicas
+    watcher = await b.watch(model="lapse", region="")
+    result = await a.register_pool(reg("lapse-1", model="lapse"))
+    assert a.lease_duration == 2.0
+    await next_event(watcher, EventKind.ADDED)
+    removed = await next_event(watcher, EventKind.REMOVED)
+    assert removed.reason is Removal.LEASE_EXPIRED
+    assert time.time() >= result.lease_expire_wall  # never early
+
+
+async def test_incarnations_conflicts_and_renewal(replicas):
+    a, b = replicas
+    await a.register_pool(reg("inc-1", inc=5))
+    with pytest.raises(StaleIncarnation):
+        await b.register_pool(reg("inc-1", inc=4))
+    with pytest.raises(StaleIncarnation):
+        await b.unregister_pool("inc-1", "r1", 4, Removal.UNREGISTERED)
+    await b.register_pool(reg("inc-1", inc=6))  # a restarted relay takes over, through the other replica
+    with pytest.raises(ModelConflict):
+        await a.register_pool(reg("inc-1", relay="r2", model="other"))
+    for _ in range(6):  # renewals through either replica keep it past several lease lengths
+        await asyncio.sleep(0.5)
+        await (a if _ % 2 else b).register_pool(reg("inc-1", inc=6))
+    assert (await a.list_pools(model="m", region="", after="inc-0", limit=1))[0][0].pool_id == "inc-1"
+
+
+async def test_drain_through_one_replica_completes_everywhere(replicas):
+    a, b = replicas
+    await a.register_pool(reg("drain-1", inc=3))
+    watcher = await a.watch(model="", region="")
+    await b.drain_pool("drain-1", 1.0)
+    renewal = await a.register_pool(reg("drain-1", inc=3))
+    assert renewal.drain_requested and renewal.pool.draining
+    removed = await next_event(watcher, EventKind.REMOVED)
+    assert removed.pool.pool_id == "drain-1" and removed.reason is Removal.DRAINED
+
+    async def refused() -> bool:
+        try:
+            await a.register_pool(reg("drain-1", inc=3))
+        except DrainCompleted:
+            return True
+        await a.unregister_pool("drain-1", "r1", 3, Removal.UNREGISTERED)
+        return False
+
+    for _ in range(50):
+        if await refused():
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the drained incarnation was not refused")
+    assert (await b.register_pool(reg("drain-1", inc=4))).pool.pool_id == "drain-1"
+
+
+def test_two_serve_processes_share_one_etcd(procs, etcd):
+    addresses = [
+        start_discovery(procs, "--store", "etcd", "--etcd-endpoints", etcd, "--lease-duration", "3")[1]
+        for _ in range(2)
+    ]
+    with grpc.insecure_channel(addresses[0]) as channel:
+        reply = pb_grpc.DiscoveryServiceStub(channel).RegisterPool(
+            pb.RegisterPoolRequest(
+                pool_id="proc-1",
+                model="m",
+                region="eu",
+                frontends=["http://h:1"],
+                relay_id="r",
+                incarnation=1,
+            ),
+            timeout=10,
+        )
+        assert reply.lease_duration.seconds == 3
+
+    def listed_by_second() -> list[str]:
+        done = subprocess.run(
+            [command("globaldiscovery"), "pools", "--discovery", addresses[1], "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return [json.loads(line)["pool_id"] for line in done.stdout.splitlines()]
+
+    assert "proc-1" in wait_until(listed_by_second, timeout=10, message="the other replica to list the pool")
+    for proc in procs.procs:
+        assert proc.terminate() == 0
