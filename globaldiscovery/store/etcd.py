@@ -18,6 +18,7 @@ from dataclasses import asdict
 
 import aetcd
 import aetcd.exceptions
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from globaldiscovery.directory import (
     Capacity,
@@ -48,6 +49,8 @@ FRONTENDS = PREFIX + b"frontend/"  # frontend/<id> -> frontend JSON (on an etcd 
 SEP = b"\x00"  # ids never hold control characters, so this cannot be part of one
 MIRROR_LEASE = 10 * 365 * 86_400.0  # the mirror never expires a lease itself: etcd does
 CATCH_UP_SECONDS = 10.0
+# Re-sync after the etcd watch broke: quickly at first, then at most every 5 s.
+ETCD_RESYNC = wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2)
 
 
 def _unavailable(method):
@@ -121,22 +124,45 @@ class EtcdStore:
         self._follower: asyncio.Task[None] | None = None
         self._watch = None
         self._background: set[asyncio.Task] = set()
+        self._known: dict[bytes, bytes] = {}  # every key the mirror holds, as last seen
 
     # ----- lifecycle and the mirror -----
 
     @_unavailable
     async def start(self) -> None:
         await self._client.connect()
+        await self._sync()
+        self._follower = asyncio.create_task(self._follow_forever(), name="etcd-follow")
+        self._expiry.start()
+
+    async def _sync(self) -> None:
+        """Makes the mirror equal to etcd now (at start, and after the watch broke), then watches on."""
         snapshot = await self._client.get_prefix(PREFIX)
+        present = {kv.key for kv in snapshot}
+        for key in [k for k in self._known if k not in present]:
+            self._apply("DELETE", key, b"", self._known[key])  # ended while we were not watching
         kvs = sorted(snapshot, key=lambda kv: not kv.key.startswith(LEASES))  # pools before their drains
         for kv in kvs:
-            self._apply("PUT", kv.key, kv.value, None)
-        self._applied = snapshot.header.revision
+            if self._known.get(kv.key) != kv.value:
+                self._apply("PUT", kv.key, kv.value, None)
+        self._applied = max(self._applied, snapshot.header.revision)
+        self._advanced.set()
         self._watch = await self._client.watch_prefix(
             PREFIX, start_revision=snapshot.header.revision + 1, prev_kv=True
         )
-        self._follower = asyncio.create_task(self._follow(), name="etcd-follow")
-        self._expiry.start()
+
+    async def _follow_forever(self) -> None:
+        """Follows the watch; when it breaks (etcd restarted, network), re-syncs with back-off."""
+        while True:
+            async for attempt in AsyncRetrying(wait=ETCD_RESYNC, retry=retry_if_exception_type(Exception)):
+                with attempt:
+                    if self._watch is None:
+                        await self._sync()
+                    try:
+                        await self._follow()
+                    finally:
+                        self._watch = None
+            log.warning("etcd watch ended; re-syncing")
 
     async def close(self) -> None:
         self.directory.close_watchers()
@@ -164,6 +190,11 @@ class EtcdStore:
 
     def _apply(self, kind: str, key: bytes, value: bytes, prev: bytes | None) -> None:
         now = self.clock.monotonic()
+        if kind == "PUT":
+            self._known[key] = value
+        else:
+            prev = prev if prev is not None else self._known.get(key)
+            self._known.pop(key, None)
         if key.startswith(LEASES):
             if kind == "PUT":
                 reg, _, _ = _decode(value)
@@ -253,11 +284,20 @@ class EtcdStore:
                     f"{other.model!r} in region {other.region!r}; a pool serves one model in one region "
                     f"(this relay's earlier lease, if any, was ended)"
                 )
-        lease_id = await self._lease_for(held[1] if held is not None else None)
+        # Taken before etcd renews the lease, so etcd's own expiry is never earlier than this.
         expire_wall = self.clock.wall() + self._ttl
+        lease_id = await self._lease_for(held[1] if held is not None else None)
         stored = dataclasses.replace(reg, expire_wall=expire_wall)
-        reply = await self._client.put(key, _encode(stored, lease_id), lease=lease_id)
-        await self._caught_up(reply.header.revision)
+        # Written only if nobody changed the key since we read it (another replica, a newer relay).
+        t = self._client.transactions
+        ok, responses = await self._client.transaction(
+            compare=[t.mod(key) == (current.mod_revision if current is not None else 0)],
+            success=[t.put(key, _encode(stored, lease_id), lease=lease_id)],
+            failure=[],
+        )
+        if not ok:
+            raise StoreUnavailable(f"lease {reg.pool_id!r}/{reg.relay_id!r} changed concurrently; retry")
+        await self._caught_up(responses[0].response_put.header.revision)
         now = self.clock.monotonic()
         view = self.directory.get_pool(reg.pool_id, now)
         if view is None:
@@ -351,13 +391,14 @@ class EtcdStore:
             if record["incarnation"] > incarnation:
                 raise StaleIncarnation(frontend_id, record["incarnation"], incarnation)
             lease_id = record.pop("lease_id", None)
+        expire_wall = self.clock.wall() + self._ttl  # before the renewal: never later than etcd's
         lease_id = await self._lease_for(lease_id)
         view = FrontendView(
             frontend_id=frontend_id,
             url=url,
             region=region,
             incarnation=incarnation,
-            expire_wall=self.clock.wall() + self._ttl,
+            expire_wall=expire_wall,
         )
         body = json.dumps({**asdict(view), "lease_id": lease_id}).encode()
         reply = await self._client.put(key, body, lease=lease_id)

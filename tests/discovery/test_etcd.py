@@ -18,6 +18,7 @@ from globaldiscovery.directory import (
     Removal,
     StaleIncarnation,
 )
+from globaldiscovery.store.base import StoreUnavailable
 from globaldiscovery.store.etcd import EtcdStore
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
@@ -124,6 +125,8 @@ async def test_drain_through_one_replica_completes_everywhere(replicas):
             await a.register_pool(reg("drain-1", inc=3))
         except DrainCompleted:
             return True
+        except StoreUnavailable:  # raced with the replicas ending the drained leases: a relay retries
+            return False
         await a.unregister_pool("drain-1", "r1", 3, Removal.UNREGISTERED)
         return False
 
@@ -167,3 +170,16 @@ def test_two_serve_processes_share_one_etcd(procs, etcd):
     assert "proc-1" in wait_until(listed_by_second, timeout=10, message="the other replica to list the pool")
     for proc in procs.procs:
         assert proc.terminate() == 0
+
+
+async def test_mirror_resyncs_after_its_watch_breaks(replicas):
+    a, b = replicas
+    watcher = await a.watch(model="resync", region="")
+    await b.register_pool(reg("resync-1", model="resync"))
+    await next_event(watcher, EventKind.ADDED)
+    await a._watch.cancel()  # the watch breaks (as when etcd restarts)
+    await b.unregister_pool("resync-1", "r1", 1, Removal.UNREGISTERED)
+    removed = await next_event(watcher, EventKind.REMOVED)
+    assert removed.pool.pool_id == "resync-1"
+    await b.register_pool(reg("resync-2", model="resync"))
+    assert (await next_event(watcher, EventKind.ADDED)).pool.pool_id == "resync-2"
