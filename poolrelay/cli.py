@@ -8,6 +8,8 @@ import json
 import os
 import socket
 import sys
+import time
+from datetime import UTC, datetime
 
 import grpc
 from google.protobuf import json_format
@@ -106,7 +108,11 @@ def show_status(relay: str, as_json: bool) -> int:
         print(json.dumps(json_format.MessageToDict(reply, preserving_proto_field_name=True), indent=2))
         return 0
     reason = status_pb2.UnregisteredReason.Name(reply.routing_pool_unregistered_reason)
-    lease = f"{wall_seconds(reply.lease_expire_time):.3f}" if reply.HasField("lease_expire_time") else "-"
+    lease = "-"
+    if reply.HasField("lease_expire_time"):
+        expires = wall_seconds(reply.lease_expire_time)
+        when = datetime.fromtimestamp(expires, tz=UTC).isoformat(timespec="milliseconds")
+        lease = f"{when} (in {expires - time.time():.1f} s)"
     print(f"healthy:          {reply.healthy}")
     print(f"pool:             {reply.pool_id} (relay {reply.relay_id}, incarnation {reply.incarnation})")
     print(f"registered model: {reply.registered_model or '-'}")
