@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
+from google.rpc import status_pb2
+from grpc_status import rpc_status
 
 from globaldiscovery import convert, validation
 from globaldiscovery.config import DiscoveryConfig
@@ -39,6 +41,7 @@ _ERROR_CODES: dict[type[Exception], grpc.StatusCode] = {
     StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
 }
 _DIRECTORY_ERRORS = tuple(_ERROR_CODES)
+_SHUTTING_DOWN = "discovery is shutting down; call another replica"
 
 
 async def _check(violations: Violations, context: grpc.aio.ServicerContext) -> None:
@@ -48,6 +51,24 @@ async def _check(violations: Violations, context: grpc.aio.ServicerContext) -> N
 async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext) -> None:
     code = _ERROR_CODES[type(exc)]
     await context.abort(code, str(exc))
+
+
+class Refused(Exception):
+    """A registration that is refused, with the google.rpc.Status the caller gets (unary or stream)."""
+
+    def __init__(self, status: status_pb2.Status) -> None:
+        super().__init__(status.message)
+        self.status = status
+
+
+def _violations_status(violations: Violations) -> status_pb2.Status:
+    """The INVALID_ARGUMENT google.rpc.Status (with its BadRequest) that Violations aborts a call with."""
+    trailers = dict(violations.to_status().trailing_metadata)
+    return status_pb2.Status.FromString(trailers[rpc_status.GRPC_DETAILS_METADATA_KEY])
+
+
+def _error_status(exc: Exception) -> status_pb2.Status:
+    return status_pb2.Status(code=_ERROR_CODES[type(exc)].value[0], message=str(exc))
 
 
 # Renewals are mostly byte-for-byte repeats of the last registration; remembering that many
@@ -62,13 +83,17 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         self.store = store
         self._validated: dict[tuple[str, str], tuple[pb.RegisterPoolRequest, PoolRegistration]] = {}
         self._frontends: tuple[object, list[pb.Frontend]] = (None, [])
+        self._idle_streams: set[asyncio.Task] = set()
+        self._closing = False
 
-    async def _registration(self, request: pb.RegisterPoolRequest, context) -> PoolRegistration:
+    def _registration(self, request: pb.RegisterPoolRequest) -> PoolRegistration:
         key = (request.pool_id, request.relay_id)
         known = self._validated.get(key)
         if known is not None and known[0] == request:
             return known[1]
-        await _check(validation.register_pool(request), context)
+        violations = validation.register_pool(request)
+        if violations:
+            raise Refused(_violations_status(violations))
         registration = convert.registration(request)
         if len(self._validated) >= _MAX_REMEMBERED:
             self._validated.clear()
@@ -83,14 +108,18 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
             self._frontends = (version, [convert.frontend(f) for f in frontends])
         return self._frontends[1]
 
-    async def RegisterPool(self, request: pb.RegisterPoolRequest, context: grpc.aio.ServicerContext):
-        registration = await self._registration(request, context)
+    async def _register(self, request: pb.RegisterPoolRequest) -> pb.RegisterPoolResponse:
+        """One registration or renewal: the single code path of RegisterPool and KeepAlivePools.
+
+        Raises Refused with the status the caller gets when the request is invalid or the
+        directory refuses it.
+        """
+        registration = self._registration(request)
         try:
             result = await self.store.register_pool(registration)
         except _DIRECTORY_ERRORS as exc:
             log.info("register refused", pool_id=request.pool_id, relay_id=request.relay_id, reason=str(exc))
-            await _abort_for(exc, context)
-            raise  # unreachable: abort raises
+            raise Refused(_error_status(exc)) from exc
         reply = pb.RegisterPoolResponse(
             heartbeat_interval=timeconv.duration(self.store.heartbeat_interval),
             lease_duration=timeconv.duration(self.store.lease_duration),
@@ -102,6 +131,53 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         if result.drain_deadline_wall is not None:
             reply.drain_deadline.CopyFrom(timeconv.timestamp(result.drain_deadline_wall))
         return reply
+
+    async def RegisterPool(self, request: pb.RegisterPoolRequest, context: grpc.aio.ServicerContext):
+        try:
+            return await self._register(request)
+        except Refused as refused:
+            await context.abort_with_status(rpc_status.to_status(refused.status))
+
+    async def _keepalive_reply(self, request: pb.KeepAlivePoolsRequest) -> pb.KeepAlivePoolsResponse:
+        try:
+            reply = await self._register(request.register)
+        except Refused as refused:
+            s = refused.status
+            error = pb.KeepAliveError(code=s.code, message=s.message, details=s.details)
+            return pb.KeepAlivePoolsResponse(sequence=request.sequence, error=error)
+        return pb.KeepAlivePoolsResponse(sequence=request.sequence, register=reply)
+
+    async def KeepAlivePools(
+        self, request_iterator: AsyncIterator[pb.KeepAlivePoolsRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        # One request at a time, answered before the next is read: replies keep request order and
+        # renewals of one lease never race; the client pipelines by sending ahead.
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            while not self._closing:
+                # Only a stream waiting for its next request is cancelled by close_streams(); a
+                # busy one sees _closing once its current reply is written.
+                self._idle_streams.add(task)
+                try:
+                    request = await context.read()
+                finally:
+                    self._idle_streams.discard(task)
+                if request is grpc.aio.EOF:
+                    return
+                await context.write(await self._keepalive_reply(request))
+        except asyncio.CancelledError:
+            if not self._closing:
+                raise
+            task.uncancel()
+        await context.abort(grpc.StatusCode.UNAVAILABLE, _SHUTTING_DOWN)
+
+    async def close_streams(self) -> None:
+        """Ends every KeepAlivePools stream with UNAVAILABLE (a stop hook: streams never end by
+        themselves, so they would otherwise hold the server's grace period)."""
+        self._closing = True
+        for task in list(self._idle_streams):
+            task.cancel()
 
     async def UnregisterPool(self, request: pb.UnregisterPoolRequest, context: grpc.aio.ServicerContext):
         await _check(validation.unregister_pool(request), context)
@@ -151,7 +227,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"this watch fell more than {watcher.limit} events behind; watch again for a fresh snapshot",
             )
-        await context.abort(grpc.StatusCode.UNAVAILABLE, "discovery is shutting down; watch another replica")
+        await context.abort(grpc.StatusCode.UNAVAILABLE, _SHUTTING_DOWN)
 
     async def DrainPool(self, request: pb.DrainPoolRequest, context: grpc.aio.ServicerContext):
         await _check(validation.drain_pool(request), context)
@@ -235,11 +311,14 @@ def make_store(config: DiscoveryConfig, clock: Clock) -> Store:
     )
 
 
-def build_server(config: DiscoveryConfig, store: Store) -> ServerHandle:
+def build_server(
+    config: DiscoveryConfig, store: Store, servicer: DiscoveryServicer | None = None
+) -> ServerHandle:
     """A bound, not yet started server for `store` on config.listen (health and reflection included)."""
+    servicer = servicer or DiscoveryServicer(store)
 
     def register(server: grpc.aio.Server) -> list[str]:
-        pb_grpc.add_DiscoveryServiceServicer_to_server(DiscoveryServicer(store), server)
+        pb_grpc.add_DiscoveryServiceServicer_to_server(servicer, server)
         return [SERVICE_NAME]
 
     return create_server(config.listen, register)
@@ -254,7 +333,8 @@ async def serve(
 ) -> None:
     """Runs a discovery server until SIGTERM/SIGINT (or `stop_event`), then stops gracefully."""
     store = make_store(config, clock or SystemClock())
-    handle = build_server(config, store)
+    servicer = DiscoveryServicer(store)
+    handle = build_server(config, store, servicer)
     await store.start()
     log.info(
         "discovery serving",
@@ -266,7 +346,9 @@ async def serve(
     )
     if on_started is not None:
         on_started(handle)
-    # Watchers are closed (UNAVAILABLE) before the server stops, so their streams end cleanly
-    # and do not hold up the grace period meant for in-flight unary calls.
-    await serve_until_signalled(handle, grace=config.stop_grace, on_stop=[store.close], stop_event=stop_event)
+    # Watchers and keep-alive streams are closed (UNAVAILABLE) before the server stops, so they
+    # end cleanly and do not hold up the grace period meant for in-flight unary calls.
+    await serve_until_signalled(
+        handle, grace=config.stop_grace, on_stop=[servicer.close_streams, store.close], stop_event=stop_event
+    )
     log.info("discovery stopped")

@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -128,6 +129,34 @@ class RegisterPoolResponse(_message.Message):
     drain_deadline: _timestamp_pb2.Timestamp
     pool: Pool
     def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., frontends: _Optional[_Iterable[_Union[Frontend, _Mapping]]] = ..., drain_requested: _Optional[bool] = ..., drain_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pool: _Optional[_Union[Pool, _Mapping]] = ...) -> None: ...
+
+class KeepAlivePoolsRequest(_message.Message):
+    __slots__ = ("register", "sequence")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    register: RegisterPoolRequest
+    sequence: int
+    def __init__(self, register: _Optional[_Union[RegisterPoolRequest, _Mapping]] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class KeepAlivePoolsResponse(_message.Message):
+    __slots__ = ("sequence", "register", "error")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    register: RegisterPoolResponse
+    error: KeepAliveError
+    def __init__(self, sequence: _Optional[int] = ..., register: _Optional[_Union[RegisterPoolResponse, _Mapping]] = ..., error: _Optional[_Union[KeepAliveError, _Mapping]] = ...) -> None: ...
+
+class KeepAliveError(_message.Message):
+    __slots__ = ("code", "message", "details")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    details: _containers.RepeatedCompositeFieldContainer[_any_pb2.Any]
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., details: _Optional[_Iterable[_Union[_any_pb2.Any, _Mapping]]] = ...) -> None: ...
 
 class UnregisterPoolRequest(_message.Message):
     __slots__ = ("pool_id", "relay_id", "incarnation", "reason")

@@ -40,6 +40,11 @@ class DiscoveryServiceStub:
                 request_serializer=globaldiscovery_dot_v1_dot_discovery__pb2.RegisterPoolRequest.SerializeToString,
                 response_deserializer=globaldiscovery_dot_v1_dot_discovery__pb2.RegisterPoolResponse.FromString,
                 _registered_method=True)
+        self.KeepAlivePools = channel.stream_stream(
+                '/globaldiscovery.v1.DiscoveryService/KeepAlivePools',
+                request_serializer=globaldiscovery_dot_v1_dot_discovery__pb2.KeepAlivePoolsRequest.SerializeToString,
+                response_deserializer=globaldiscovery_dot_v1_dot_discovery__pb2.KeepAlivePoolsResponse.FromString,
+                _registered_method=True)
         self.UnregisterPool = channel.unary_unary(
                 '/globaldiscovery.v1.DiscoveryService/UnregisterPool',
                 request_serializer=globaldiscovery_dot_v1_dot_discovery__pb2.UnregisterPoolRequest.SerializeToString,
@@ -103,6 +108,25 @@ class DiscoveryServiceServicer:
 
         A renewal that changes nothing a watcher sees (only the lease's expiry moves) sends no
         UPDATED event and keeps the pool's revision; ListPools always shows current expiries.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KeepAlivePools(self, request_iterator, context):
+        """Renews leases over one long-lived bidirectional stream (the streaming form of RegisterPool,
+        like etcd's LeaseKeepAlive): each request registers or renews exactly as a RegisterPool call
+        with the same RegisterPoolRequest would (same validation, incarnation rule, conflicts, drain,
+        same reply), and each is answered by one response echoing its sequence. Responses come in
+        request order; the server handles one request of a stream at a time, so a client may send
+        ahead (pipeline) and should bound how many requests it has unanswered.
+
+        A request that RegisterPool would refuse is answered with `error` (the same code, message and
+        BadRequest details the unary call would return); it renews nothing and the stream stays
+        open. The stream itself ends only when the client half-closes it (OK) or cancels it, or with
+        UNAVAILABLE when the server shuts down; the client then reopens it (or falls back to
+        RegisterPool, e.g. when this RPC is UNIMPLEMENTED by an older server). One stream may carry
+        renewals of any number of (pool_id, relay_id) leases.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -191,6 +215,11 @@ def add_DiscoveryServiceServicer_to_server(servicer, server):
                     request_deserializer=globaldiscovery_dot_v1_dot_discovery__pb2.RegisterPoolRequest.FromString,
                     response_serializer=globaldiscovery_dot_v1_dot_discovery__pb2.RegisterPoolResponse.SerializeToString,
             ),
+            'KeepAlivePools': grpc.stream_stream_rpc_method_handler(
+                    servicer.KeepAlivePools,
+                    request_deserializer=globaldiscovery_dot_v1_dot_discovery__pb2.KeepAlivePoolsRequest.FromString,
+                    response_serializer=globaldiscovery_dot_v1_dot_discovery__pb2.KeepAlivePoolsResponse.SerializeToString,
+            ),
             'UnregisterPool': grpc.unary_unary_rpc_method_handler(
                     servicer.UnregisterPool,
                     request_deserializer=globaldiscovery_dot_v1_dot_discovery__pb2.UnregisterPoolRequest.FromString,
@@ -260,6 +289,33 @@ class DiscoveryService:
             '/globaldiscovery.v1.DiscoveryService/RegisterPool',
             globaldiscovery_dot_v1_dot_discovery__pb2.RegisterPoolRequest.SerializeToString,
             globaldiscovery_dot_v1_dot_discovery__pb2.RegisterPoolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepAlivePools(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/globaldiscovery.v1.DiscoveryService/KeepAlivePools',
+            globaldiscovery_dot_v1_dot_discovery__pb2.KeepAlivePoolsRequest.SerializeToString,
+            globaldiscovery_dot_v1_dot_discovery__pb2.KeepAlivePoolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -58,6 +58,21 @@ class DiscoveryServiceStub:
     A renewal that changes nothing a watcher sees (only the lease's expiry moves) sends no
     UPDATED event and keeps the pool's revision; ListPools always shows current expiries.
     """
+    KeepAlivePools: _grpc.StreamStreamMultiCallable[_discovery_pb2.KeepAlivePoolsRequest, _discovery_pb2.KeepAlivePoolsResponse]
+    """Renews leases over one long-lived bidirectional stream (the streaming form of RegisterPool,
+    like etcd's LeaseKeepAlive): each request registers or renews exactly as a RegisterPool call
+    with the same RegisterPoolRequest would (same validation, incarnation rule, conflicts, drain,
+    same reply), and each is answered by one response echoing its sequence. Responses come in
+    request order; the server handles one request of a stream at a time, so a client may send
+    ahead (pipeline) and should bound how many requests it has unanswered.
+
+    A request that RegisterPool would refuse is answered with `error` (the same code, message and
+    BadRequest details the unary call would return); it renews nothing and the stream stays
+    open. The stream itself ends only when the client half-closes it (OK) or cancels it, or with
+    UNAVAILABLE when the server shuts down; the client then reopens it (or falls back to
+    RegisterPool, e.g. when this RPC is UNIMPLEMENTED by an older server). One stream may carry
+    renewals of any number of (pool_id, relay_id) leases.
+    """
     UnregisterPool: _grpc.UnaryUnaryMultiCallable[_discovery_pb2.UnregisterPoolRequest, _discovery_pb2.UnregisterPoolResponse]
     """Ends the lease of (pool_id, relay_id) at once; the pool leaves every listing at once when it
     was its last live lease. Unregistering a lease that does not exist succeeds (idempotent).
@@ -122,6 +137,21 @@ class DiscoveryServiceAsyncStub(DiscoveryServiceStub):
 
     A renewal that changes nothing a watcher sees (only the lease's expiry moves) sends no
     UPDATED event and keeps the pool's revision; ListPools always shows current expiries.
+    """
+    KeepAlivePools: _aio.StreamStreamMultiCallable[_discovery_pb2.KeepAlivePoolsRequest, _discovery_pb2.KeepAlivePoolsResponse]  # type: ignore[assignment]
+    """Renews leases over one long-lived bidirectional stream (the streaming form of RegisterPool,
+    like etcd's LeaseKeepAlive): each request registers or renews exactly as a RegisterPool call
+    with the same RegisterPoolRequest would (same validation, incarnation rule, conflicts, drain,
+    same reply), and each is answered by one response echoing its sequence. Responses come in
+    request order; the server handles one request of a stream at a time, so a client may send
+    ahead (pipeline) and should bound how many requests it has unanswered.
+
+    A request that RegisterPool would refuse is answered with `error` (the same code, message and
+    BadRequest details the unary call would return); it renews nothing and the stream stays
+    open. The stream itself ends only when the client half-closes it (OK) or cancels it, or with
+    UNAVAILABLE when the server shuts down; the client then reopens it (or falls back to
+    RegisterPool, e.g. when this RPC is UNIMPLEMENTED by an older server). One stream may carry
+    renewals of any number of (pool_id, relay_id) leases.
     """
     UnregisterPool: _aio.UnaryUnaryMultiCallable[_discovery_pb2.UnregisterPoolRequest, _discovery_pb2.UnregisterPoolResponse]  # type: ignore[assignment]
     """Ends the lease of (pool_id, relay_id) at once; the pool leaves every listing at once when it
@@ -190,6 +220,27 @@ class DiscoveryServiceServicer(metaclass=_abc_1.ABCMeta):
 
         A renewal that changes nothing a watcher sees (only the lease's expiry moves) sends no
         UPDATED event and keeps the pool's revision; ListPools always shows current expiries.
+        """
+
+    @_abc_1.abstractmethod
+    def KeepAlivePools(
+        self,
+        request_iterator: _MaybeAsyncIterator[_discovery_pb2.KeepAlivePoolsRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_discovery_pb2.KeepAlivePoolsResponse], _abc.AsyncIterator[_discovery_pb2.KeepAlivePoolsResponse]]:
+        """Renews leases over one long-lived bidirectional stream (the streaming form of RegisterPool,
+        like etcd's LeaseKeepAlive): each request registers or renews exactly as a RegisterPool call
+        with the same RegisterPoolRequest would (same validation, incarnation rule, conflicts, drain,
+        same reply), and each is answered by one response echoing its sequence. Responses come in
+        request order; the server handles one request of a stream at a time, so a client may send
+        ahead (pipeline) and should bound how many requests it has unanswered.
+
+        A request that RegisterPool would refuse is answered with `error` (the same code, message and
+        BadRequest details the unary call would return); it renews nothing and the stream stays
+        open. The stream itself ends only when the client half-closes it (OK) or cancels it, or with
+        UNAVAILABLE when the server shuts down; the client then reopens it (or falls back to
+        RegisterPool, e.g. when this RPC is UNIMPLEMENTED by an older server). One stream may carry
+        renewals of any number of (pool_id, relay_id) leases.
         """
 
     @_abc_1.abstractmethod

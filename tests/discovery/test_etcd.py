@@ -183,3 +183,45 @@ async def test_mirror_resyncs_after_its_watch_breaks(replicas):
     assert removed.pool.pool_id == "resync-1"
     await b.register_pool(reg("resync-2", model="resync"))
     assert (await next_event(watcher, EventKind.ADDED)).pool.pool_id == "resync-2"
+
+
+async def test_keepalive_stream_renews_through_the_etcd_store(etcd):
+    from globaldiscovery.config import DiscoveryConfig
+    from globaldiscovery.server import build_server
+    from tests.discovery.test_server import register_request
+
+    store = EtcdStore(SystemClock(), endpoint=etcd, heartbeat_interval=0.5, lease_duration=2.0)
+    handle = build_server(DiscoveryConfig(listen="127.0.0.1:0"), store)
+    await store.start()
+    await handle.server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{handle.port}") as channel:
+            stub = pb_grpc.DiscoveryServiceStub(channel)
+            await stub.RegisterPool(register_request(pool_id="ka-etcd", incarnation=5))
+            requests = [
+                pb.KeepAlivePoolsRequest(
+                    register=register_request(pool_id="ka-etcd", incarnation=5), sequence=1
+                ),
+                pb.KeepAlivePoolsRequest(
+                    register=register_request(pool_id="ka-etcd", incarnation=4), sequence=2
+                ),
+                pb.KeepAlivePoolsRequest(
+                    register=register_request(pool_id="ka-etcd", incarnation=5), sequence=3
+                ),
+            ]
+            replies = [r async for r in stub.KeepAlivePools(iter(requests))]
+            assert [r.sequence for r in replies] == [1, 2, 3]
+            assert [r.WhichOneof("result") for r in replies] == ["register", "error", "register"]
+            assert replies[1].error.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+            assert replies[2].register.pool.leases[0].incarnation == 5
+            # The renewal went through etcd: another store reading the same etcd sees the lease.
+            other = EtcdStore(SystemClock(), endpoint=etcd, heartbeat_interval=0.5, lease_duration=2.0)
+            await other.start()
+            try:
+                pools, _, _ = await other.list_pools(model="", region="", after=None, limit=100)
+                assert "ka-etcd" in [p.pool_id for p in pools]
+            finally:
+                await other.close()
+    finally:
+        await store.close()
+        await handle.server.stop(0)

@@ -1,0 +1,209 @@
+"""KeepAlivePools: the streaming form of RegisterPool, through a real in-process aio server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from globaldiscovery.config import DiscoveryConfig
+from globaldiscovery.server import DiscoveryServicer, build_server, make_store
+from globaldiscovery.v1 import discovery_pb2 as pb
+from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
+from meshkit import timeconv
+from meshkit.clock import SystemClock
+from meshkit.validation import bad_request_fields
+from tests.discovery.test_server import BAD_REGISTRATIONS, expect_code, register_request
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def keepalive(sequence: int, **overrides) -> pb.KeepAlivePoolsRequest:
+    return pb.KeepAlivePoolsRequest(register=register_request(**overrides), sequence=sequence)
+
+
+def error_fields(error: pb.KeepAliveError) -> list[str]:
+    """The BadRequest field names of a stream error (decoded as the google.rpc.Status it mirrors)."""
+    status = status_pb2.Status.FromString(error.SerializeToString())
+    names: list[str] = []
+    for detail in status.details:
+        bad = error_details_pb2.BadRequest()
+        assert detail.Unpack(bad)
+        names.extend(v.field for v in bad.field_violations)
+    return names
+
+
+@pytest.fixture
+async def served():
+    """(stub, servicer) of an in-process server whose servicer the test can close streams on."""
+    config = DiscoveryConfig(listen="127.0.0.1:0", heartbeat_interval=1.0, lease_duration=3.0)
+    store = make_store(config, SystemClock())
+    servicer = DiscoveryServicer(store)
+    handle = build_server(config, store, servicer)
+    await store.start()
+    await handle.server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{handle.port}") as channel:
+            stub = pb_grpc.DiscoveryServiceStub(channel)
+            yield stub, servicer
+    finally:
+        await store.close()
+        await handle.server.stop(0)
+
+
+async def exchange(stub, requests: list[pb.KeepAlivePoolsRequest]) -> list[pb.KeepAlivePoolsResponse]:
+    """Sends every request on one stream (pipelined), half-closes, and returns every response."""
+    call = stub.KeepAlivePools(iter(requests))
+    replies = [r async for r in call]
+    assert await call.code() == grpc.StatusCode.OK
+    return replies
+
+
+async def test_each_message_renews_like_register_pool(discovery):
+    stub, _, _, store = discovery
+    call = stub.KeepAlivePools()
+    await call.write(keepalive(1))
+    first = await call.read()
+    await asyncio.sleep(0.05)
+    await call.write(keepalive(2))
+    second = await call.read()
+    await call.done_writing()
+    assert await call.read() == grpc.aio.EOF
+    assert await call.code() == grpc.StatusCode.OK
+    assert [first.sequence, second.sequence] == [1, 2]
+    assert first.WhichOneof("result") == second.WhichOneof("result") == "register"
+    reply = second.register
+    assert timeconv.seconds(reply.heartbeat_interval) == store.heartbeat_interval
+    assert timeconv.seconds(reply.lease_duration) == store.lease_duration
+    # The renewal moved the lease's expiry, exactly as a unary renewal does.
+    assert timeconv.wall_seconds(reply.lease_expire_time) > timeconv.wall_seconds(
+        first.register.lease_expire_time
+    )
+    assert (reply.pool.pool_id, reply.pool.model, list(reply.pool.frontends)) == (
+        "pool-a",
+        "llama",
+        ["http://10.0.0.1:8000"],
+    )
+    listed = await stub.ListPools(pb.ListPoolsRequest())
+    assert [p.pool_id for p in listed.pools] == ["pool-a"]
+    assert listed.pools[0].leases[0].expire_time == reply.lease_expire_time
+    unary = await stub.RegisterPool(register_request())
+    assert (unary.heartbeat_interval, unary.lease_duration, unary.pool.pool_id) == (
+        reply.heartbeat_interval,
+        reply.lease_duration,
+        reply.pool.pool_id,
+    )
+
+
+async def test_invalid_messages_get_the_unary_error_and_the_stream_goes_on(discovery):
+    stub, _, _, _ = discovery
+    requests = [keepalive(10)]
+    requests += [keepalive(11 + i, **overrides) for i, (_, overrides) in enumerate(BAD_REGISTRATIONS)]
+    requests.append(keepalive(99))
+    replies = await exchange(stub, requests)
+    assert [r.sequence for r in replies] == [r.sequence for r in requests]
+    assert replies[0].WhichOneof("result") == replies[-1].WhichOneof("result") == "register"
+    for (field, overrides), reply in zip(BAD_REGISTRATIONS, replies[1:-1], strict=True):
+        assert reply.WhichOneof("result") == "error", field
+        unary = await expect_code(
+            stub.RegisterPool(register_request(**overrides)), grpc.StatusCode.INVALID_ARGUMENT
+        )
+        assert reply.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert reply.error.message == unary.details()
+        assert error_fields(reply.error) == bad_request_fields(unary) == [field]
+
+
+async def test_a_message_without_a_registration_is_refused_naming_the_fields(discovery):
+    stub, _, _, _ = discovery
+    [reply] = await exchange(stub, [pb.KeepAlivePoolsRequest(sequence=5)])
+    assert reply.sequence == 5 and reply.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert {"pool_id", "model", "region", "relay_id", "incarnation", "frontends"} <= set(
+        error_fields(reply.error)
+    )
+
+
+async def test_stale_incarnation_is_refused_per_message(discovery):
+    stub, _, _, _ = discovery
+    await stub.RegisterPool(register_request(incarnation=5))
+    replies = await exchange(
+        stub, [keepalive(1, incarnation=4), keepalive(2, incarnation=5), keepalive(3, incarnation=3)]
+    )
+    assert [r.sequence for r in replies] == [1, 2, 3]
+    assert [r.WhichOneof("result") for r in replies] == ["error", "register", "error"]
+    unary = await expect_code(
+        stub.RegisterPool(register_request(incarnation=4)), grpc.StatusCode.PERMISSION_DENIED
+    )
+    assert replies[0].error.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+    assert replies[0].error.message == unary.details()
+    assert replies[1].register.pool.leases[0].incarnation == 5
+
+
+async def test_model_conflict_is_refused_per_message(discovery):
+    stub, _, _, _ = discovery
+    await stub.RegisterPool(register_request(relay_id="relay-2"))
+    [reply] = await exchange(stub, [keepalive(1, model="other")])
+    assert reply.error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert "one model" in reply.error.message
+
+
+async def test_responses_keep_request_order_and_echo_any_sequence(discovery):
+    stub, _, _, _ = discovery
+    sequences = [(i * 7919) % 1009 for i in range(300)]  # not monotonic, with no meaning to the server
+    requests = [keepalive(s, pool_id=f"pool-{i % 30}") for i, s in enumerate(sequences)]
+    replies = await exchange(stub, requests)
+    assert [r.sequence for r in replies] == sequences
+    assert [r.register.pool.pool_id for r in replies] == [f"pool-{i % 30}" for i in range(300)]
+
+
+async def test_closing_the_streams_ends_them_with_unavailable(served):
+    stub, servicer = served
+    call = stub.KeepAlivePools()
+    await call.write(keepalive(1))
+    assert (await call.read()).WhichOneof("result") == "register"
+    await servicer.close_streams()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await asyncio.wait_for(call.read(), 10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    # A stream opened while the server stops is refused at once.
+    late = stub.KeepAlivePools()
+    await late.write(keepalive(2))
+    await expect_code(late.read(), grpc.StatusCode.UNAVAILABLE)
+    # Unary calls are still answered until the server stops.
+    await stub.RegisterPool(register_request())
+
+
+async def test_closing_busy_streams_ends_every_one(served):
+    """Streams stopped at any point of their work (reading, renewing, writing) all end at once."""
+    stub, servicer = served
+
+    async def busy(n: int) -> grpc.StatusCode:
+        """Sends renewals from a writer task and reads replies until the stream ends."""
+        call = stub.KeepAlivePools()
+
+        async def writer() -> None:
+            # A write racing the end of the call fails on the client; the reader sees the
+            # status the server ended the call with.
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                for i in range(3000):
+                    await call.write(keepalive(i, pool_id=f"p{n}"))
+
+        writing = asyncio.create_task(writer())
+        try:
+            while await call.read() is not grpc.aio.EOF:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        finally:
+            await writing
+        return grpc.StatusCode.OK
+
+    streams = [asyncio.create_task(busy(n)) for n in range(8)]
+    await asyncio.sleep(0.5)
+    await servicer.close_streams()
+    codes = await asyncio.wait_for(asyncio.gather(*streams), 20)
+    # A stream whose next request was being read when the server ended it may see INTERNAL
+    # ("Internal error from Core") instead of the UNAVAILABLE the server sent; it ends at once either way.
+    assert set(codes) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL}, codes
