@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import xxhash
+
 from globalrouter.kv_index import KvIndex
 from globalrouter.pool_state import PoolState
 from globalrouter.selection import SelectionConfig, Selector, pool_overlaps
@@ -53,10 +55,16 @@ class Policy(Protocol):
 
 
 class SelectorPolicy:
-    """The project's router: exactly the Selector the global frontend runs."""
+    """The project's router: exactly the Selector the global frontend runs.
 
-    def __init__(self, config: SelectionConfig) -> None:
+    `seed` 0 runs it exactly as the frontend does; another seed salts the affinity key, which
+    reorders only the tie-breaks between equal costs (as dynamo's seed does), so the spread of
+    the figures over seeds shows how much of a difference between policies is tie-break noise.
+    """
+
+    def __init__(self, config: SelectionConfig, seed: int = 0) -> None:
         self.selector = Selector(config)
+        self.salt = 0 if seed == 0 else xxhash.xxh3_64_intdigest(seed.to_bytes(8, "little", signed=True))
 
     def choose(self, view: FrontendView, request: TraceRequest, now: float) -> Choice:
         cached = view.overlaps(request.hash_ids, now)
@@ -67,7 +75,7 @@ class SelectorPolicy:
             request.output_length,
             cached,
             now,
-            affinity_key=request.hash_ids[0] if request.hash_ids else 0,
+            affinity_key=(request.hash_ids[0] if request.hash_ids else 0) ^ self.salt,
         )
         best = decision.candidates[0]
         return Choice(_index_of(view, best.pool_id), best.uncached_tokens)
@@ -137,7 +145,7 @@ def _index_of(view: FrontendView, pool_id: str) -> int:
 
 
 POLICIES: dict[str, Callable[[SelectionConfig, int, int], Policy]] = {
-    "default": lambda config, seed, block_size: SelectorPolicy(config),
+    "default": lambda config, seed, block_size: SelectorPolicy(config, seed),
     "random": lambda config, seed, block_size: RandomPolicy(seed),
     "round_robin": lambda config, seed, block_size: RoundRobinPolicy(),
     "least_loaded": lambda config, seed, block_size: LeastLoadedPolicy(config.decode_weight),

@@ -3,10 +3,12 @@
 Filter keeps the listed pools that serve the model, have it Ready, are not draining, list a
 frontend and whose serving link is not in back-off. Rank orders them by an estimate of the
 seconds the request would take there: the prefill work left after the pool's cached prefix,
-plus the pool's queued and running work, plus what this frontend sent there since the pool's
-last load report, each divided by the pool's throughput (pools differ in size). A pool whose
-load is unknown ranks behind every pool whose load is known. Nothing here knows about gRPC;
-`now` is a monotonic time passed in by the caller. The simulator runs exactly this code.
+plus the wait behind the pool's queued and running work (the last load report less what the
+pool has served since, at its throughput) and behind what this frontend sent there since that
+report, all divided by the pool's throughput (pools differ in size); plus a hotspot term for
+a pool piling up work well above the others. A pool whose load is unknown ranks behind every
+pool whose load is known. Nothing here knows about gRPC; `now` is a monotonic time passed in
+by the caller. The simulator runs exactly this code.
 """
 
 from __future__ import annotations
@@ -40,12 +42,18 @@ class SelectionConfig:
 
     freshness: FreshnessLimits = field(default_factory=FreshnessLimits)
     """How old each kind of signal may be before it counts as unknown."""
-    prefill_weight: float = 1.5
-    """Multiplier of the prefill term (work left after the cached prefix); above 1 favours
-    cache affinity over load balance, which keeps each shared prefix in one pool (a copy of a
-    prefix in a second pool costs cache space that later requests miss)."""
+    prefill_weight: float = 1.3
+    """Multiplier of the prefill term (work left after the cached prefix). 1 compares the
+    request's own time only (wait + prefill); a little above 1 also counts what a second copy
+    of the prefix costs later requests (cache space they miss), so a prefix's followers stay
+    with its holder unless its wait exceeds the prefill they save by this margin."""
     load_weight: float = 1.0
     """Multiplier of the pool's reported queued and running work."""
+    drain_reports: bool = True
+    """Whether the reported work counts as served at the pool's throughput since the report
+    arrived (a report up to a load interval old otherwise overstates the queue of a pool that
+    has kept serving, which sends a prefix's followers away from an idle holder at light load).
+    Pending work is never drained: when it arrived within the interval is not known."""
     pending_weight: float = 1.0
     """Multiplier of the work this frontend sent there since the pool's last load report."""
     decode_weight: float = 4.0
@@ -57,13 +65,18 @@ class SelectionConfig:
     tokens_per_second_per_slot: float = 1_000.0
     """Throughput assumed per running slot for a pool that states max running requests but no
     prefill rate."""
-    hotspot_seconds: float = 0.5
-    """Seconds; a pool whose queue W (reported + pending, in seconds) exceeds the mean queue M
-    of the eligible pools with known load by E = W - M gets E^2 / (hotspot_seconds + M) added
-    to its queue terms: a pool piling up behind a popular prefix sheds work before its tail
-    latency grows, while pools near the mean are ranked on cache and queue alone. Measured
-    against the mean (plus this floor), the penalty does not grow with the overall load.
-    0 turns it off."""
+    hotspot_seconds: float = 0.25
+    """Seconds; the floor of the hotspot scale. A pool whose assigned work W (its last report
+    plus pending, undrained, in seconds) exceeds the mean M of the eligible pools with known
+    load by E = W - M gets E^2 / (hotspot_seconds + hotspot_request_share * T + M) added to its
+    load term, T being the request's own uncached service time (whole prompt plus decode):
+    a pool piling up behind a popular prefix sheds work before its tail latency grows, while
+    pools near the mean are ranked on cache and queue alone. Measured against the mean, the
+    term does not grow with the overall load. 0 turns it off."""
+    hotspot_request_share: float = 0.6
+    """How much of the request's own service time T widens the hotspot scale: a long request
+    (whose prefill dwarfs a queue excess of the same size) is shed later than a short one, so
+    the long prefixes that carry most of the cache hits stay with their holder."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,22 +188,28 @@ class Selector:
             return slots * self.config.tokens_per_second_per_slot
         return self.config.default_tokens_per_second
 
-    def _queue(self, pool: PoolState, known: bool, rate: float) -> tuple[float, float]:
-        """(load_cost, pending_cost): reported and pending work in seconds of throughput, weighted."""
+    def _queue(self, pool: PoolState, known: bool, rate: float, now: float) -> tuple[float, float, float]:
+        """(load_cost, pending_cost, assigned): the reported work left now and the pending work,
+        in seconds of throughput, weighted; `assigned` is reported + pending undrained (what
+        the hotspot term compares)."""
         cfg = self.config
         dw = cfg.decode_weight
-        load_cost = 0.0
+        load_cost = reported = 0.0
         if known:
             load = pool.load
-            load_cost = (
+            reported = (
                 cfg.load_weight
                 * (load.prefill_tokens_in_flight + dw * load.decode_tokens_in_flight)  # type: ignore[union-attr]
                 / rate
             )
+            load_cost = reported
+            if cfg.drain_reports and reported > 0:
+                # served since the report at the pool's throughput (load_weight scales seconds)
+                load_cost = max(0.0, reported - cfg.load_weight * (now - pool.load_at))  # type: ignore[operator]
         pending_cost = (
             cfg.pending_weight * (pool.pending_prefill_tokens + dw * pool.pending_decode_tokens) / rate
         )
-        return load_cost, pending_cost
+        return load_cost, pending_cost, reported + pending_cost
 
     def select(
         self,
@@ -215,6 +234,7 @@ class Selector:
         filtered: list[FilteredPool] = []
         model_served = False
         first_block_size = 0
+        own_work = prompt_tokens + cfg.decode_weight * max_tokens
         for pool in pools:
             if not pool.listed:
                 continue
@@ -237,7 +257,7 @@ class Selector:
                 blocks = cached = 0
                 uncached = prompt_tokens
             known = pool.load_fresh(now, limits)
-            load_cost, pending_cost = self._queue(pool, known, rate)
+            load_cost, pending_cost, assigned = self._queue(pool, known, rate, now)
             rows.append(
                 _Row(
                     pool,
@@ -248,10 +268,12 @@ class Selector:
                     cached,
                     blocks,
                     uncached,
+                    assigned,
+                    own_work / rate,
                 )
             )
         if cfg.hotspot_seconds > 0 and rows:
-            _penalize_hotspots(rows, cfg.hotspot_seconds)
+            _penalize_hotspots(rows, cfg.hotspot_seconds, cfg.hotspot_request_share)
         candidates: list[tuple[bool, float, RankedPool]] = []
         for r in rows:
             total = r.prefill_cost + r.load_cost + r.pending_cost
@@ -333,22 +355,27 @@ class _Row:
     cached: int
     blocks: int
     uncached: int
+    assigned: float
+    """Reported + pending work in seconds, undrained (what the hotspot term compares)."""
+    own_seconds: float
+    """The request's whole service time at this pool with nothing cached."""
 
 
-def _penalize_hotspots(rows: list[_Row], scale: float) -> None:
-    """Adds E^2 / (scale + M) to the queue terms of pools whose queue exceeds the mean M of the
-    known-load pools by E (split between the reported and the pending term)."""
-    queues = [r.load_cost + r.pending_cost for r in rows if r.known]
+def _penalize_hotspots(rows: list[_Row], floor: float, request_share: float) -> None:
+    """Adds E^2 / (floor + request_share * T + M) to the load term of pools whose assigned work
+    exceeds the mean M of the known-load pools by E (T: the request's own service time there).
+
+    The assigned work is undrained on purpose: the drained estimate is the better guess of the
+    wait, but a pool that was given well above its share within the last report interval is
+    where the next burst piles up, so spreading keys on what was assigned."""
+    queues = [r.assigned for r in rows if r.known]
     if not queues:
         return
     mean = sum(queues) / len(queues)
     for r in rows:
-        queued = r.load_cost + r.pending_cost
-        excess = queued - mean
+        excess = r.assigned - mean
         if excess > 0:
-            grow = 1.0 + excess * excess / ((scale + mean) * queued)
-            r.load_cost *= grow
-            r.pending_cost *= grow
+            r.load_cost += excess * excess / (floor + request_share * r.own_seconds + mean)
 
 
 def _rank_key(entry: tuple[bool, float, RankedPool]) -> tuple[bool, float]:

@@ -158,13 +158,69 @@ def test_hotspot_penalty_sheds_a_long_queue_despite_a_large_cache_advantage():
     cached = {"a": 1000}
     linear = Selector(SelectionConfig(prefill_weight=1.5, hotspot_seconds=0))
     assert order(linear.select(pools, MODEL, 16_000, 16, cached, NOW))[0] == "a"
-    d = Selector(SelectionConfig(prefill_weight=1.5, hotspot_seconds=1.0)).select(
-        pools, MODEL, 16_000, 16, cached, NOW
-    )
+    cfg = SelectionConfig(prefill_weight=1.5, hotspot_seconds=1.0, hotspot_request_share=0.5)
+    d = Selector(cfg).select(pools, MODEL, 16_000, 16, cached, NOW)
     assert order(d)[-1] == "a"
-    # the mean queue is 5/3 s; a's excess 4/3 s adds (4/3)^2 / (1 + 5/3) s to its 3 s queue
-    assert abs(d.candidates[-1].load_cost - (3.0 + (4 / 3) ** 2 / (1 + 5 / 3))) < 1e-9
+    # the mean queue is 5/3 s; a's excess 4/3 s adds (4/3)^2 / (1 + 0.5 T + 5/3) s to its 3 s
+    # queue, T = (16,000 + 4 x 16) / 10,000 s being the request's own service time
+    t = (16_000 + 4 * 16) / 10_000
+    assert abs(d.candidates[-1].load_cost - (3.0 + (4 / 3) ** 2 / (1 + 0.5 * t + 5 / 3))) < 1e-9
     assert d.candidates[0].load_cost == 1.0  # below the mean: unchanged
+
+
+def test_hotspot_sheds_short_requests_before_long_ones():
+    # a queues 1.5 s, b and c 0.5 s (mean 5/6 s). Both requests save about 1.1 s of prefill at
+    # a, more than a's extra 1 s of queue, so linear costs keep both there. The hotspot term is
+    # scaled by the request's own service time: the short one (1.1 s) is shed, the long one
+    # (4 s, whose prefill dwarfs the excess) stays.
+    pools = [
+        pool("a", load=LoadSignal(prefill_tokens_in_flight=15_000)),
+        pool("b", load=LoadSignal(prefill_tokens_in_flight=5_000)),
+        pool("c", load=LoadSignal(prefill_tokens_in_flight=5_000)),
+    ]
+    short = (11_000, {"a": 687})  # 10,992 of 11,000 tokens cached at a
+    long = (40_000, {"a": 700})  # 11,200 of 40,000 tokens cached at a
+    linear = Selector(SelectionConfig(prefill_weight=1.0, hotspot_seconds=0))
+    for tokens, cached in (short, long):
+        assert order(linear.select(pools, MODEL, tokens, 16, cached, NOW))[0] == "a"
+    sel = Selector(SelectionConfig(prefill_weight=1.0, hotspot_seconds=0.25, hotspot_request_share=1.0))
+    assert order(sel.select(pools, MODEL, long[0], 16, long[1], NOW))[0] == "a"
+    assert order(sel.select(pools, MODEL, short[0], 16, short[1], NOW))[0] != "a"
+
+
+def test_reported_work_drains_at_the_pool_throughput_since_the_report():
+    # a reported 2 s of work 1.5 s ago; b reported nothing. a holds most of the prompt.
+    a = pool("a", load=LoadSignal(prefill_tokens_in_flight=20_000))
+    a.load_at = NOW - 1.5
+    b = pool("b")
+    b.load_at = NOW - 1.5
+    a.record_sent(1_000, 0)  # pending work is never drained (when it arrived is unknown)
+    d = Selector(SelectionConfig(hotspot_seconds=0)).select([a, b], MODEL, 8_000, 16, {"a": 400}, NOW)
+    got = {c.pool_id: c for c in d.candidates}
+    assert abs(got["a"].load_cost - 0.5) < 1e-9 and abs(got["a"].pending_cost - 0.1) < 1e-9
+    assert order(d) == ["a", "b"]  # the holder has nearly caught up: its follower stays
+    # a report older than the work it lists counts as served, never negative
+    a.load_at = NOW - 2.9
+    assert Selector().select([a], MODEL, 8_000, 16, {}, NOW).candidates[0].load_cost == 0.0
+    # without draining, the stale report overstates the queue and sends the follower away
+    stale = Selector(SelectionConfig(drain_reports=False, hotspot_seconds=0))
+    a.load_at = NOW - 1.5
+    assert order(stale.select([a, b], MODEL, 8_000, 16, {"a": 300}, NOW)) == ["b", "a"]
+    assert order(
+        Selector(SelectionConfig(hotspot_seconds=0)).select([a, b], MODEL, 8_000, 16, {"a": 300}, NOW)
+    ) == [
+        "a",
+        "b",
+    ]
+
+
+def test_a_follower_stays_with_a_mildly_busier_holder():
+    # the holder queues 0.3 s more than the others; the follower saves 1 s of prefill there
+    pools = [pool("a", load=LoadSignal(prefill_tokens_in_flight=5_000))] + [
+        pool(x, load=LoadSignal(prefill_tokens_in_flight=2_000)) for x in "bcdefgh"
+    ]
+    d = Selector().select(pools, MODEL, 12_000, 100, {"a": 625}, NOW)
+    assert order(d)[0] == "a"
 
 
 def test_equal_costs_tie_by_prefix_rendezvous_hash():
