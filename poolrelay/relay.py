@@ -15,6 +15,7 @@ from meshkit.clock import Clock, SystemClock
 from meshkit.logs import get_logger
 from meshkit.timeconv import seconds, timestamp, wall_seconds
 from poolrelay.heartbeat import HeartbeatLoop, Renewal
+from poolrelay.keepalive import KeepAliveClient
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.pool_source import PoolSource
 from poolrelay.registration import Choice, ModelView, Reason, choose_model
@@ -25,6 +26,8 @@ from poolrelay.v1 import pool_events_pb2 as pe
 log = get_logger(module="poolrelay.relay")
 
 CALL_TIMEOUT_S = 3.0
+# A renewal over the stream whose reply takes longer than min(heartbeat interval, this) failed.
+RENEWAL_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,9 @@ class Relay:
         )
         self._discovery_channel = aio_channel(config.discovery)
         self._discovery = dpb_grpc.DiscoveryServiceStub(self._discovery_channel)
+        # Every registration, the first included, goes over one KeepAlivePools stream (unary
+        # RegisterPool only when discovery does not implement the stream).
+        self.keepalive = KeepAliveClient(self._discovery, unary_timeout=CALL_TIMEOUT_S)
         self.heartbeat: HeartbeatLoop[Wanted] = HeartbeatLoop(
             self.clock, self._wanted, self._register, on_failure=self._register_failed
         )
@@ -173,7 +179,8 @@ class Relay:
         return req
 
     async def _register(self, want: Wanted) -> Renewal:
-        reply = await self._discovery.RegisterPool(self._request(want), timeout=CALL_TIMEOUT_S)
+        timeout = min(self.heartbeat.schedule.interval, RENEWAL_TIMEOUT_S)
+        reply = await self.keepalive.register(self._request(want), timeout)
         if self.registered_model != want.model:
             log.info("registered", pool=self.config.pool_id, model=want.model)
         self.registered_model = want.model
@@ -264,4 +271,5 @@ class Relay:
         await self.hub.close()
         for t in list(self._tasks):
             t.cancel()
+        await self.keepalive.close()
         await self._discovery_channel.close()

@@ -103,21 +103,27 @@ class FakePool(pe_grpc.PoolEventsServiceServicer):
 
 
 class FakeDiscovery(dpb_grpc.DiscoveryServiceServicer):
-    """Records RegisterPool / UnregisterPool calls; can be told to fail or to request a drain."""
+    """Records RegisterPool / KeepAlivePools / UnregisterPool calls; can be told to fail, to request a
+    drain, to break its keep-alive streams or to hold their replies back."""
 
     def __init__(self, heartbeat: float = 0.2, lease: float = 0.6) -> None:
         self.heartbeat = heartbeat
         self.lease = lease
         self.registers: list[dpb.RegisterPoolRequest] = []
+        self.transports: list[str] = []
+        """For each of `registers`: "unary" or "stream"."""
         self.unregisters: list[dpb.UnregisterPoolRequest] = []
         self.fail = False
         self.drain_requested = False
         self.frontends: list[str] = []
+        self.streams_opened = 0
+        self.break_streams = False
+        """While set, a keep-alive message ends its stream with UNAVAILABLE instead of a reply."""
+        self.replying = asyncio.Event()
+        """Cleared: keep-alive messages are read but not answered until it is set again."""
+        self.replying.set()
 
-    async def RegisterPool(self, request, context):
-        if self.fail:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "fake discovery told to fail")
-        self.registers.append(request)
+    def _reply(self, request: dpb.RegisterPoolRequest) -> dpb.RegisterPoolResponse:
         return dpb.RegisterPoolResponse(
             heartbeat_interval=duration(self.heartbeat),
             lease_duration=duration(self.lease),
@@ -127,9 +133,40 @@ class FakeDiscovery(dpb_grpc.DiscoveryServiceServicer):
             drain_deadline=timestamp(2e9) if self.drain_requested else None,
         )
 
+    async def RegisterPool(self, request, context):
+        if self.fail:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "fake discovery told to fail")
+        self.registers.append(request)
+        self.transports.append("unary")
+        return self._reply(request)
+
+    async def KeepAlivePools(self, request_iterator, context):
+        self.streams_opened += 1
+        async for message in request_iterator:
+            if self.break_streams:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "fake discovery broke the stream")
+            await self.replying.wait()
+            if self.fail:
+                error = dpb.KeepAliveError(
+                    code=grpc.StatusCode.UNAVAILABLE.value[0], message="fake discovery told to fail"
+                )
+                yield dpb.KeepAlivePoolsResponse(sequence=message.sequence, error=error)
+                continue
+            self.registers.append(message.register)
+            self.transports.append("stream")
+            yield dpb.KeepAlivePoolsResponse(
+                sequence=message.sequence, register=self._reply(message.register)
+            )
+
     async def UnregisterPool(self, request, context):
         self.unregisters.append(request)
         return dpb.UnregisterPoolResponse(pool_removed=True)
+
+
+class UnaryOnlyDiscovery(FakeDiscovery):
+    """A discovery from before KeepAlivePools: the stream is UNIMPLEMENTED."""
+
+    KeepAlivePools = dpb_grpc.DiscoveryServiceServicer.KeepAlivePools
 
 
 class TelemetryReceiver(tm_grpc.TelemetryServiceServicer):
