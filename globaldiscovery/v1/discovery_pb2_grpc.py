@@ -124,9 +124,10 @@ class DiscoveryServiceServicer:
         A request that RegisterPool would refuse is answered with `error` (the same code, message and
         BadRequest details the unary call would return); it renews nothing and the stream stays
         open. The stream itself ends only when the client half-closes it (OK) or cancels it, or with
-        UNAVAILABLE when the server shuts down; the client then reopens it (or falls back to
-        RegisterPool, e.g. when this RPC is UNIMPLEMENTED by an older server). One stream may carry
-        renewals of any number of (pool_id, relay_id) leases.
+        UNAVAILABLE when the server shuts down (grpcio clients whose write crosses that end may see
+        INTERNAL instead); the client then reopens it (or falls back to RegisterPool, e.g. when this
+        RPC is UNIMPLEMENTED by an older server). A reply that does not come is the client's to time
+        out. One stream may carry renewals of any number of (pool_id, relay_id) leases.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -69,9 +69,10 @@ class DiscoveryServiceStub:
     A request that RegisterPool would refuse is answered with `error` (the same code, message and
     BadRequest details the unary call would return); it renews nothing and the stream stays
     open. The stream itself ends only when the client half-closes it (OK) or cancels it, or with
-    UNAVAILABLE when the server shuts down; the client then reopens it (or falls back to
-    RegisterPool, e.g. when this RPC is UNIMPLEMENTED by an older server). One stream may carry
-    renewals of any number of (pool_id, relay_id) leases.
+    UNAVAILABLE when the server shuts down (grpcio clients whose write crosses that end may see
+    INTERNAL instead); the client then reopens it (or falls back to RegisterPool, e.g. when this
+    RPC is UNIMPLEMENTED by an older server). A reply that does not come is the client's to time
+    out. One stream may carry renewals of any number of (pool_id, relay_id) leases.
     """
     UnregisterPool: _grpc.UnaryUnaryMultiCallable[_discovery_pb2.UnregisterPoolRequest, _discovery_pb2.UnregisterPoolResponse]
     """Ends the lease of (pool_id, relay_id) at once; the pool leaves every listing at once when it
@@ -149,9 +150,10 @@ class DiscoveryServiceAsyncStub(DiscoveryServiceStub):
     A request that RegisterPool would refuse is answered with `error` (the same code, message and
     BadRequest details the unary call would return); it renews nothing and the stream stays
     open. The stream itself ends only when the client half-closes it (OK) or cancels it, or with
-    UNAVAILABLE when the server shuts down; the client then reopens it (or falls back to
-    RegisterPool, e.g. when this RPC is UNIMPLEMENTED by an older server). One stream may carry
-    renewals of any number of (pool_id, relay_id) leases.
+    UNAVAILABLE when the server shuts down (grpcio clients whose write crosses that end may see
+    INTERNAL instead); the client then reopens it (or falls back to RegisterPool, e.g. when this
+    RPC is UNIMPLEMENTED by an older server). A reply that does not come is the client's to time
+    out. One stream may carry renewals of any number of (pool_id, relay_id) leases.
     """
     UnregisterPool: _aio.UnaryUnaryMultiCallable[_discovery_pb2.UnregisterPoolRequest, _discovery_pb2.UnregisterPoolResponse]  # type: ignore[assignment]
     """Ends the lease of (pool_id, relay_id) at once; the pool leaves every listing at once when it
@@ -238,9 +240,10 @@ class DiscoveryServiceServicer(metaclass=_abc_1.ABCMeta):
         A request that RegisterPool would refuse is answered with `error` (the same code, message and
         BadRequest details the unary call would return); it renews nothing and the stream stays
         open. The stream itself ends only when the client half-closes it (OK) or cancels it, or with
-        UNAVAILABLE when the server shuts down; the client then reopens it (or falls back to
-        RegisterPool, e.g. when this RPC is UNIMPLEMENTED by an older server). One stream may carry
-        renewals of any number of (pool_id, relay_id) leases.
+        UNAVAILABLE when the server shuts down (grpcio clients whose write crosses that end may see
+        INTERNAL instead); the client then reopens it (or falls back to RegisterPool, e.g. when this
+        RPC is UNIMPLEMENTED by an older server). A reply that does not come is the client's to time
+        out. One stream may carry renewals of any number of (pool_id, relay_id) leases.
         """
 
     @_abc_1.abstractmethod

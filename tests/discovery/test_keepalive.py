@@ -176,7 +176,7 @@ async def test_closing_the_streams_ends_them_with_unavailable(served):
 
 
 async def test_closing_busy_streams_ends_every_one(served):
-    """Streams stopped at any point of their work (reading, renewing, writing) all end at once."""
+    """Streams stopped at any point of their work (reading, renewing, writing) all end at once with an error."""
     stub, servicer = served
 
     async def busy(n: int) -> grpc.StatusCode:
@@ -204,6 +204,6 @@ async def test_closing_busy_streams_ends_every_one(served):
     await asyncio.sleep(0.5)
     await servicer.close_streams()
     codes = await asyncio.wait_for(asyncio.gather(*streams), 20)
-    # A stream whose next request was being read when the server ended it may see INTERNAL
-    # ("Internal error from Core") instead of the UNAVAILABLE the server sent; it ends at once either way.
+    # A stream whose client was sending while the server ended it may see INTERNAL ("Internal
+    # error from Core") instead of the UNAVAILABLE the server sent; either way it ends at once.
     assert set(codes) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL}, codes
