@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 
 import grpc
@@ -51,23 +52,32 @@ def test_stubs_register_then_sigterm_exits_zero_quickly(procs):
     proc, address = start_discovery(procs)
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.DiscoveryServiceStub(channel)
-        stub.RegisterPool(
-            pb.RegisterPoolRequest(
-                pool_id="p", model="m", region="r", frontends=["http://h:1"], relay_id="x", incarnation=1
-            ),
-            timeout=10,
+        request = pb.RegisterPoolRequest(
+            pool_id="p", model="m", region="r", frontends=["http://h:1"], relay_id="x", incarnation=1
         )
+        stub.RegisterPool(request, timeout=10)
         watch = stub.WatchPools(pb.WatchPoolsRequest(), timeout=30)
         assert next(watch).type == pb.WATCH_EVENT_TYPE_ADDED
         assert next(watch).type == pb.WATCH_EVENT_TYPE_SNAPSHOT_DONE
+        done_sending = threading.Event()
+
+        def renewals():
+            yield pb.KeepAlivePoolsRequest(register=request, sequence=1)
+            done_sending.wait(30)  # keep the stream open and idle, like a relay between renewals
+
+        keepalive = stub.KeepAlivePools(renewals(), timeout=30)
+        assert next(keepalive).sequence == 1
         started = time.monotonic()
         proc.signal(signal.SIGTERM)
-        # The open watch is closed cleanly with UNAVAILABLE, not cut off.
-        with pytest.raises(grpc.RpcError) as info:
-            next(watch)
-        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        # The open watch and keep-alive stream are closed cleanly with UNAVAILABLE, not cut off
+        # (nor left to hold the 5 s grace period).
+        for stream in (watch, keepalive):
+            with pytest.raises(grpc.RpcError) as info:
+                next(stream)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        done_sending.set()
         assert proc.popen.wait(timeout=5) == 0
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 4
 
 
 @pytest.mark.parametrize(
