@@ -94,6 +94,11 @@ class KvIndex:
         blocks = self._sets.get(source)
         return len(blocks) if blocks is not None else 0
 
+    def holds(self, block_hash: int) -> bool:
+        """Whether any source holds this block (a prompt whose first block no source holds has no
+        cached prefix anywhere, so the rest of it need not even be hashed)."""
+        return block_hash in self._holders
+
     def total_blocks(self) -> int:
         """Distinct block hashes held by any source."""
         return len(self._holders)

@@ -55,9 +55,12 @@ class RoutingCore:
         cached: dict[str, int] = {}
         limits = self.selector_limits
         for size, group in by_size.items():
-            hashes = block_hashes(tokens, size)
-            if hashes:
-                cached.update(pool_overlaps(self.index, group, hashes, now, limits))
+            # Hashing a long prompt costs more than the rest of the decision: look at its first
+            # block alone first, and hash the rest only when some pool holds that block.
+            first = block_hashes(tokens[:size], size)
+            if not first or not self.index.holds(first[0]):
+                continue
+            cached.update(pool_overlaps(self.index, group, block_hashes(tokens, size), now, limits))
         return cached
 
     @property
