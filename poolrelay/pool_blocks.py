@@ -33,7 +33,6 @@ class PoolBlocks:
         self._removed: set[int] = set()  # pending 1→0 since the last delta
         self._unconfirmed: set[str] = set()
         self.sequence = 0
-        self.events = 0
 
     def __len__(self) -> int:
         return len(self._counts)
@@ -82,7 +81,6 @@ class PoolBlocks:
 
     def apply_snapshot(self, worker: str, blocks: Iterable[int]) -> None:
         """A worker's whole block set: replaces what was known for it, net transitions only."""
-        self.events += 1
         self._unconfirmed.discard(worker)
         held = self._workers.setdefault(worker, set())
         new = set(blocks)
@@ -93,7 +91,6 @@ class PoolBlocks:
         self, worker: str, stored: Iterable[int] = (), removed: Iterable[int] = (), cleared: bool = False
     ) -> None:
         """One change of a worker's block set (`cleared` applies first)."""
-        self.events += 1
         held = self._workers.get(worker)
         if held is None:
             held = self._workers[worker] = set()
