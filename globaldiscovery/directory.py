@@ -158,7 +158,6 @@ class _Pool:
     relays: dict[str, Lease] = field(default_factory=dict)
     capacity: Capacity | None = None
     revision: int = 1
-    operator_drain_at: float | None = None  # monotonic deadline of a discovery-side drain
     signature: tuple = ()
     last_view: PoolView | None = None  # as watchers last saw it; a REMOVED event repeats it
 
@@ -383,7 +382,6 @@ class Directory:
             raise NotFound(f"pool {pool_id!r} is not listed")
         if pool_id not in self._drains:
             self._drains[pool_id] = now + timeout
-            record.operator_drain_at = now + timeout
             self._settle(pool_id, Removal.UNSPECIFIED)
         return self._view(record)
 
@@ -414,9 +412,6 @@ class Directory:
                 return page, True
             page.append(self._view(record))
         return page, False
-
-    def __len__(self) -> int:
-        return len(self._pools)
 
     # ----- frontends -----
 

@@ -46,12 +46,6 @@ class LeaseTable(Generic[K, V]):
         self._leases: OrderedDict[K, Lease[K, V]] = OrderedDict()
         self._last_now = float("-inf")
 
-    def __len__(self) -> int:
-        return len(self._leases)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._leases
-
     def get(self, key: K) -> Lease[K, V] | None:
         """The lease of `key`, or None."""
         return self._leases.get(key)
