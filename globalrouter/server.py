@@ -23,6 +23,7 @@ from globalrouter.serving import ServingLinks
 from globalrouter.telemetry import TelemetryIngest, TelemetryServicer
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit import pagination
+from meshkit.blocks import text_to_tokens
 from meshkit.channels import aio_channel
 from meshkit.cli import host_port
 from meshkit.clock import Clock, SystemClock
@@ -46,7 +47,7 @@ def prompt_tokens(v: Violations, field_path: str, prompt: router_pb2.Prompt) -> 
     """The prompt as token ids (text: one token per UTF-8 byte); records what is wrong with it."""
     kind = prompt.WhichOneof("content")
     if kind == "text":
-        tokens = list(prompt.text.encode("utf-8"))
+        tokens = text_to_tokens(prompt.text)
         if not tokens:
             v.add(f"{field_path}.text", "must not be empty")
     elif kind == "token_ids":
@@ -162,7 +163,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                     reason=router_pb2.FilterReason.Value(f"FILTER_REASON_{f.reason.name}"),
                     detail=f.detail,
                 )
-                for f in sorted(decision.filtered, key=lambda f: f.pool_id)
+                for f in decision.filtered  # ordered by pool_id
             ],
             prompt_blocks=decision.prompt_blocks,
         )
