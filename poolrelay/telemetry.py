@@ -69,7 +69,6 @@ class Publisher:
         self.connects = 0
         self.snapshots_sent = 0
         self.messages_dropped = 0
-        self.frontend_id = ""
         self._deltas: deque[tuple[int, Req]] = deque()
         self._latest: dict[str, Req] = {}
         self._resync = True
@@ -158,9 +157,7 @@ class Publisher:
 
     async def _read(self, call) -> None:
         async for resp in call:
-            if resp.HasField("hello_ack"):
-                self.frontend_id = resp.hello_ack.frontend_id
-            elif resp.HasField("snapshot_request"):
+            if resp.HasField("snapshot_request"):
                 log.info("frontend asked for a snapshot", frontend=self.url, why=resp.snapshot_request.reason)
                 self.request_snapshot()
 
