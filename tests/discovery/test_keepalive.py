@@ -178,6 +178,7 @@ async def test_closing_the_streams_ends_them_with_unavailable(served):
 async def test_closing_busy_streams_ends_every_one(served):
     """Streams stopped at any point of their work (reading, renewing, writing) all end at once with an error."""
     stub, servicer = served
+    streams_busy = [asyncio.Event() for _ in range(8)]
 
     async def busy(n: int) -> grpc.StatusCode:
         """Sends renewals from a writer task and reads replies until the stream ends."""
@@ -193,15 +194,16 @@ async def test_closing_busy_streams_ends_every_one(served):
         writing = asyncio.create_task(writer())
         try:
             while await call.read() is not grpc.aio.EOF:
-                pass
+                streams_busy[n].set()
         except grpc.aio.AioRpcError as exc:
             return exc.code()
         finally:
             await writing
         return grpc.StatusCode.OK
 
-    streams = [asyncio.create_task(busy(n)) for n in range(8)]
-    await asyncio.sleep(0.5)
+    streams = [asyncio.create_task(busy(n)) for n in range(len(streams_busy))]
+    # Close only once every stream is under way (answered at least once), not after a guessed delay.
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streams_busy)), 20)
     await servicer.close_streams()
     codes = await asyncio.wait_for(asyncio.gather(*streams), 20)
     # A stream whose client was sending while the server ended it may see INTERNAL ("Internal
