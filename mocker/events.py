@@ -147,5 +147,5 @@ class PoolEvents(pe_grpc.PoolEventsServiceServicer):
         await v.abort_if_any(context)
         if self.pool.drain.state is DrainState.ACTIVE:
             log.info("drain started", timeout_s=seconds(request.timeout), reason=request.reason)
-        self.pool.start_drain(seconds(request.timeout), request.reason)
+        self.pool.start_drain(seconds(request.timeout))
         return pe.StartDrainResponse(drain=drain_status(self.pool))

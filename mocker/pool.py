@@ -111,7 +111,6 @@ class Drain:
     state: DrainState = DrainState.ACTIVE
     deadline_wall: float | None = None
     deadline_monotonic: float | None = None
-    reason: str = ""
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -263,7 +262,7 @@ class Pool:
 
     # --- drain -----------------------------------------------------------------------------------
 
-    def start_drain(self, timeout: float, reason: str = "") -> None:
+    def start_drain(self, timeout: float) -> None:
         """Refuses new work from now on; at `timeout` seconds hands back whatever still runs.
 
         A second call keeps the earlier deadline.
@@ -273,7 +272,6 @@ class Pool:
         self.drain.state = DrainState.DRAINING
         self.drain.deadline_wall = self.clock.wall() + timeout
         self.drain.deadline_monotonic = self.clock.monotonic() + timeout
-        self.drain.reason = reason
         self._deadline_task = asyncio.get_running_loop().create_task(
             self._deadline(self.drain.deadline_monotonic)
         )

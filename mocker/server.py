@@ -55,7 +55,7 @@ async def serve(listen: str, config: PoolConfig, faults: Faults, clock: Clock | 
     async def drain() -> None:
         # Health is NOT_SERVING already; refuse new work, let accepted work finish or hand it back.
         log.info("draining before exit", timeout_s=config.drain_timeout)
-        pool.start_drain(config.drain_timeout, reason="SIGTERM")
+        pool.start_drain(config.drain_timeout)
         await pool.wait_drained()
         log.info("drained")
 

@@ -173,7 +173,7 @@ async def test_drain_finishes_accepted_refuses_new_and_hands_back_at_deadline(fa
     short = await start(pool, [1] * 8, 2)  # ends at 0.08 + 0.2 s
     long = await start(pool, [2] * 8, 1000)  # would need 100 s
     await fake_clock.settle()
-    pool.start_drain(5.0, "test")
+    pool.start_drain(5.0)
     assert pool.drain.state is DrainState.DRAINING
     deadline = pool.drain.deadline_monotonic
     with pytest.raises(Refused) as e:
