@@ -33,9 +33,9 @@ from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc  # noqa: E402
 
 WORKERS = 4
 BLOCKS_PER_EVENT = 4  # a KV event stores 4 blocks and evicts 4 (a short prompt on a full cache)
-SHARED = 0.25
+SHARED = 0.25  # fraction of stored blocks another worker already holds (no pool-level transition)
 PACE = 10_000  # events/s for the paced run
-REPEATS = 3  # rate measurements report the best of this many runs  # fraction of stored blocks another worker already holds (no pool-level transition)
+REPEATS = 3  # rate measurements report the best of this many runs
 
 
 class CountingReceiver(tm_grpc.TelemetryServiceServicer):
