@@ -74,8 +74,7 @@ async def test_replicas_share_registrations_and_unregister(replicas):
     result = await a.register_pool(reg("share-1", relay="r2"))
     assert [lease.relay_id for lease in result.pool.leases] == ["r1", "r2"]
     added = await next_event(watcher, EventKind.ADDED)
-    assert added.pool.pool_id == "share-1"
-    await asyncio.sleep(0.2)
+    assert added.pool.pool_id == "share-1"  # so b's mirror holds it: its listing needs no wait
     pools, _, complete = await b.list_pools(model="", region="", after=None, limit=100)
     assert complete and [p.pool_id for p in pools if p.pool_id == "share-1"] == ["share-1"]
     assert await a.unregister_pool("share-1", "r1", 1, Removal.UNREGISTERED) is False
