@@ -109,7 +109,7 @@ class PoolState:
         """True when telemetry readiness/drain state is current."""
         return self.state_at is not None and now - self.state_at <= limits.state_max_age
 
-    def draining(self, now: float, limits: FreshnessLimits) -> bool:
+    def draining(self) -> bool:
         """Draining by either source; a stale telemetry drain flag still counts (drain is sticky)."""
         return self.directory_draining or self.telemetry_draining
 

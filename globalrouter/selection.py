@@ -154,7 +154,7 @@ def _filter_reason(pool: PoolState, model: str, now: float, limits: FreshnessLim
         return FilteredPool(pool.pool_id, FilterReason.OTHER_MODEL, f"serves {pool.model!r}, not {model!r}")
     if not pool.ready(model, now, limits):
         return FilteredPool(pool.pool_id, FilterReason.NOT_READY, f"model {model!r} is not Ready in the pool")
-    if pool.draining(now, limits):
+    if pool.draining():
         source = "discovery" if pool.directory_draining else "telemetry"
         return FilteredPool(pool.pool_id, FilterReason.DRAINING, f"the pool drains (from {source})")
     if not pool.frontends:

@@ -203,7 +203,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             model=pool.model,
             region=pool.region,
             frontends=pool.frontends,
-            draining=pool.draining(now, limits),
+            draining=pool.draining(),
             ready=pool.ready(pool.model, now, limits),
             load_freshness=_freshness(pool.load_at, pool.load_fresh(now, limits), now),
             kv_freshness=_freshness(pool.kv_at, pool.kv_fresh(now, limits), now),
