@@ -127,10 +127,12 @@ async def test_cancelled_caller_frees_its_slot(serve_pool):
     call = s.frontend.Generate(request(max_tokens=10_000))
     await call.read()
     call.cancel()
-    for _ in range(200):
-        if not s.pool.tickets:
-            break
-        await asyncio.sleep(0.01)
+
+    async def closed() -> None:  # the pool notifies its changes when it closes a ticket
+        while s.pool.tickets:
+            await s.pool.changes.wait_newer(s.pool.changes.version, 1.0)
+
+    await asyncio.wait_for(closed(), 2)
     _, tokens, _ = await s.generate(list(range(8)), 1)
     assert len(tokens) == 1
 
