@@ -162,6 +162,11 @@ class _Pool:
     last_view: PoolView | None = None  # as watchers last saw it; a REMOVED event repeats it
 
 
+def _selected(pool: PoolView | PoolRegistration, model: str, region: str) -> bool:
+    """Whether `pool` passes the model and region filters (an empty filter passes everything)."""
+    return (not model or pool.model == model) and (not region or pool.region == region)
+
+
 class WatcherClosed(enum.Enum):
     """Why a watcher ended."""
 
@@ -188,9 +193,7 @@ class Watcher:
 
     def matches(self, pool: PoolView) -> bool:
         """Whether `pool` passes this watcher's filter."""
-        return (not self.model or pool.model == self.model) and (
-            not self.region or pool.region == self.region
-        )
+        return _selected(pool, self.model, self.region)
 
     def push(self, event: PoolEvent) -> bool:
         """Queues `event`; False (and closed) when the queue is full."""
@@ -405,8 +408,7 @@ class Directory:
         page: list[PoolView] = []
         for pool_id in self._order[start:]:
             record = self._pools[pool_id]
-            lease = next(iter(record.relays.values()))
-            if (model and lease.value.model != model) or (region and lease.value.region != region):
+            if not _selected(next(iter(record.relays.values())).value, model, region):
                 continue
             if len(page) == limit:
                 return page, True
@@ -445,7 +447,7 @@ class Directory:
         snapshot = []
         for pool_id in self._order:
             view = self._view(self._pools[pool_id])
-            if (not model or view.model == model) and (not region or view.region == region):
+            if _selected(view, model, region):
                 snapshot.append(view)
         # The bound applies to changes; the snapshot itself always fits.
         watcher = Watcher(model, region, self._watch_limit + len(snapshot) + 1)
