@@ -10,6 +10,7 @@ import pytest
 from meshkit.blocks import block_hashes
 from meshkit.clock import FakeClock
 from mocker.config import Faults, PoolConfig
+from mocker.feeds import SubscriberTooSlow
 from mocker.pool import DrainState, Pool, RefusalKind, Refused, Ticket
 from mocker.tokens import continue_sequence
 
@@ -222,7 +223,7 @@ async def test_kv_events_reach_subscribers_in_order_and_a_slow_one_overflows(fak
         ("worker-0", 4),
     ]  # one request at a time: the idle worker-0 wins every tie
     assert slow.overflowed and pool.kv_hub.subscribers == 1
-    with pytest.raises(Exception, match="more than 2 KV events"):
+    with pytest.raises(SubscriberTooSlow, match="more than 2 KV events"):
         async for _ in slow.events():
             pass
     reader.cancel()
