@@ -59,6 +59,14 @@ class FakePool(pool_frontend_pb2_grpc.PoolFrontendServiceServicer):
         )
 
 
+async def eventually(predicate, within: float = 5.0) -> None:
+    """Polls `predicate` on the event loop until it is true; fails after `within` seconds."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
 async def start_fake_pool() -> tuple[FakePool, grpc.aio.Server, str]:
     """A started fake pool and its URL."""
     fake = FakePool()

@@ -13,7 +13,7 @@ from globalrouter.registration import FrontendRegistration, next_delay
 from meshkit.clock import FakeClock
 from meshkit.server import create_server
 from meshkit.timeconv import duration
-from tests.router.fakes import pool_msg
+from tests.router.fakes import eventually, pool_msg
 
 pytestmark = pytest.mark.timeout(30)
 Ev = discovery_pb2.WatchPoolsResponse
@@ -72,13 +72,6 @@ async def discovery():
     await handle.server.stop(0)
 
 
-async def until(predicate, within: float = 5.0):
-    deadline = asyncio.get_running_loop().time() + within
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-
-
 def snapshot(*pools, complete=True) -> list[Ev]:
     return [
         *(Ev(type=T.WATCH_EVENT_TYPE_ADDED, pool=p) for p in pools),
@@ -92,23 +85,23 @@ async def test_watch_keeps_the_directory_through_an_outage_and_a_new_snapshot_re
     watcher = DirectoryWatcher(table, channel, FakeClock())
     fake.watches.put_nowait(snapshot(pool_msg("a", "http://h:1"), pool_msg("b", "http://h:2")))
     task = asyncio.create_task(watcher.run())
-    await until(lambda: table.synced)
+    await eventually(lambda: table.synced)
     assert sorted(p.pool_id for p in table.listed()) == ["a", "b"]
-    await until(lambda: fake.live)
+    await eventually(lambda: fake.live)
     fake.live[-1].put_nowait(
         Ev(type=T.WATCH_EVENT_TYPE_UPDATED, pool=pool_msg("a", "http://h:1", draining=True))
     )
-    await until(lambda: table.pools["a"].directory_draining)
+    await eventually(lambda: table.pools["a"].directory_draining)
     fake.live[-1].put_nowait(None)  # discovery goes away: the watch breaks
-    await until(lambda: watcher.watches_started == 2)
+    await eventually(lambda: watcher.watches_started == 2)
     assert sorted(p.pool_id for p in table.listed()) == ["a", "b"]  # losing signals deletes nothing
     fake.watches.put_nowait(snapshot(pool_msg("b", "http://h:2"), pool_msg("c", "http://h:3")))
-    await until(lambda: "c" in table.pools and table.pools["c"].listed)
+    await eventually(lambda: "c" in table.pools and table.pools["c"].listed)
     assert sorted(p.pool_id for p in table.listed()) == ["b", "c"]  # the new snapshot is the truth
     assert "a" not in table.pools
-    await until(lambda: len(fake.live) == 2)
+    await eventually(lambda: len(fake.live) == 2)
     fake.live[-1].put_nowait(Ev(type=T.WATCH_EVENT_TYPE_REMOVED, pool=pool_msg("b", "http://h:2")))
-    await until(lambda: "b" not in table.pools)
+    await eventually(lambda: "b" not in table.pools)
     task.cancel()
 
 
@@ -134,16 +127,16 @@ async def test_registration_renews_at_the_dictated_interval_and_retries_failures
     )
     fake.fail_registrations = 2
     task = asyncio.create_task(reg.run())
-    await until(lambda: len(fake.registrations) == 1 and clock.sleepers == 1)
+    await eventually(lambda: len(fake.registrations) == 1 and clock.sleepers == 1)
     await clock.advance(1.0)  # retried after 1 s
-    await until(lambda: len(fake.registrations) == 2 and clock.sleepers == 1)
+    await eventually(lambda: len(fake.registrations) == 2 and clock.sleepers == 1)
     await clock.advance(1.9)
     assert len(fake.registrations) == 2  # then after 2 s (doubling), not sooner
     await clock.advance(0.1)
-    await until(lambda: len(fake.registrations) == 3 and clock.sleepers == 1)
+    await eventually(lambda: len(fake.registrations) == 3 and clock.sleepers == 1)
     assert reg.heartbeat == 2.0 and reg.failures == 0
     await clock.advance(2.0)  # renewals at the server-dictated heartbeat
-    await until(lambda: len(fake.registrations) == 4)
+    await eventually(lambda: len(fake.registrations) == 4)
     task.cancel()
     await reg.unregister()
     assert fake.unregistrations == 1
@@ -156,11 +149,11 @@ async def test_incomplete_snapshot_adds_but_removes_nothing_then_resyncs(discove
     watcher = DirectoryWatcher(table, channel, FakeClock(), resync_after=lambda: 0.2)
     fake.watches.put_nowait(snapshot(pool_msg("a", "http://h:1"), pool_msg("b", "http://h:2")))
     task = asyncio.create_task(watcher.run())
-    await until(lambda: table.synced)
+    await eventually(lambda: table.synced)
     fake.live[-1].put_nowait(None)
     fake.watches.put_nowait(snapshot(pool_msg("b", "http://h:2"), complete=False))  # a fresh replica
-    await until(lambda: watcher.watches_started == 2 and len(fake.live) == 2)
+    await eventually(lambda: watcher.watches_started == 2 and len(fake.live) == 2)
     assert sorted(p.pool_id for p in table.listed()) == ["a", "b"]
     fake.watches.put_nowait(snapshot(pool_msg("b", "http://h:2")))  # complete now: a is gone
-    await until(lambda: watcher.watches_started == 3 and "a" not in table.pools)
+    await eventually(lambda: watcher.watches_started == 3 and "a" not in table.pools)
     task.cancel()

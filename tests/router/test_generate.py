@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import pytest
 
@@ -12,7 +10,15 @@ from meshkit.blocks import block_hashes
 from meshkit.validation import bad_request_fields
 from mocker.tokens import continue_sequence
 from poolrelay.v1 import pool_events_pb2, telemetry_pb2
-from tests.router.fakes import FakeRelay, collect, gen_request, pool_msg, start_fake_pool, start_router
+from tests.router.fakes import (
+    FakeRelay,
+    collect,
+    eventually,
+    gen_request,
+    pool_msg,
+    start_fake_pool,
+    start_router,
+)
 
 pytestmark = pytest.mark.timeout(30)
 PROMPT = list(range(100, 164))
@@ -147,10 +153,7 @@ async def test_route_shows_cost_terms_and_filter_reasons(mesh):
     )
     await relay.send(load=telemetry_pb2.LoadReport(load=pool_events_pb2.PoolLoad(max_running_requests=4)))
     router.core.table.pools["p3"].directory_draining = True
-    for _ in range(200):
-        if router.core.table.pools["p2"].kv_sources and router.core.table.pools["p2"].load:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: router.core.table.pools["p2"].kv_sources and router.core.table.pools["p2"].load)
     reply = await stub.Route(
         router_pb2.RouteRequest(model="m", prompt=router_pb2.Prompt(token_ids={"ids": PROMPT}))
     )

@@ -11,16 +11,9 @@ from globalrouter.selection import pool_overlaps
 from meshkit.blocks import block_hashes
 from meshkit.validation import bad_request_fields
 from poolrelay.v1 import pool_events_pb2, telemetry_pb2
-from tests.router.fakes import FakeRelay, pool_msg, start_router
+from tests.router.fakes import FakeRelay, eventually, pool_msg, start_router
 
 pytestmark = pytest.mark.timeout(30)
-
-
-async def eventually(predicate, within: float = 5.0):
-    deadline = asyncio.get_running_loop().time() + within
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
