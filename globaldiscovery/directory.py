@@ -55,9 +55,22 @@ class Removal(enum.Enum):
 class ModelConflict(Exception):
     """Another live lease of the pool names a different model or region."""
 
+    def __init__(self, holder: PoolRegistration) -> None:
+        super().__init__(
+            f"pool {holder.pool_id!r} is registered by relay {holder.relay_id!r} with model {holder.model!r} in "
+            f"region {holder.region!r}; a pool serves one model in one region (this relay's earlier "
+            f"lease, if any, was ended)"
+        )
+
 
 class DrainCompleted(Exception):
     """A discovery-side drain of the pool completed for this relay incarnation."""
+
+    def __init__(self, reg: PoolRegistration) -> None:
+        super().__init__(
+            f"pool {reg.pool_id!r} was drained; relay {reg.relay_id!r} incarnation {reg.incarnation} "
+            f"may not register it again (a restarted relay, with a higher incarnation, may)"
+        )
 
 
 class NotFound(Exception):
@@ -314,10 +327,7 @@ class Directory:
             self._leases.end(key)  # a mirror follows the store, whatever the incarnation
         refused = None if trusted else self._drained.get(key)
         if refused is not None and reg.incarnation <= refused:
-            raise DrainCompleted(
-                f"pool {reg.pool_id!r} was drained; relay {reg.relay_id!r} incarnation {reg.incarnation} "
-                f"may not register it again (a restarted relay, with a higher incarnation, may)"
-            )
+            raise DrainCompleted(reg)
         self._leases.check(key, reg.incarnation)
         record = self._pools.get(reg.pool_id)
         if record is not None and not trusted:
@@ -326,11 +336,7 @@ class Directory:
                     continue
                 if other.value.model != reg.model or other.value.region != reg.region:
                     self._end_lease(reg.pool_id, reg.relay_id, Removal.UNREGISTERED)
-                    raise ModelConflict(
-                        f"pool {reg.pool_id!r} is registered by relay {relay_id!r} with model "
-                        f"{other.value.model!r} in region {other.value.region!r}; a pool serves one model "
-                        f"in one region (this relay's earlier lease, if any, was ended)"
-                    )
+                    raise ModelConflict(other.value)
         lease = self._leases.grant(key, reg.incarnation, reg, now)
         if record is None:
             record = _Pool(pool_id=reg.pool_id, create_wall=self.wall(now))

@@ -266,10 +266,7 @@ class EtcdStore:
         key = _lease_key(reg.pool_id, reg.relay_id)
         drained = await self._client.get(DRAINED + reg.pool_id.encode() + SEP + reg.relay_id.encode())
         if drained is not None and reg.incarnation <= int(drained.value):
-            raise DrainCompleted(
-                f"pool {reg.pool_id!r} was drained; relay {reg.relay_id!r} incarnation {reg.incarnation} "
-                f"may not register it again (a restarted relay, with a higher incarnation, may)"
-            )
+            raise DrainCompleted(reg)
         current = await self._client.get(key)
         held = _decode(current.value) if current is not None else None
         if held is not None and held[0].incarnation > reg.incarnation:
@@ -279,11 +276,7 @@ class EtcdStore:
             if other.relay_id != reg.relay_id and (other.model != reg.model or other.region != reg.region):
                 if held is not None:
                     await self._end(key, held[0], held[1], Removal.UNREGISTERED)
-                raise ModelConflict(
-                    f"pool {reg.pool_id!r} is registered by relay {other.relay_id!r} with model "
-                    f"{other.model!r} in region {other.region!r}; a pool serves one model in one region "
-                    f"(this relay's earlier lease, if any, was ended)"
-                )
+                raise ModelConflict(other)
         # Taken before etcd renews the lease, so etcd's own expiry is never earlier than this.
         expire_wall = self.clock.wall() + self._ttl
         lease_id = await self._lease_for(held[1] if held is not None else None)
