@@ -18,6 +18,8 @@ from poolrelay.v1 import pool_events_pb2_grpc as pe_grpc
 
 log = get_logger(module="poolrelay.pool_source")
 
+# Seconds between the pool's status messages the relay asks for.
+STATUS_INTERVAL_S = 0.5
 # After a re-subscribe, a worker that sent no fresh snapshot within this quiet time has left.
 RESYNC_QUIET_S = 0.5
 
@@ -37,14 +39,12 @@ class PoolSource:
         on_status: Callable[[pe.WatchPoolStatusResponse], None],
         on_reachable: Callable[[bool], None],
         on_blocks: Callable[[], None],
-        status_interval: float = 0.5,
     ) -> None:
         self.pool = pool
         self.blocks = blocks
         self._on_status = on_status
         self._on_reachable = on_reachable
         self._on_blocks = on_blocks
-        self._interval = status_interval
         self._channel = aio_channel(pool)
         self._stub = pe_grpc.PoolEventsServiceStub(self._channel)
         self.reachable = False
@@ -61,12 +61,12 @@ class PoolSource:
         log.warning("pool status stream down", pool=self.pool, error=repr(state.outcome.exception()))
 
     async def _status_session(self) -> None:
-        call = self._stub.WatchPoolStatus(pe.WatchPoolStatusRequest(interval=duration(self._interval)))
+        call = self._stub.WatchPoolStatus(pe.WatchPoolStatusRequest(interval=duration(STATUS_INTERVAL_S)))
         got = False
         try:
             while True:
                 # The pool sends at least every interval: silence for several means a dead stream.
-                msg = await asyncio.wait_for(call.read(), timeout=max(3 * self._interval, 2.0))
+                msg = await asyncio.wait_for(call.read(), timeout=max(3 * STATUS_INTERVAL_S, 2.0))
                 if msg is grpc.aio.EOF:
                     break
                 got = True
