@@ -44,10 +44,6 @@ _DIRECTORY_ERRORS = tuple(_ERROR_CODES)
 _SHUTTING_DOWN = "discovery is shutting down; call another replica"
 
 
-async def _check(violations: Violations, context: grpc.aio.ServicerContext) -> None:
-    await violations.abort_if_any(context)
-
-
 async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext) -> None:
     code = _ERROR_CODES[type(exc)]
     await context.abort(code, str(exc))
@@ -180,7 +176,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
             task.cancel()
 
     async def UnregisterPool(self, request: pb.UnregisterPoolRequest, context: grpc.aio.ServicerContext):
-        await _check(validation.unregister_pool(request), context)
+        await validation.unregister_pool(request).abort_if_any(context)
         try:
             removed = await self.store.unregister_pool(
                 request.pool_id, request.relay_id, request.incarnation, convert.removal(request.reason)
@@ -193,7 +189,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
 
     async def ListPools(self, request: pb.ListPoolsRequest, context: grpc.aio.ServicerContext):
         violations, after = validation.list_pools(request)
-        await _check(violations, context)
+        await violations.abort_if_any(context)
         pools, more, complete = await self.store.list_pools(
             model=request.model,
             region=request.region,
@@ -210,7 +206,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
     async def WatchPools(
         self, request: pb.WatchPoolsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchPoolsResponse]:
-        await _check(validation.filters(request), context)
+        await validation.filters(request).abort_if_any(context)
         watcher = await self.store.watch(model=request.model, region=request.region)
         log.info("watch opened", model=request.model, region=request.region)
         try:
@@ -230,7 +226,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         await context.abort(grpc.StatusCode.UNAVAILABLE, _SHUTTING_DOWN)
 
     async def DrainPool(self, request: pb.DrainPoolRequest, context: grpc.aio.ServicerContext):
-        await _check(validation.drain_pool(request), context)
+        await validation.drain_pool(request).abort_if_any(context)
         try:
             view = await self.store.drain_pool(request.pool_id, timeconv.seconds(request.timeout))
         except _DIRECTORY_ERRORS as exc:
@@ -240,7 +236,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         return pb.DrainPoolResponse(pool=convert.pool(view))
 
     async def RemovePool(self, request: pb.RemovePoolRequest, context: grpc.aio.ServicerContext):
-        await _check(validation.remove_pool(request), context)
+        await validation.remove_pool(request).abort_if_any(context)
         try:
             view = await self.store.remove_pool(request.pool_id)
         except _DIRECTORY_ERRORS as exc:
@@ -250,7 +246,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         return pb.RemovePoolResponse(pool=convert.pool(view))
 
     async def RegisterFrontend(self, request: pb.RegisterFrontendRequest, context: grpc.aio.ServicerContext):
-        await _check(validation.register_frontend(request), context)
+        await validation.register_frontend(request).abort_if_any(context)
         try:
             view = await self.store.register_frontend(
                 request.frontend_id, request.url, request.region, request.incarnation
@@ -267,7 +263,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
     async def UnregisterFrontend(
         self, request: pb.UnregisterFrontendRequest, context: grpc.aio.ServicerContext
     ):
-        await _check(validation.unregister_frontend(request), context)
+        await validation.unregister_frontend(request).abort_if_any(context)
         try:
             await self.store.unregister_frontend(request.frontend_id, request.incarnation)
         except _DIRECTORY_ERRORS as exc:
@@ -277,7 +273,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
 
     async def ListFrontends(self, request: pb.ListFrontendsRequest, context: grpc.aio.ServicerContext):
         violations, after = validation.list_frontends(request)
-        await _check(violations, context)
+        await violations.abort_if_any(context)
         frontends, complete = await self.store.list_frontends()
         if after is not None:
             frontends = [f for f in frontends if f.frontend_id > after]
