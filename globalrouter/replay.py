@@ -22,7 +22,13 @@ from functools import lru_cache
 import grpc
 import numpy as np
 
-from globalrouter.simulate import DECODE_WORK_PER_TOKEN, ideal_hit_rate, load_trace_for, positive
+from globalrouter.simulate import (
+    DECODE_WORK_PER_TOKEN,
+    ideal_hit_rate,
+    load_trace_for,
+    percentile,
+    positive,
+)
 from globalrouter.trace import TRACE_BLOCK_SIZE, TraceRequest
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
@@ -113,10 +119,6 @@ def prompt_tokens(request: TraceRequest) -> list[int]:
     for h in request.hash_ids:
         out.extend(block_tokens(h))
     return out[: request.input_length]
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else 0.0
 
 
 async def _one(
@@ -215,14 +217,14 @@ def summarize(
         mesh_hit_rate=mesh_cached / mesh_prompt if mesh_prompt else 0.0,
         ideal_hit_rate=ideal,
         share_of_ideal=hit_rate / ideal if ideal else 1.0,
-        ttft_p50=_percentile(ttfts, 50),
-        ttft_p99=_percentile(ttfts, 99),
-        latency_p50=_percentile(latencies, 50),
-        latency_p99=_percentile(latencies, 99),
+        ttft_p50=percentile(ttfts, 50),
+        ttft_p99=percentile(ttfts, 99),
+        latency_p50=percentile(latencies, 50),
+        latency_p99=percentile(latencies, 99),
         imbalance=max(work.values()) / mean_work if mean_work else 1.0,
         requests_per_pool=dict(sorted(per_pool.items())),
         migrations=sum(o.migrations for o in ok),
-        lag_p99=_percentile([o.lag for o in outcomes], 99),
+        lag_p99=percentile([o.lag for o in outcomes], 99),
         duration=duration,
     )
 

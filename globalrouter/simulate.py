@@ -209,7 +209,8 @@ def ideal_hit_rate(trace: Sequence[TraceRequest], capacity_blocks: int) -> float
     return hits / total if total else 0.0
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile of `values` (0 when there are none)."""
     return float(np.percentile(values, q)) if values else 0.0
 
 
@@ -293,8 +294,8 @@ def simulate(
         hit_rate=hit_rate,
         ideal_hit_rate=ideal,
         share_of_ideal=hit_rate / ideal if ideal else 1.0,
-        wait_p50=_percentile(waits, 50),
-        wait_p99=_percentile(waits, 99),
+        wait_p50=percentile(waits, 50),
+        wait_p99=percentile(waits, 99),
         imbalance=max(work_per_pool) / mean_work if mean_work else 1.0,
         wait_mean=sum(waits) / len(waits) if waits else 0.0,
         work_per_pool=work_per_pool,
@@ -365,17 +366,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with --policy all)")
     p.set_defaults(func=run)
-
-
-SUMMARY_FIELDS = (
-    "requests",
-    "hit_rate",
-    "ideal_hit_rate",
-    "share_of_ideal",
-    "wait_p50",
-    "wait_p99",
-    "imbalance",
-)
 
 
 def summary(result: SimResult) -> dict:
