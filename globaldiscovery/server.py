@@ -26,7 +26,6 @@ from meshkit import pagination, timeconv
 from meshkit.clock import Clock, SystemClock
 from meshkit.logs import get_logger
 from meshkit.server import ServerHandle, create_server, serve_until_signalled
-from meshkit.validation import Violations
 
 log = get_logger(module="globaldiscovery.server")
 
@@ -57,12 +56,6 @@ class Refused(Exception):
         self.status = status
 
 
-def _violations_status(violations: Violations) -> status_pb2.Status:
-    """The INVALID_ARGUMENT google.rpc.Status (with its BadRequest) that Violations aborts a call with."""
-    trailers = dict(violations.to_status().trailing_metadata)
-    return status_pb2.Status.FromString(trailers[rpc_status.GRPC_DETAILS_METADATA_KEY])
-
-
 def _error_status(exc: Exception) -> status_pb2.Status:
     return status_pb2.Status(code=_ERROR_CODES[type(exc)].value[0], message=str(exc))
 
@@ -89,7 +82,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
             return known[1]
         violations = validation.register_pool(request)
         if violations:
-            raise Refused(_violations_status(violations))
+            raise Refused(violations.to_rpc_status())
         registration = convert.registration(request)
         if len(self._validated) >= _MAX_REMEMBERED:
             self._validated.clear()

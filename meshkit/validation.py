@@ -36,8 +36,8 @@ class Violations:
         """One human sentence naming every field at fault."""
         return "invalid request: " + "; ".join(f"{f}: {d}" for f, d in self.items)
 
-    def to_status(self) -> grpc.Status:
-        """An INVALID_ARGUMENT status with a BadRequest detail listing each violation."""
+    def to_rpc_status(self) -> status_pb2.Status:
+        """The INVALID_ARGUMENT google.rpc.Status with a BadRequest detail listing each violation."""
         bad = error_details_pb2.BadRequest(
             field_violations=[
                 error_details_pb2.BadRequest.FieldViolation(field=f, description=d) for f, d in self.items
@@ -45,9 +45,11 @@ class Violations:
         )
         detail = any_pb2.Any()
         detail.Pack(bad)
-        return rpc_status.to_status(
-            status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=self.message(), details=[detail])
-        )
+        return status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=self.message(), details=[detail])
+
+    def to_status(self) -> grpc.Status:
+        """to_rpc_status() as the grpc.Status a call aborts with."""
+        return rpc_status.to_status(self.to_rpc_status())
 
     async def abort_if_any(self, context: grpc.aio.ServicerContext) -> None:
         """Aborts the RPC with INVALID_ARGUMENT + BadRequest when anything was recorded."""
