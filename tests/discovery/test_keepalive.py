@@ -9,12 +9,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from globaldiscovery.config import DiscoveryConfig
-from globaldiscovery.server import DiscoveryServicer, build_server, make_store
 from globaldiscovery.v1 import discovery_pb2 as pb
-from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit import timeconv
-from meshkit.clock import SystemClock
 from meshkit.validation import bad_request_fields
 from tests.discovery.test_server import BAD_REGISTRATIONS, expect_code, register_request
 
@@ -34,24 +30,6 @@ def error_fields(error: pb.KeepAliveError) -> list[str]:
         assert detail.Unpack(bad)
         names.extend(v.field for v in bad.field_violations)
     return names
-
-
-@pytest.fixture
-async def served():
-    """(stub, servicer) of an in-process server whose servicer the test can close streams on."""
-    config = DiscoveryConfig(listen="127.0.0.1:0", heartbeat_interval=1.0, lease_duration=3.0)
-    store = make_store(config, SystemClock())
-    servicer = DiscoveryServicer(store)
-    handle = build_server(config, store, servicer)
-    await store.start()
-    await handle.server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{handle.port}") as channel:
-            stub = pb_grpc.DiscoveryServiceStub(channel)
-            yield stub, servicer
-    finally:
-        await store.close()
-        await handle.server.stop(0)
 
 
 async def exchange(stub, requests: list[pb.KeepAlivePoolsRequest]) -> list[pb.KeepAlivePoolsResponse]:
@@ -158,8 +136,8 @@ async def test_responses_keep_request_order_and_echo_any_sequence(discovery):
     assert [r.register.pool.pool_id for r in replies] == [f"pool-{i % 30}" for i in range(300)]
 
 
-async def test_closing_the_streams_ends_them_with_unavailable(served):
-    stub, servicer = served
+async def test_closing_the_streams_ends_them_with_unavailable(discovery_servicer):
+    stub, _, _, _, servicer = discovery_servicer
     call = stub.KeepAlivePools()
     await call.write(keepalive(1))
     assert (await call.read()).WhichOneof("result") == "register"
@@ -175,9 +153,9 @@ async def test_closing_the_streams_ends_them_with_unavailable(served):
     await stub.RegisterPool(register_request())
 
 
-async def test_closing_busy_streams_ends_every_one(served):
+async def test_closing_busy_streams_ends_every_one(discovery_servicer):
     """Streams stopped at any point of their work (reading, renewing, writing) all end at once with an error."""
-    stub, servicer = served
+    stub, _, _, _, servicer = discovery_servicer
     streams_busy = [asyncio.Event() for _ in range(8)]
 
     async def busy(n: int) -> grpc.StatusCode:
