@@ -50,8 +50,6 @@ class ReplayConfig:
     """The model every request asks for."""
     speedup: float = 1.0
     """Arrival times are divided by this."""
-    limit: int | None = None
-    """Only the first N requests."""
     concurrency: int = 64
     """Requests in flight at most (later ones wait, and their lag is reported)."""
     mesh_block_size: int = DEFAULT_BLOCK_SIZE
@@ -274,7 +272,6 @@ def run(args: argparse.Namespace) -> int:
         router=args.router,
         model=args.model,
         speedup=args.speedup,
-        limit=args.limit,
         concurrency=args.concurrency,
         mesh_block_size=args.mesh_block_size,
         max_output_tokens=args.max_output_tokens,
