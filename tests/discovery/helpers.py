@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 from tests.support import command, free_port, wait_healthy
 
 
@@ -24,3 +26,13 @@ def start_discovery(procs, *extra: str):
     )
     wait_healthy(address, timeout=30, proc=proc)
     return proc, address
+
+
+def run_pools(address: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """Runs `globaldiscovery pools --discovery address *extra` to the end, output captured."""
+    return subprocess.run(
+        [command("globaldiscovery"), "pools", "--discovery", address, *extra],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )

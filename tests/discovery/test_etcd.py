@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 
 import grpc
@@ -25,8 +24,8 @@ from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit.clock import SystemClock
 from tests.discovery.etcd_support import etcd_available, running_etcd
-from tests.discovery.helpers import start_discovery
-from tests.support import command, wait_until
+from tests.discovery.helpers import run_pools, start_discovery
+from tests.support import wait_until
 
 pytestmark = [
     pytest.mark.timeout(90),
@@ -161,12 +160,7 @@ def test_two_serve_processes_share_one_etcd(procs, etcd):
         assert reply.lease_duration.seconds == 3
 
     def listed_by_second() -> list[str]:
-        done = subprocess.run(
-            [command("globaldiscovery"), "pools", "--discovery", addresses[1], "--json"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        done = run_pools(addresses[1], "--json")
         return [json.loads(line)["pool_id"] for line in done.stdout.splitlines()]
 
     assert "proc-1" in wait_until(listed_by_second, timeout=10, message="the other replica to list the pool")

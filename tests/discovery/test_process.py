@@ -13,7 +13,7 @@ import pytest
 
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
-from tests.discovery.helpers import start_discovery
+from tests.discovery.helpers import run_pools, start_discovery
 from tests.support import BIN, command, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(90)
@@ -117,36 +117,18 @@ def test_pools_json_and_table(procs):
                 ),
                 timeout=10,
             )
-        done = subprocess.run(
-            [command("globaldiscovery"), "pools", "--discovery", address, "--json"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        done = run_pools(address, "--json")
         assert done.returncode == 0, done.stderr
         lines = [json.loads(line) for line in done.stdout.splitlines()]
         assert [(r["pool_id"], r["model"], r["region"], r["frontends"], r["draining"]) for r in lines] == [
             ("pool-a", "m1", "eu", ["http://h:1"], False),
             ("pool-b", "m2", "eu", ["http://h:1"], False),
         ]
-        table = subprocess.run(
-            [command("globaldiscovery"), "pools", "--discovery", address],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        table = run_pools(address)
         assert table.returncode == 0 and "POOL" in table.stdout and "pool-a" in table.stdout
     # Leases lapse without renewals: the listing empties.
     wait_until(
-        lambda: (
-            subprocess.run(
-                [command("globaldiscovery"), "pools", "--discovery", address, "--json"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            ).stdout
-            == ""
-        ),
+        lambda: run_pools(address, "--json").stdout == "",
         timeout=20,
         message="pools to lapse",
     )
@@ -154,11 +136,6 @@ def test_pools_json_and_table(procs):
 
 def test_pools_against_nothing_fails_clearly():
     address = f"127.0.0.1:{free_port()}"
-    done = subprocess.run(
-        [command("globaldiscovery"), "pools", "--discovery", address, "--timeout", "1"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    done = run_pools(address, "--timeout", "1")
     assert done.returncode == 1
     assert "UNAVAILABLE" in done.stderr or "DEADLINE_EXCEEDED" in done.stderr
