@@ -237,9 +237,7 @@ class TelemetryIngest:
         if stream.next_sequence is None:
             return None  # waiting for a snapshot: deltas cannot be placed
         if delta.sequence != stream.next_sequence:
-            expected = stream.next_sequence
-            stream.next_sequence = None
-            return self._ask_snapshot(stream, f"gap: expected {expected}, got {delta.sequence}")
+            return self._ask_snapshot(stream, f"gap: expected {stream.next_sequence}, got {delta.sequence}")
         self._index.apply_delta(stream.source, delta.stored, delta.removed)
         stream.next_sequence += 1
         return None
