@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from globaldiscovery.cli import format_table, pool_record  # noqa: E402
 from globaldiscovery.v1 import discovery_pb2 as pb  # noqa: E402
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc  # noqa: E402
 from meshkit import timeconv  # noqa: E402
+from tests.support import command, free_port  # noqa: E402
 
 HEARTBEAT = 0.5
 LEASE = 1.5
@@ -29,17 +29,6 @@ LEASE = 1.5
 
 def say(text: str) -> None:
     print(text, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def discovery_command() -> str:
-    local = Path(sys.executable).parent / "globaldiscovery"
-    return str(local) if local.exists() else "globaldiscovery"
 
 
 def wait_serving(address: str, proc: subprocess.Popen, timeout: float = 15.0) -> None:
@@ -141,7 +130,7 @@ def main() -> int:
     )
     proc = subprocess.Popen(
         [
-            discovery_command(),
+            command("globaldiscovery"),
             "serve",
             "--listen",
             address,
