@@ -45,9 +45,6 @@ class MemoryStore:
         self.directory.close_watchers()
         await self._expiry.stop()
 
-    def _poke(self) -> None:
-        self._expiry.poke()
-
     def _now(self) -> float:
         return self.clock.monotonic()
 
@@ -55,7 +52,7 @@ class MemoryStore:
         try:
             return self.directory.register_pool(reg, self._now())
         finally:
-            self._poke()
+            self._expiry.poke()  # something may now end earlier
 
     async def unregister_pool(self, pool_id: str, relay_id: str, incarnation: int, reason: Removal) -> bool:
         return self.directory.unregister_pool(pool_id, relay_id, incarnation, reason, self._now())
@@ -67,7 +64,7 @@ class MemoryStore:
         try:
             return self.directory.drain_pool(pool_id, timeout, self._now())
         finally:
-            self._poke()
+            self._expiry.poke()
 
     async def list_pools(
         self, *, model: str, region: str, after: str | None, limit: int
@@ -88,7 +85,7 @@ class MemoryStore:
         try:
             return self.directory.register_frontend(frontend_id, url, region, incarnation, self._now())
         finally:
-            self._poke()
+            self._expiry.poke()
 
     async def unregister_frontend(self, frontend_id: str, incarnation: int) -> bool:
         return self.directory.unregister_frontend(frontend_id, incarnation, self._now())
