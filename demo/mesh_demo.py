@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from mocker.tokens import continue_sequence
-from tests.router.mesh import MODEL, Mesh
+from tests.router.mesh import MODEL, Mesh, route
 from tests.support import process_group, wait_until
 
 POOLS = (  # pool id, region, workers (pools differ in size)
@@ -107,16 +107,6 @@ def workload(mesh: Mesh) -> tuple[dict[str, list[int]], dict[str, set[str]]]:
         + ": the two frontends route alike from the same telemetry.\n"
     )
     return apps, homes
-
-
-def route(address: str, tokens: list[int]) -> router_pb2.RouteResponse:
-    with grpc.insecure_channel(address) as channel:
-        return router_pb2_grpc.RouterServiceStub(channel).Route(
-            router_pb2.RouteRequest(
-                model=MODEL, prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=tokens))
-            ),
-            timeout=5,
-        )
 
 
 def table(stats) -> None:

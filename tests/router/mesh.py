@@ -12,7 +12,6 @@ import grpc
 from globaldiscovery.v1 import discovery_pb2, discovery_pb2_grpc
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.timeconv import duration
-from mocker.v1 import admin_pb2, admin_pb2_grpc
 from tests.support import Proc, ProcessGroup, command, free_port, wait_healthy, wait_until
 
 MODEL = "demo-model"
@@ -32,15 +31,6 @@ class PoolProcs:
     @property
     def url(self) -> str:
         return f"http://{self.address}"
-
-    def admin(self) -> admin_pb2_grpc.MockerAdminServiceStub:
-        return admin_pb2_grpc.MockerAdminServiceStub(grpc.insecure_channel(self.address))
-
-    def stats(self) -> admin_pb2.GetPoolStatsResponse:
-        with grpc.insecure_channel(self.address) as ch:
-            return admin_pb2_grpc.MockerAdminServiceStub(ch).GetPoolStats(
-                admin_pb2.GetPoolStatsRequest(), timeout=5
-            )
 
 
 @dataclass
@@ -180,6 +170,17 @@ class Mesh:
             discovery_pb2_grpc.DiscoveryServiceStub(ch).DrainPool(
                 discovery_pb2.DrainPoolRequest(pool_id=pool_id, timeout=duration(seconds)), timeout=5
             )
+
+
+def route(address: str, tokens: list[int]) -> router_pb2.RouteResponse:
+    """A dry run (Route) of a prompt at the global frontend at `address`."""
+    with grpc.insecure_channel(address) as channel:
+        return router_pb2_grpc.RouterServiceStub(channel).Route(
+            router_pb2.RouteRequest(
+                model=MODEL, prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=tokens))
+            ),
+            timeout=5,
+        )
 
 
 def generate_cli(router: RouterProc, tokens: list[int], max_tokens: int) -> dict:

@@ -11,10 +11,10 @@ import concurrent.futures
 import grpc
 import pytest
 
-from globalrouter.v1 import router_pb2
+from globalrouter.v1 import router_pb2, router_pb2_grpc
 from mocker.tokens import continue_sequence
-from mocker.v1 import admin_pb2
-from tests.router.mesh import MODEL, Mesh, generate_cli
+from mocker.v1 import admin_pb2, admin_pb2_grpc
+from tests.router.mesh import MODEL, Mesh, generate_cli, route
 from tests.support import process_group, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -48,7 +48,7 @@ def run(address, tokens, max_tokens=8):
     """(tokens, summary) of one Generate."""
     out, summary = [], None
     with grpc.insecure_channel(address) as ch:
-        for msg in router_pb2_grpc_stub(ch).Generate(request(tokens, max_tokens), timeout=30):
+        for msg in router_pb2_grpc.RouterServiceStub(ch).Generate(request(tokens, max_tokens), timeout=30):
             if msg.WhichOneof("payload") == "tokens":
                 out.extend(msg.tokens.token_ids)
             else:
@@ -56,27 +56,9 @@ def run(address, tokens, max_tokens=8):
     return out, summary
 
 
-def router_pb2_grpc_stub(channel):
-    from globalrouter.v1 import router_pb2_grpc
-
-    return router_pb2_grpc.RouterServiceStub(channel)
-
-
-def route(address, tokens):
-    with grpc.insecure_channel(address) as ch:
-        return router_pb2_grpc_stub(ch).Route(
-            router_pb2.RouteRequest(
-                model=MODEL, prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=tokens))
-            ),
-            timeout=5,
-        )
-
-
 def set_faults(mesh, pool_ids, **faults):
     for pool_id in pool_ids:
         with grpc.insecure_channel(mesh.pools[pool_id].address) as ch:
-            from mocker.v1 import admin_pb2_grpc
-
             admin_pb2_grpc.MockerAdminServiceStub(ch).SetFaults(
                 admin_pb2.SetFaultsRequest(**faults), timeout=5
             )
@@ -153,7 +135,11 @@ def test_errors_and_the_cli(mesh):
     router = mesh.routers[0]
     with pytest.raises(grpc.RpcError) as err:
         with grpc.insecure_channel(router.address) as ch:
-            list(router_pb2_grpc_stub(ch).Generate(request([1, 2, 3], 4, model="no-such-model"), timeout=10))
+            list(
+                router_pb2_grpc.RouterServiceStub(ch).Generate(
+                    request([1, 2, 3], 4, model="no-such-model"), timeout=10
+                )
+            )
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     result = generate_cli(router, [*PREFIX[:64], 5], 6)
     assert result["tokens"] == continue_sequence([*PREFIX[:64], 5], 6)
