@@ -1,12 +1,14 @@
-"""Tests of the shared kit: fake clock, block hashing, validation, page tokens."""
+"""Tests of the shared kit: fake clock, block hashing, validation, page tokens, logging."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
+import structlog
 
-from meshkit import blocks, pagination, validation
+from meshkit import blocks, logs, pagination, validation
 from meshkit.clock import FakeClock
 
 
@@ -90,3 +92,26 @@ def test_page_tokens_round_trip_and_reject_other_filters():
         pagination.decode_page_token(token, ("other", ""))
     with pytest.raises(pagination.PageTokenError):
         pagination.decode_page_token("!!garbage", ("m", ""))
+
+
+def test_a_logger_made_before_logging_is_configured_follows_the_configuration():
+    """get_logger is lazy: a module-level logger obeys the level and processors configured later."""
+    log = logs.get_logger(module="early")
+    before = structlog.get_config()
+    seen = []
+
+    def keep(_logger, _method, event):
+        seen.append(event)
+        raise structlog.DropEvent
+
+    try:
+        structlog.configure(
+            processors=[keep],
+            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+            cache_logger_on_first_use=False,
+        )
+        log.info("below the level")
+        log.warning("kept")
+    finally:
+        structlog.configure(**before)
+    assert seen == [{"module": "early", "event": "kept"}]
