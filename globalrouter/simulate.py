@@ -53,8 +53,7 @@ class SimConfig:
     seed: int = 0
     """Seed of the random policy."""
     timeline: bool = False
-    """Record each pool's queued work at every load report and each request's placement (for
-    plots)."""
+    """Record each request's placement (for plots)."""
 
 
 @dataclass(slots=True)
@@ -74,9 +73,6 @@ class SimResult:
     requests_per_pool: list[int] = field(default_factory=list)
     sim_seconds: float = 0.0
     """Wall time the simulation took."""
-    timeline_t: list[float] = field(default_factory=list)
-    timeline_work: list[list[float]] = field(default_factory=list)
-    """Per load report: each pool's queued work tokens (only with SimConfig.timeline)."""
     placements: list[tuple[float, int, float]] = field(default_factory=list)
     """(arrival, pool index, work tokens) of each request (only with SimConfig.timeline)."""
 
@@ -191,10 +187,6 @@ class SimPool:
             max_running_requests=1,
         )
 
-    def queued_work(self, now: float) -> float:
-        """Work tokens still to serve at `now`."""
-        return max(0.0, self.free_at - now) * self.rate
-
 
 def ideal_hit_rate(trace: Sequence[TraceRequest], capacity_blocks: int) -> float:
     """Hit rate of one pool holding all the blocks (the same LRU model)."""
@@ -252,8 +244,6 @@ def simulate(
     next_kv = 0.0
     hits = blocks = 0
     waits: list[float] = []
-    timeline_t: list[float] = []
-    timeline_work: list[list[float]] = []
     placements: list[tuple[float, int, float]] = []
     for request in trace:
         now = request.arrival
@@ -271,9 +261,6 @@ def simulate(
             tick = now - (now - next_load) % config.load_interval
             for k, sim in enumerate(sims):
                 states[k].record_load(sim.load(tick), tick)
-            if config.timeline:
-                timeline_t.append(tick)
-                timeline_work.append([sim.queued_work(tick) for sim in sims])
             next_load = tick + config.load_interval
         choice = policy.choose(view, request, now)
         hit, wait, work = sims[choice.pool].admit(request)
@@ -301,8 +288,6 @@ def simulate(
         work_per_pool=work_per_pool,
         requests_per_pool=[s.requests for s in sims],
         sim_seconds=time.perf_counter() - started,
-        timeline_t=timeline_t,
-        timeline_work=timeline_work,
         placements=placements,
     )
 
@@ -369,10 +354,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def summary(result: SimResult) -> dict:
-    """The JSON object of one run (without the timeline)."""
+    """The JSON object of one run (without the placements)."""
     out = asdict(result)
-    for key in ("timeline_t", "timeline_work", "placements"):
-        out.pop(key)
+    out.pop("placements")
     return out
 
 
