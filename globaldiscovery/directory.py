@@ -157,7 +157,6 @@ class PoolEvent:
 class RegisterResult:
     """What a relay learns from a registration."""
 
-    lease: Lease
     lease_expire_wall: float
     pool: PoolView
     drain_requested: bool
@@ -355,7 +354,6 @@ class Directory:
             self._settle(reg.pool_id, Removal.UNSPECIFIED)
         drain_at = self._drains.get(reg.pool_id)
         return RegisterResult(
-            lease=lease,
             lease_expire_wall=self.wall(lease.expires_at),
             pool=self._view(record),
             drain_requested=drain_at is not None,

@@ -297,7 +297,6 @@ class EtcdStore:
             raise NotFound(f"pool {reg.pool_id!r} left the directory while it registered")
         drain_wall = self.directory.drain_deadline_wall(reg.pool_id)
         return RegisterResult(
-            lease=None,  # type: ignore[arg-type]
             lease_expire_wall=expire_wall,
             pool=view,
             drain_requested=drain_wall is not None,
