@@ -27,12 +27,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from globalrouter.trace import TRACE_BLOCK_SIZE  # noqa: E402
+from meshkit.blocks import DEFAULT_BLOCK_SIZE  # noqa: E402
 from tests.router.mesh import MODEL, Mesh  # noqa: E402
 from tests.support import command, process_group  # noqa: E402
 
 RESULT = ROOT / "bench" / "results" / "bench_replay.md"
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
-MESH_BLOCKS_PER_TRACE_BLOCK = 512 // 16
+MESH_BLOCKS_PER_TRACE_BLOCK = TRACE_BLOCK_SIZE // DEFAULT_BLOCK_SIZE
 
 
 def run_json(args: list[str], timeout: float) -> object:
