@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 import grpc
 from google.rpc import status_pb2
@@ -42,10 +43,16 @@ _ERROR_CODES: dict[type[Exception], grpc.StatusCode] = {
 _DIRECTORY_ERRORS = tuple(_ERROR_CODES)
 _SHUTTING_DOWN = "discovery is shutting down; call another replica"
 
+T = TypeVar("T")
 
-async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext) -> None:
-    code = _ERROR_CODES[type(exc)]
-    await context.abort(code, str(exc))
+
+async def _answered(call: Awaitable[T], context: grpc.aio.ServicerContext) -> T:
+    """The result of a store call; a directory error aborts the RPC with the contract's code."""
+    try:
+        return await call
+    except _DIRECTORY_ERRORS as exc:
+        await context.abort(_ERROR_CODES[type(exc)], str(exc))
+        raise  # not reached: abort raises
 
 
 class Refused(Exception):
@@ -170,13 +177,12 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
 
     async def UnregisterPool(self, request: pb.UnregisterPoolRequest, context: grpc.aio.ServicerContext):
         await validation.unregister_pool(request).abort_if_any(context)
-        try:
-            removed = await self.store.unregister_pool(
+        removed = await _answered(
+            self.store.unregister_pool(
                 request.pool_id, request.relay_id, request.incarnation, convert.removal(request.reason)
-            )
-        except _DIRECTORY_ERRORS as exc:
-            await _abort_for(exc, context)
-            raise
+            ),
+            context,
+        )
         log.info("unregistered", pool_id=request.pool_id, relay_id=request.relay_id, pool_removed=removed)
         return pb.UnregisterPoolResponse(pool_removed=removed)
 
@@ -220,33 +226,26 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
 
     async def DrainPool(self, request: pb.DrainPoolRequest, context: grpc.aio.ServicerContext):
         await validation.drain_pool(request).abort_if_any(context)
-        try:
-            view = await self.store.drain_pool(request.pool_id, timeconv.seconds(request.timeout))
-        except _DIRECTORY_ERRORS as exc:
-            await _abort_for(exc, context)
-            raise
+        view = await _answered(
+            self.store.drain_pool(request.pool_id, timeconv.seconds(request.timeout)), context
+        )
         log.info("drain started", pool_id=request.pool_id, deadline=view.drain_deadline_wall)
         return pb.DrainPoolResponse(pool=convert.pool(view))
 
     async def RemovePool(self, request: pb.RemovePoolRequest, context: grpc.aio.ServicerContext):
         await validation.remove_pool(request).abort_if_any(context)
-        try:
-            view = await self.store.remove_pool(request.pool_id)
-        except _DIRECTORY_ERRORS as exc:
-            await _abort_for(exc, context)
-            raise
+        view = await _answered(self.store.remove_pool(request.pool_id), context)
         log.info("pool removed", pool_id=request.pool_id)
         return pb.RemovePoolResponse(pool=convert.pool(view))
 
     async def RegisterFrontend(self, request: pb.RegisterFrontendRequest, context: grpc.aio.ServicerContext):
         await validation.register_frontend(request).abort_if_any(context)
-        try:
-            view = await self.store.register_frontend(
+        view = await _answered(
+            self.store.register_frontend(
                 request.frontend_id, request.url, request.region, request.incarnation
-            )
-        except _DIRECTORY_ERRORS as exc:
-            await _abort_for(exc, context)
-            raise
+            ),
+            context,
+        )
         return pb.RegisterFrontendResponse(
             heartbeat_interval=timeconv.duration(self.store.heartbeat_interval),
             lease_duration=timeconv.duration(self.store.lease_duration),
@@ -257,11 +256,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         self, request: pb.UnregisterFrontendRequest, context: grpc.aio.ServicerContext
     ):
         await validation.unregister_frontend(request).abort_if_any(context)
-        try:
-            await self.store.unregister_frontend(request.frontend_id, request.incarnation)
-        except _DIRECTORY_ERRORS as exc:
-            await _abort_for(exc, context)
-            raise
+        await _answered(self.store.unregister_frontend(request.frontend_id, request.incarnation), context)
         return pb.UnregisterFrontendResponse()
 
     async def ListFrontends(self, request: pb.ListFrontendsRequest, context: grpc.aio.ServicerContext):
