@@ -4,7 +4,21 @@ from __future__ import annotations
 
 import subprocess
 
+from globaldiscovery.directory import PoolRegistration
 from tests.support import command, free_port, wait_healthy
+
+
+def reg(pool="p1", relay="r1", inc=1, model="m", region="eu", frontends=("http://f1:80",), **kw):
+    """A PoolRegistration of `pool` by `relay` (defaults for every field a test does not care about)."""
+    return PoolRegistration(
+        pool_id=pool,
+        model=model,
+        region=region,
+        frontends=tuple(frontends),
+        relay_id=relay,
+        incarnation=inc,
+        **kw,
+    )
 
 
 def start_discovery(procs, *extra: str):

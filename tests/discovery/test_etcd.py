@@ -14,7 +14,6 @@ from globaldiscovery.directory import (
     EventKind,
     ModelConflict,
     NotFound,
-    PoolRegistration,
     Removal,
     StaleIncarnation,
 )
@@ -24,7 +23,7 @@ from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit.clock import SystemClock
 from tests.discovery.etcd_support import etcd_available, running_etcd
-from tests.discovery.helpers import run_pools, start_discovery
+from tests.discovery.helpers import reg, run_pools, start_discovery
 from tests.support import wait_until
 
 pytestmark = [
@@ -52,10 +51,6 @@ async def replicas(etcd):
     finally:
         for store in stores:
             await store.close()
-
-
-def reg(pool: str, relay: str = "r1", inc: int = 1, model: str = "m") -> PoolRegistration:
-    return PoolRegistration(pool, model, "eu", (f"http://{relay}:1",), relay, inc)
 
 
 async def next_event(watcher, kind: EventKind):

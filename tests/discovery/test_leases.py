@@ -13,7 +13,6 @@ from globaldiscovery.directory import (
     ModelConflict,
     NotFound,
     PoolEvent,
-    PoolRegistration,
     Removal,
     StaleIncarnation,
     Watcher,
@@ -21,21 +20,10 @@ from globaldiscovery.directory import (
 )
 from globaldiscovery.leases import LeaseTable
 from meshkit.clock import FakeClock
+from tests.discovery.helpers import reg
 
 LEASE = 15.0
 HEARTBEAT = 5.0
-
-
-def reg(pool="p1", relay="r1", inc=1, model="m", region="eu", frontends=("http://f1:80",), **kw):
-    return PoolRegistration(
-        pool_id=pool,
-        model=model,
-        region=region,
-        frontends=tuple(frontends),
-        relay_id=relay,
-        incarnation=inc,
-        **kw,
-    )
 
 
 def directory(clock: FakeClock, **kw) -> Directory:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from globaldiscovery.directory import EventKind, PoolRegistration, Removal
+from globaldiscovery.directory import EventKind, Removal
 from globaldiscovery.store import MemoryStore
 from meshkit.clock import FakeClock
+from tests.discovery.helpers import reg
 
 LEASE = 3.0
-
-
-def reg(pool: str, relay: str = "r1") -> PoolRegistration:
-    return PoolRegistration(pool, "m", "eu", ("http://f:1",), relay, 1)
 
 
 async def next_event(watcher):
