@@ -19,6 +19,7 @@ def test_serve_defaults_parse():
         ["serve", "--discovery", "nohost"],
         ["serve", "--discovery", "h:1", "--advertise", "ftp://h:1"],
         ["serve", "--discovery", "h:1", "--migration-limit", "-1"],
+        ["serve", "--discovery", "h:1", "--admission-tries", "0"],
         ["serve", "--discovery", "h:1", "--frontend-id", " x"],
         ["generate", "--router", "h:1", "--model", "m", "--tokens", "1,x", "--max-tokens", "3"],
         [
