@@ -326,8 +326,8 @@ def _new_ranked(
     region: str,
     uncached: int,
 ) -> RankedPool:
-    """RankedPool(...) about twice as fast: a frozen dataclass's __init__ goes through
-    object.__setattr__ per field, which dominated select() with many pools (bench_routing).
+    """RankedPool(...) without the frozen dataclass's __init__, which goes through
+    object.__setattr__ per field and showed up in select()'s profile with many pools.
     Sets the slots directly (declaration order); the result equals the dataclass-built one."""
     r = object.__new__(RankedPool)
     _set_pool_id(r, pool_id)
