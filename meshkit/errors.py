@@ -1,0 +1,107 @@
+"""Refusals with a machine-readable reason: google.rpc.Status carrying a google.rpc.ErrorInfo.
+
+Callers decide on `ErrorInfo.reason` (a stable UPPER_SNAKE_CASE constant from `Reason`), never on
+the message text, which is for people and may change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+ERROR_DOMAIN = "globalrouter.mesh"
+"""ErrorInfo.domain of every reason this mesh sets (AIP-193: the service that owns the reasons)."""
+
+
+class Reason(StrEnum):
+    """Every ErrorInfo reason the mesh sets. Values are stable: clients compare against them."""
+
+    # Admission at a pool frontend (the pool's own 'no'; the next candidate may say yes).
+    POOL_DRAINING = "POOL_DRAINING"
+    QUEUE_FULL = "QUEUE_FULL"
+    MODEL_NOT_READY = "MODEL_NOT_READY"
+    MODEL_NOT_SERVED = "MODEL_NOT_SERVED"
+    POOL_REFUSING = "POOL_REFUSING"
+    # Mid-stream: a draining pool handed the request back at its deadline (not a link failure).
+    DRAIN_HANDED_BACK = "DRAIN_HANDED_BACK"
+    # Discovery lease rules.
+    STALE_INCARNATION = "STALE_INCARNATION"
+    MODEL_CONFLICT = "MODEL_CONFLICT"
+    DRAIN_COMPLETED = "DRAIN_COMPLETED"
+    POOL_NOT_FOUND = "POOL_NOT_FOUND"
+    FRONTEND_NOT_FOUND = "FRONTEND_NOT_FOUND"
+    # Global frontend.
+    NO_POOL_FOR_MODEL = "NO_POOL_FOR_MODEL"
+    NO_ELIGIBLE_POOL = "NO_ELIGIBLE_POOL"
+    ALL_POOLS_REFUSED = "ALL_POOLS_REFUSED"
+    POOLS_UNREACHABLE = "POOLS_UNREACHABLE"
+    MIGRATION_LIMIT_REACHED = "MIGRATION_LIMIT_REACHED"
+    NO_POOL_TO_CONTINUE = "NO_POOL_TO_CONTINUE"
+    POOL_STALLED = "POOL_STALLED"
+    # Telemetry streams.
+    TELEMETRY_STALE_INCARNATION = "TELEMETRY_STALE_INCARNATION"
+    TELEMETRY_PROTOCOL = "TELEMETRY_PROTOCOL"
+    # Limits and access.
+    LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
+    SLOW_CONSUMER = "SLOW_CONSUMER"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    NOT_AUTHORIZED = "NOT_AUTHORIZED"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+
+
+def error_info(reason: Reason, metadata: Mapping[str, str] | None = None) -> error_details_pb2.ErrorInfo:
+    """The ErrorInfo for `reason` in the mesh's domain."""
+    return error_details_pb2.ErrorInfo(reason=str(reason), domain=ERROR_DOMAIN, metadata=dict(metadata or {}))
+
+
+def rpc_status_for(
+    code: grpc.StatusCode, reason: Reason, message: str, metadata: Mapping[str, str] | None = None
+) -> status_pb2.Status:
+    """A google.rpc.Status with `code`, `message` and one ErrorInfo detail."""
+    detail = any_pb2.Any()
+    detail.Pack(error_info(reason, metadata))
+    return status_pb2.Status(code=code.value[0], message=message, details=[detail])
+
+
+def grpc_status_for(
+    code: grpc.StatusCode, reason: Reason, message: str, metadata: Mapping[str, str] | None = None
+) -> grpc.Status:
+    """rpc_status_for() as the grpc.Status a call aborts with (details travel in trailers)."""
+    return rpc_status.to_status(rpc_status_for(code, reason, message, metadata))
+
+
+async def abort_with_reason(
+    context: grpc.aio.ServicerContext,
+    code: grpc.StatusCode,
+    reason: Reason,
+    message: str,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Ends the call with `code`, `message` and an ErrorInfo naming `reason` (raises, like abort)."""
+    await context.abort_with_status(grpc_status_for(code, reason, message, metadata))
+
+
+def reason_of_status(status: status_pb2.Status | None) -> str | None:
+    """The ErrorInfo reason in a google.rpc.Status (None when it carries none)."""
+    if status is None:
+        return None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info.reason
+    return None
+
+
+def reason_of(error: grpc.RpcError) -> str | None:
+    """The ErrorInfo reason a failed call carries (None when it carries none). Works for aio errors."""
+    try:
+        status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    except ValueError:
+        return None
+    return reason_of_status(status)
