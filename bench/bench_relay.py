@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from meshkit.clock import SystemClock  # noqa: E402
 from meshkit.logs import configure_logging  # noqa: E402
 from poolrelay.pool_blocks import PoolBlocks  # noqa: E402
-from poolrelay.telemetry import TelemetryConfig, TelemetryHub  # noqa: E402
+from poolrelay.telemetry_publisher import TelemetryConfig, TelemetryHub  # noqa: E402
 from poolrelay.v1 import telemetry_pb2 as tm  # noqa: E402
 from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc  # noqa: E402
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from globalrouter.directory import PoolTable
 from globalrouter.kv_index import KvIndex
+from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
 from globalrouter.routing import RoutingCore
 from globalrouter.selection import Selector, pool_overlaps

@@ -12,7 +12,7 @@ import sys
 
 # Subcommand modules, in the order `--help` lists them. Each is imported lazily so that a
 # missing or broken one does not take the others down.
-SUBCOMMANDS = ("server", "client", "simulate", "replay")
+SUBCOMMANDS = ("serve_cli", "client", "simulate", "replay")
 
 
 def build_parser() -> argparse.ArgumentParser:

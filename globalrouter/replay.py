@@ -27,13 +27,12 @@ from globalrouter.simulate import (
     ideal_hit_rate,
     load_trace_for,
     percentile,
-    positive,
 )
 from globalrouter.trace import TRACE_BLOCK_SIZE, TraceRequest
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.channels import aio_channel
-from meshkit.cli import host_port
+from meshkit.cli import host_port, int_at_least, positive_number
 
 VOCAB = 50_000
 """Token ids of the replayed blocks are drawn below this."""
@@ -237,29 +236,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--trace", required=True, help="JSONL trace (Mooncake format)")
     p.add_argument("--router", required=True, type=host_port, help="HOST:PORT of a global frontend")
-    p.add_argument("--speedup", type=positive(float), default=1.0, help="divide arrival times by this")
-    p.add_argument("--limit", type=positive(int), default=None, help="only the first N requests")
+    p.add_argument("--speedup", type=positive_number, default=1.0, help="divide arrival times by this")
+    p.add_argument("--limit", type=int_at_least(1), default=None, help="only the first N requests")
     p.add_argument("--model", default="demo-model", help="model to ask for (default demo-model)")
-    p.add_argument("--concurrency", type=positive(int), default=64, help="requests in flight at most")
+    p.add_argument("--concurrency", type=int_at_least(1), default=64, help="requests in flight at most")
     p.add_argument(
         "--mesh-block-size",
-        type=positive(int),
+        type=int_at_least(1),
         default=DEFAULT_BLOCK_SIZE,
         help=f"tokens per KV block in the mesh (default {DEFAULT_BLOCK_SIZE})",
     )
     p.add_argument(
         "--max-output-tokens",
-        type=positive(int),
+        type=int_at_least(1),
         default=0,
         help="cap each request's output (default: trace's)",
     )
     p.add_argument(
         "--ideal-capacity-blocks",
-        type=positive(int),
+        type=int_at_least(1),
         default=0,
         help="trace blocks of the ideal single cache (default: unlimited)",
     )
-    p.add_argument("--timeout", type=positive(float), default=300.0, help="seconds per request")
+    p.add_argument("--timeout", type=positive_number, default=300.0, help="seconds per request")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 

@@ -6,9 +6,9 @@ import time
 from collections import defaultdict
 from collections.abc import Collection, Sequence
 
-from globalrouter.directory import PoolTable
 from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
+from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import PoolState
 from globalrouter.selection import Decision, FilterReason, Selector, pool_overlaps
 from meshkit.blocks import DEFAULT_BLOCK_SIZE, block_hashes

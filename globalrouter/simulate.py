@@ -30,6 +30,7 @@ from globalrouter.policies import POLICIES, FrontendView, make_policy
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
 from globalrouter.selection import SelectionConfig
 from globalrouter.trace import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
+from meshkit.cli import int_at_least, positive_number
 
 DECODE_WORK_PER_TOKEN = 4
 """Work tokens per output token in the pool model (fixed by the issue)."""
@@ -293,19 +294,6 @@ def simulate(
 
 
 # ---- command line ------------------------------------------------------------------------------
-def positive(kind: type[int] | type[float]):
-    """argparse type: a number of `kind` > 0."""
-
-    def parse(value: str):
-        try:
-            x = kind(value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from exc
-        if not x > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
-        return x
-
-    return parse
 
 
 def load_trace_for(command: str, path: str, limit: int | None) -> list[TraceRequest] | None:
@@ -325,12 +313,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--trace", required=True, help="JSONL trace (Mooncake format)")
-    p.add_argument("--pools", type=positive(int), default=8, help="number of pools (default 8)")
+    p.add_argument("--pools", type=int_at_least(1), default=8, help="number of pools (default 8)")
     p.add_argument(
-        "--pool-capacity-blocks", type=positive(int), default=4000, help="KV blocks per pool (default 4000)"
+        "--pool-capacity-blocks", type=int_at_least(1), default=4000, help="KV blocks per pool (default 4000)"
     )
     p.add_argument(
-        "--pool-rate", type=positive(float), default=12_000.0, help="work tokens/s per pool (default 12000)"
+        "--pool-rate", type=positive_number, default=12_000.0, help="work tokens/s per pool (default 12000)"
     )
     p.add_argument(
         "--policy",
@@ -339,15 +327,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="routing policy (default: the project's Selector); 'all' runs every policy",
     )
     p.add_argument(
-        "--load-interval", type=positive(float), default=1.0, help="seconds between load reports (default 1)"
+        "--load-interval", type=positive_number, default=1.0, help="seconds between load reports (default 1)"
     )
     p.add_argument(
         "--kv-interval",
-        type=positive(float),
+        type=positive_number,
         default=0.1,
         help="seconds between KV delta batches (default 0.1)",
     )
-    p.add_argument("--limit", type=positive(int), default=None, help="only the first N requests")
+    p.add_argument("--limit", type=int_at_least(1), default=None, help="only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with --policy all)")
     p.set_defaults(func=run)

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from meshkit.cli import host_port, positive_seconds
+from meshkit.cli import host_port, int_at_least, non_negative_number, positive_number, positive_seconds
 from meshkit.logs import configure_logging
 from meshkit.validation import Violations, check_identifier
 from mocker.config import Faults, PoolConfig
@@ -18,41 +18,6 @@ MAX_WORKERS = 1024
 _DEFAULTS = PoolConfig(pool_id="-", models=("-",))
 
 
-def _int_at_least(minimum: int, maximum: int | None = None):
-    def parse(value: str) -> int:
-        try:
-            n = int(value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from exc
-        if n < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {n}")
-        if maximum is not None and n > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {n}")
-        return n
-
-    return parse
-
-
-def _number_above(minimum: float, *, inclusive: bool):
-    """argparse type: a finite number > `minimum` (or >= it when `inclusive`)."""
-    bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
-
-    def parse(value: str) -> float:
-        try:
-            x = float(value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from exc
-        if not (x >= minimum if inclusive else x > minimum) or x == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {value!r}")
-        return x
-
-    return parse
-
-
-_non_negative = _number_above(0, inclusive=True)
-_positive = _number_above(0, inclusive=False)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mocker", description="A simulated LLM serving pool.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,21 +26,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--listen", type=host_port, required=True, help="HOST:PORT to serve on")
     s.add_argument("--pool-id", required=True, help="the pool's id (reported in its status)")
     s.add_argument("--model", action="append", required=True, help="a model the pool serves (repeatable)")
-    s.add_argument("--workers", type=_int_at_least(1, MAX_WORKERS), default=d.workers)
+    s.add_argument("--workers", type=int_at_least(1, MAX_WORKERS), default=d.workers)
     s.add_argument(
         "--worker-capacity-blocks",
-        type=_int_at_least(1, MAX_WORKER_CAPACITY_BLOCKS),
+        type=int_at_least(1, MAX_WORKER_CAPACITY_BLOCKS),
         default=d.worker_capacity_blocks,
         help="KV blocks per worker",
     )
-    s.add_argument("--block-size", type=_int_at_least(1), default=d.block_size, help="tokens per KV block")
-    s.add_argument("--speedup", type=_positive, default=d.speedup, help="divides every duration")
-    s.add_argument(
-        "--max-queue", type=_int_at_least(0), default=d.max_queue, help="waiting requests admitted"
-    )
-    s.add_argument("--max-running-per-worker", type=_int_at_least(1), default=d.max_running_per_worker)
-    s.add_argument("--prefill-tokens-per-second", type=_positive, default=d.prefill_tokens_per_second)
-    s.add_argument("--decode-tokens-per-second", type=_positive, default=d.decode_tokens_per_second)
+    s.add_argument("--block-size", type=int_at_least(1), default=d.block_size, help="tokens per KV block")
+    s.add_argument("--speedup", type=positive_number, default=d.speedup, help="divides every duration")
+    s.add_argument("--max-queue", type=int_at_least(0), default=d.max_queue, help="waiting requests admitted")
+    s.add_argument("--max-running-per-worker", type=int_at_least(1), default=d.max_running_per_worker)
+    s.add_argument("--prefill-tokens-per-second", type=positive_number, default=d.prefill_tokens_per_second)
+    s.add_argument("--decode-tokens-per-second", type=positive_number, default=d.decode_tokens_per_second)
     s.add_argument(
         "--drain-timeout",
         type=positive_seconds,
@@ -84,11 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--fail-after-tokens",
-        type=_int_at_least(0),
+        type=int_at_least(0),
         default=0,
         help="exit abruptly once any stream has sent this many tokens (0: never)",
     )
-    s.add_argument("--added-latency", type=_non_negative, default=0.0, help="seconds before admission")
+    s.add_argument("--added-latency", type=non_negative_number, default=0.0, help="seconds before admission")
     s.add_argument("--refuse-all", action="store_true", help="refuse every request (RESOURCE_EXHAUSTED)")
     s.add_argument("--not-ready", nargs="+", default=[], metavar="MODEL", help="models that start not ready")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -15,12 +15,12 @@ from meshkit.clock import Clock, SystemClock
 from meshkit.logs import get_logger
 from meshkit.timeconv import seconds, timestamp, wall_seconds
 from poolrelay.heartbeat import HeartbeatLoop, Renewal
-from poolrelay.keepalive import KeepAliveClient
+from poolrelay.lease_stream import KeepAliveClient
+from poolrelay.model_choice import Choice, ModelView, Reason, choose_model
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.pool_source import PoolSource
-from poolrelay.registration import Choice, ModelView, Reason, choose_model
 from poolrelay.retry import describe_error
-from poolrelay.telemetry import TelemetryConfig, TelemetryHub
+from poolrelay.telemetry_publisher import TelemetryConfig, TelemetryHub
 from poolrelay.v1 import pool_events_pb2 as pe
 
 log = get_logger(module="poolrelay.relay")

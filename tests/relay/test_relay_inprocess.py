@@ -9,8 +9,8 @@ import pytest
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
+from poolrelay.model_choice import Reason
 from poolrelay.pool_source import RESYNC_QUIET_S
-from poolrelay.registration import Reason
 from poolrelay.relay import Relay, RelayConfig
 from poolrelay.status import relay_status
 from poolrelay.v1 import pool_events_pb2 as pe

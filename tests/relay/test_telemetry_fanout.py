@@ -8,7 +8,7 @@ import pytest
 
 from meshkit.clock import SystemClock
 from poolrelay.pool_blocks import PoolBlocks
-from poolrelay.telemetry import TelemetryConfig, TelemetryHub
+from poolrelay.telemetry_publisher import TelemetryConfig, TelemetryHub
 from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
 from tests.relay.fakes import TelemetryReceiver, start_server, wait_for
 

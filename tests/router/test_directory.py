@@ -8,8 +8,8 @@ import grpc
 import pytest
 
 from globaldiscovery.v1 import discovery_pb2, discovery_pb2_grpc
-from globalrouter.directory import DirectoryWatcher, PoolTable
-from globalrouter.registration import FrontendRegistration, next_delay
+from globalrouter.frontend_lease import FrontendRegistration, next_delay
+from globalrouter.pool_directory import DirectoryWatcher, PoolTable
 from meshkit.clock import FakeClock
 from meshkit.server import create_server
 from meshkit.timeconv import duration

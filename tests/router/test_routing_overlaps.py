@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from globalrouter.directory import PoolTable
 from globalrouter.kv_index import KvIndex
+from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import PoolState
 from globalrouter.routing import RoutingCore
 from globalrouter.selection import Selector

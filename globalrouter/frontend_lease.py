@@ -9,7 +9,7 @@ from meshkit.clock import Clock
 from meshkit.logs import get_logger
 from meshkit.timeconv import seconds
 
-log = get_logger(module="globalrouter.registration")
+log = get_logger(module="globalrouter.frontend_lease")
 
 FIRST_RETRY_S = 1.0
 """A failed registration is retried after this long, the wait doubling up to the heartbeat interval."""

@@ -13,7 +13,7 @@ from globalrouter.pool_state import PoolCapacityHint, PoolState
 from meshkit.clock import Clock
 from meshkit.logs import get_logger
 
-log = get_logger(module="globalrouter.directory")
+log = get_logger(module="globalrouter.pool_directory")
 
 EventType = discovery_pb2.WatchEventType
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from globalrouter.directory import PoolTable
 from globalrouter.metrics import RouterMetrics
+from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal
 from meshkit.clock import Clock
 from meshkit.logs import get_logger
@@ -16,7 +16,7 @@ from meshkit.timeconv import wall_seconds
 from meshkit.validation import Violations, check_identifier
 from poolrelay.v1 import pool_events_pb2, telemetry_pb2, telemetry_pb2_grpc
 
-log = get_logger(module="globalrouter.telemetry")
+log = get_logger(module="globalrouter.telemetry_ingest")
 
 PROTOCOL_VERSION = 1
 Request = telemetry_pb2.PublishPoolTelemetryRequest

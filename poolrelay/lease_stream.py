@@ -20,7 +20,7 @@ from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
 from meshkit.logs import get_logger
 
-log = get_logger(module="poolrelay.keepalive")
+log = get_logger(module="poolrelay.lease_stream")
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from poolrelay.registration import ModelView, Reason, choose_model
+from poolrelay.model_choice import ModelView, Reason, choose_model
 
 R, N = True, False  # Ready, Not ready
 

@@ -26,7 +26,7 @@ from poolrelay.v1 import status_pb2
 from poolrelay.v1 import telemetry_pb2 as tm
 from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
 
-log = get_logger(module="poolrelay.telemetry")
+log = get_logger(module="poolrelay.telemetry_publisher")
 
 PROTOCOL_VERSION = 1
 Req = tm.PublishPoolTelemetryRequest

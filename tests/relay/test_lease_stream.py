@@ -9,7 +9,7 @@ import pytest
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
 from meshkit.clock import FakeClock
-from poolrelay.keepalive import KeepAliveClient, StreamBroken
+from poolrelay.lease_stream import KeepAliveClient, StreamBroken
 from poolrelay.relay import Relay, RelayConfig
 from poolrelay.v1 import pool_events_pb2_grpc as pe_grpc
 from tests.relay.fakes import FakeDiscovery, FakePool, UnaryOnlyDiscovery, start_server, wait_for

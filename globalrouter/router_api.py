@@ -1,0 +1,220 @@
+"""RouterService on the wire: maps Generate, Route and ListPools requests onto the routing core and back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from globalrouter.config import RouterConfig
+from globalrouter.migration import GenerateError, GenerateRun
+from globalrouter.pool_state import PoolState
+from globalrouter.routing import RoutingCore, describe_filtered
+from globalrouter.serving import ServingLinks
+from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshkit import pagination
+from meshkit.blocks import text_to_tokens
+from meshkit.ids import new_request_id
+from meshkit.logs import get_logger
+from meshkit.timeconv import duration
+from meshkit.validation import Violations, check_identifier
+
+log = get_logger(module="globalrouter.router_api")
+
+MAX_PROMPT_TOKENS = 1_048_576
+MAX_OUTPUT_TOKENS = 1_048_576
+MAX_TOKEN_ID = 2**32 - 1
+DEFAULT_ROUTE_MAX_TOKENS = 16
+
+
+def prompt_tokens(v: Violations, field_path: str, prompt: router_pb2.Prompt) -> list[int]:
+    """The prompt as token ids (text: one token per UTF-8 byte); records what is wrong with it."""
+    kind = prompt.WhichOneof("content")
+    if kind == "text":
+        tokens = text_to_tokens(prompt.text)
+        if not tokens:
+            v.add(f"{field_path}.text", "must not be empty")
+    elif kind == "token_ids":
+        tokens = list(prompt.token_ids.ids)
+        if not tokens:
+            v.add(f"{field_path}.token_ids.ids", "must list at least one token id")
+    else:
+        v.add(field_path, "must set token_ids or text")
+        return []
+    if len(tokens) > MAX_PROMPT_TOKENS:
+        v.add(field_path, f"must have at most {MAX_PROMPT_TOKENS} tokens (got {len(tokens)})")
+    return tokens
+
+
+class RouterServicer(router_pb2_grpc.RouterServiceServicer):
+    """The client API of one global frontend."""
+
+    def __init__(self, core: RoutingCore, links: ServingLinks, config: RouterConfig) -> None:
+        self._core = core
+        self._links = links
+        self.config = config
+
+    # ---- Generate ---------------------------------------------------------------------------
+    async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
+        v = Violations()
+        check_identifier(v, "model", request.model)
+        tokens = prompt_tokens(v, "prompt", request.prompt)
+        if request.max_tokens == 0 or request.max_tokens > MAX_OUTPUT_TOKENS:
+            v.add("max_tokens", f"must be 1 to {MAX_OUTPUT_TOKENS} (got {request.max_tokens})")
+        if request.request_id:
+            check_identifier(v, "request_id", request.request_id)
+        await v.abort_if_any(context)
+        request_id = request.request_id or new_request_id()
+        metrics = self._core.metrics
+        decision = self._core.decide(request.model, tokens, request.max_tokens)
+        error = self._no_candidate_error(request.model, decision)
+        if error is not None:
+            # A model no pool serves is labelled as such: clients must not grow the label set.
+            label = request.model if decision.model_served else "(not served)"
+            metrics.requests.labels(label, error.code.name).inc()
+            await context.abort(error.code, error.message)
+        run = GenerateRun(
+            self._core,
+            self._links,
+            request_id=request_id,
+            model=request.model,
+            prompt=tokens,
+            max_tokens=request.max_tokens,
+            migration_limit=self.config.migration_limit,
+            admission_tries=self.config.admission_tries,
+        )
+        outcome = "OK"
+        try:
+            async for response in run.stream(decision):
+                yield response
+        except GenerateError as exc:
+            outcome = exc.code.name
+            self._trailers(context, run)
+            await context.abort(exc.code, exc.message)
+        except asyncio.CancelledError:
+            outcome = "CANCELLED"
+            raise
+        finally:
+            metrics.requests.labels(request.model, outcome).inc()
+        self._trailers(context, run)
+
+    @staticmethod
+    def _trailers(context: grpc.aio.ServicerContext, run: GenerateRun) -> None:
+        context.set_trailing_metadata(
+            (("x-pools", ",".join(run.record.pools)), ("x-migrations", str(run.record.migrations)))
+        )
+
+    def _no_candidate_error(self, model: str, decision) -> GenerateError | None:
+        if not decision.model_served:
+            return GenerateError(grpc.StatusCode.NOT_FOUND, f"no listed pool serves model {model!r}")
+        if not decision.candidates:
+            return GenerateError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"pools serve model {model!r} but none is eligible: {describe_filtered(decision)}",
+            )
+        return None
+
+    # ---- Route ------------------------------------------------------------------------------
+    async def Route(self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext):
+        v = Violations()
+        check_identifier(v, "model", request.model)
+        tokens = prompt_tokens(v, "prompt", request.prompt)
+        if request.max_tokens > MAX_OUTPUT_TOKENS:
+            v.add("max_tokens", f"must be at most {MAX_OUTPUT_TOKENS} (got {request.max_tokens})")
+        await v.abort_if_any(context)
+        decision = self._core.decide(request.model, tokens, request.max_tokens or DEFAULT_ROUTE_MAX_TOKENS)
+        if not decision.model_served:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no listed pool serves model {request.model!r}")
+        return router_pb2.RouteResponse(
+            candidates=[
+                router_pb2.Candidate(
+                    pool_id=c.pool_id,
+                    rank=i,
+                    total_cost=c.total_cost,
+                    prefill_cost=c.prefill_cost,
+                    load_cost=c.load_cost,
+                    pending_cost=c.pending_cost,
+                    cached_blocks=c.cached_blocks,
+                    prompt_blocks=c.prompt_blocks,
+                    load_known=c.load_known,
+                    region=c.region,
+                )
+                for i, c in enumerate(decision.candidates, start=1)
+            ],
+            filtered=[
+                router_pb2.FilteredPool(
+                    pool_id=f.pool_id,
+                    reason=router_pb2.FilterReason.Value(f"FILTER_REASON_{f.reason.name}"),
+                    detail=f.detail,
+                )
+                for f in decision.filtered  # ordered by pool_id
+            ],
+            prompt_blocks=decision.prompt_blocks,
+        )
+
+    # ---- ListPools --------------------------------------------------------------------------
+    async def ListPools(self, request: router_pb2.ListPoolsRequest, context: grpc.aio.ServicerContext):
+        v = Violations()
+        size = 0
+        after: str | None = None
+        filters = (request.model,)
+        try:
+            size = pagination.page_size(request.page_size)
+        except ValueError as exc:
+            v.add("page_size", str(exc))
+        try:
+            after = pagination.decode_page_token(request.page_token, filters)
+        except pagination.PageTokenError as exc:
+            v.add("page_token", str(exc))
+        await v.abort_if_any(context)
+        pools = sorted(
+            (p for p in self._core.table.pools.values() if not request.model or p.model == request.model),
+            key=lambda p: p.pool_id,
+        )
+        if after is not None:
+            pools = [p for p in pools if p.pool_id > after]
+        page, rest = pools[:size], pools[size:]
+        now = self._core.clock.monotonic()
+        return router_pb2.ListPoolsResponse(
+            pools=[self._view(p, now) for p in page],
+            next_page_token=pagination.encode_page_token(page[-1].pool_id, filters) if rest else "",
+        )
+
+    def _view(self, pool: PoolState, now: float) -> router_pb2.PoolView:
+        limits = self._core.selector_limits
+        view = router_pb2.PoolView(
+            pool_id=pool.pool_id,
+            model=pool.model,
+            region=pool.region,
+            frontends=pool.frontends,
+            draining=pool.draining(),
+            ready=pool.ready(pool.model, now, limits),
+            load_freshness=_freshness(pool.load_at, pool.load_fresh(now, limits), now),
+            kv_freshness=_freshness(pool.kv_at, pool.kv_fresh(now, limits), now),
+            state_freshness=_freshness(pool.state_at, pool.state_fresh(now, limits), now),
+            indexed_blocks=max((self._core.index.block_count(s) for s in pool.kv_sources), default=0),
+            telemetry_streams=self._core.table.stream_counts.get(pool.pool_id, 0),
+            pending_requests=pool.pending_requests,
+            listed=pool.listed,
+        )
+        if pool.load is not None:
+            ld = pool.load
+            view.load.CopyFrom(
+                router_pb2.PoolLoadView(
+                    requests_waiting=ld.requests_waiting,
+                    requests_running=ld.requests_running,
+                    prefill_tokens_in_flight=ld.prefill_tokens_in_flight,
+                    kv_blocks_used=ld.kv_blocks_used,
+                    kv_blocks_total=ld.kv_blocks_total,
+                    max_running_requests=ld.max_running_requests,
+                    decode_tokens_in_flight=ld.decode_tokens_in_flight,
+                )
+            )
+        return view
+
+
+def _freshness(at: float | None, fresh: bool, now: float) -> router_pb2.SignalFreshness:
+    f = router_pb2.SignalFreshness(fresh=fresh)
+    if at is not None:
+        f.age.CopyFrom(duration(max(0.0, now - at)))
+    return f

@@ -1,0 +1,60 @@
+"""`globalrouter serve`: the one place its flags are parsed into a RouterConfig."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from globalrouter.config import RouterConfig
+from globalrouter.server import serve
+from meshkit.cli import host_port, identifier, int_at_least, url
+from meshkit.logs import configure_logging, get_logger
+
+log = get_logger(module="globalrouter.serve_cli")
+
+
+def add_parser(subparsers) -> None:
+    """`globalrouter serve` flags (the one place they are parsed)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="run a global frontend",
+        description="Run a global frontend (RouterService + TelemetryService).",
+    )
+    p.add_argument("--listen", type=host_port, default="127.0.0.1:50061", help="HOST:PORT to serve on")
+    p.add_argument("--discovery", type=host_port, required=True, help="discovery HOST:PORT")
+    p.add_argument("--advertise", type=url, default=None, help="URL relays dial (default http://<listen>)")
+    p.add_argument(
+        "--frontend-id", type=identifier, default=None, help="id in discovery (default globalrouter-<port>)"
+    )
+    p.add_argument("--region", type=identifier, default=None, help="this frontend's region")
+    p.add_argument(
+        "--migration-limit", type=int_at_least(0), default=3, help="mid-stream migrations per request"
+    )
+    p.add_argument(
+        "--admission-tries", type=int_at_least(1), default=4, help="pools asked per admission round"
+    )
+    p.add_argument("--metrics-listen", type=host_port, default=None, help="HOST:PORT for Prometheus /metrics")
+    p.add_argument("--grace", type=float, default=5.0, help="seconds in-flight calls get on SIGTERM")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    configure_logging("globalrouter", args.log_level)
+    config = RouterConfig(
+        listen=args.listen,
+        discovery=args.discovery,
+        advertise=args.advertise or "",
+        frontend_id=args.frontend_id or "",
+        region=args.region or "",
+        migration_limit=args.migration_limit,
+        admission_tries=args.admission_tries,
+        metrics_listen=args.metrics_listen or "",
+        grace=args.grace,
+    )
+    try:
+        asyncio.run(serve(config))
+    except RuntimeError as exc:
+        log.error("cannot start", error=str(exc))
+        return 1
+    return 0
