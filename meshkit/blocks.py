@@ -6,23 +6,33 @@ two prompts share a block hash at position i exactly when their first (i + 1) bl
 
 from __future__ import annotations
 
+import struct
+import sys
 from array import array
 
 import xxhash
 
 DEFAULT_BLOCK_SIZE = 16
 _xxh3 = xxhash.xxh3_64_intdigest
+# array('I') is the fast path to bytes, but its width and byte order are the platform's: use it
+# only where it already is the contract's little-endian u32, and pack explicitly elsewhere.
+_NATIVE_IS_U32LE = array("I").itemsize == 4 and sys.byteorder == "little"
+
+
+def u32le(tokens: list[int] | array) -> bytes:
+    """Token ids as the contract's bytes: each a little-endian unsigned 32-bit integer."""
+    if _NATIVE_IS_U32LE:
+        if isinstance(tokens, array) and tokens.typecode == "I":
+            return tokens.tobytes()
+        return array("I", tokens).tobytes()
+    return struct.pack(f"<{len(tokens)}I", *tokens)
 
 
 def block_hashes(tokens: list[int] | array, block_size: int, parent: int = 0) -> list[int]:
     """Chained hashes of every full block of `tokens` (a partial last block is not hashed)."""
     if block_size <= 0:
         raise ValueError("block_size must be > 0")
-    buf = (
-        array("I", tokens).tobytes()
-        if not isinstance(tokens, array) or tokens.typecode != "I"
-        else tokens.tobytes()
-    )
+    buf = u32le(tokens)
     step = 4 * block_size
     full = (len(buf) // step) * step
     out: list[int] = []

@@ -6,6 +6,8 @@ from array import array
 
 import xxhash
 
+from meshkit.blocks import u32le
+
 VOCAB_SIZE = 32_000
 
 
@@ -20,8 +22,7 @@ class TokenStream:
 
     def __init__(self, tokens: list[int] | array) -> None:
         self._hasher = xxhash.xxh3_64()
-        buf = tokens if isinstance(tokens, array) and tokens.typecode == "I" else array("I", tokens)
-        self._hasher.update(buf.tobytes())
+        self._hasher.update(u32le(tokens))
 
     def next(self, n: int) -> list[int]:
         """The next `n` tokens (and appends them to the sequence)."""

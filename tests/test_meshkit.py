@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
+from array import array
 
 import pytest
 import structlog
+import xxhash
 
 from meshkit import blocks, logs, pagination, validation
 from meshkit.clock import FakeClock
@@ -55,6 +58,26 @@ def test_block_hashes_are_chained_prefix_hashes():
     assert blocks.block_hashes([*a, 1, 2, 3], 16) == ha
     # Same tokens after a different prefix hash differently (the hash stands for the prefix).
     assert blocks.block_hashes([5] * 16 + [7] * 16, 16)[1] != blocks.block_hashes([6] * 16 + [7] * 16, 16)[1]
+
+
+def test_block_hash_chain_known_answers():
+    """Pins HASH_SCHEME_XXH3_64_CHAINED_U32LE: pools and routers in any language must agree on these."""
+    assert blocks.block_hashes(list(range(32)), 16) == [2647778289425333254, 11562412869759332027]
+    tokens = [0x01020304, 4294967295, 0, 65536]
+    parent = 0x1122334455667788
+    assert blocks.block_hashes(tokens, 2, parent=parent) == [13112818182392813555, 14397647289243121475]
+    # The same chain written out byte by byte: parent as u64 LE, then each token as u32 LE.
+    first = xxhash.xxh3_64_intdigest(
+        bytes.fromhex("8877665544332211") + bytes.fromhex("04030201") + bytes.fromhex("ffffffff")
+    )
+    second = xxhash.xxh3_64_intdigest(first.to_bytes(8, "little") + struct.pack("<2I", 0, 65536))
+    assert blocks.block_hashes(tokens, 2, parent=parent) == [first, second]
+
+
+def test_token_bytes_are_little_endian_u32_whatever_the_input_type():
+    expected = bytes.fromhex("0100000004030201")
+    assert blocks.u32le([1, 0x01020304]) == expected
+    assert blocks.u32le(array("I", [1, 0x01020304])) == expected
 
 
 @pytest.mark.parametrize(

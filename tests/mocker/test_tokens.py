@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+import struct
+
+import xxhash
+
 from mocker.tokens import VOCAB_SIZE, TokenStream, continue_sequence
+
+
+def test_token_stream_known_answers():
+    """Pins the mocker's output: any mocker, on any platform, continues a sequence with these tokens."""
+    assert continue_sequence([1, 2, 3], 8) == [13640, 2622, 19093, 28859, 25012, 24665, 4969, 31438]
+    assert continue_sequence([0x01020304, 4294967295], 4) == [30837, 4673, 25023, 29166]
+    # Written out: the next token is xxh3_64(all tokens so far as u32 little-endian) mod VOCAB_SIZE.
+    seq = [0x01020304, 4294967295]
+    for expected in [30837, 4673]:
+        token = xxhash.xxh3_64_intdigest(struct.pack(f"<{len(seq)}I", *seq)) % VOCAB_SIZE
+        assert token == expected
+        seq.append(token)
 
 
 def test_same_prompt_same_output_different_prompt_different_output():
