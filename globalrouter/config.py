@@ -24,7 +24,7 @@ class RouterConfig:
     incarnation: int = 0
     """This process's incarnation (0: the start time in nanoseconds)."""
     migration_limit: int = 3
-    """Mid-stream migrations allowed per request; one more failure ends it with ABORTED."""
+    """Mid-stream migrations allowed per request; one more failure ends it with UNAVAILABLE, reason MIGRATION_LIMIT_REACHED."""
     admission_tries: int = 4
     """Pools asked at most per admission round before the request fails (refusals, unreachable)."""
     link_backoff_initial: float = 1.0

@@ -45,7 +45,9 @@ class RouterMetrics:
             registry=r,
         )
         self.migration_aborts = Counter(
-            "globalrouter_migration_aborts", "Requests ended with ABORTED at the migration limit", registry=r
+            "globalrouter_migration_aborts",
+            "Requests ended at the migration limit (UNAVAILABLE, MIGRATION_LIMIT_REACHED)",
+            registry=r,
         )
         self.refusals = Counter(
             "globalrouter_refusals", "Admission refusals by pool and gRPC code", ["pool", "code"], registry=r

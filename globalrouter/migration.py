@@ -9,8 +9,9 @@ import grpc
 
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import Decision
-from globalrouter.serving import AdmissionFailed, Admitted, PoolRequest, ServingLinks
+from globalrouter.serving import AdmissionFailed, Admitted, PoolRequest, ServingLinks, StreamBroken
 from globalrouter.v1 import pool_frontend_pb2, router_pb2
+from meshkit.errors import Reason
 from meshkit.logs import get_logger
 
 log = get_logger(module="globalrouter.migration")
@@ -22,12 +23,20 @@ _FINISH = {
 
 
 class GenerateError(Exception):
-    """The request ends with this gRPC status (tokens already streamed stay valid)."""
+    """The request ends with this gRPC status and ErrorInfo reason (tokens already streamed stay valid)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        reason: Reason | None,
+        message: str,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.reason = reason
         self.message = message
+        self.metadata = metadata or {}
 
 
 @dataclass
@@ -80,12 +89,10 @@ class GenerateRun:
                 rec.prompt_blocks = admitted.admission.prompt_blocks
             rec.pools.append(admitted.pool_id)
             finish: pool_frontend_pb2.PoolFinish | None = None
-            error: grpc.aio.AioRpcError | None = None
+            broken: StreamBroken | None = None
+            read = admitted.stream.read
             try:
-                while True:
-                    msg = await admitted.call.read()
-                    if msg is grpc.aio.EOF:
-                        break
+                while (msg := await read()) is not None:
                     kind = msg.WhichOneof("payload")
                     if kind == "tokens":
                         ids = list(msg.tokens.token_ids)[: self._max_tokens - len(rec.tokens)]
@@ -99,8 +106,8 @@ class GenerateRun:
                             )
                     elif kind == "finish":
                         finish = msg.finish
-            except grpc.aio.AioRpcError as exc:
-                error = exc
+            except StreamBroken as exc:
+                broken = exc
             finally:
                 await self._links.release(admitted)
             if finish is not None or len(rec.tokens) >= self._max_tokens:
@@ -113,39 +120,50 @@ class GenerateRun:
                 return
             # The pool failed or handed the request back mid-stream: continue it elsewhere.
             pool = self._core.table.pools.get(admitted.pool_id)
-            detail = f"{error.code().name}: {error.details()}" if error else "stream ended without a finish"
-            if pool is not None and "drain" not in detail.lower() and "hand" not in detail.lower():
+            detail = str(broken) if broken else "stream ended without a finish"
+            handed_back = broken is not None and broken.reason == Reason.DRAIN_HANDED_BACK
+            if pool is not None and not handed_back:
                 self._links.link_failed(pool, self._core.clock.monotonic())
             failed_pools.add(admitted.pool_id)
+            sent = len(rec.tokens)
             if rec.migrations >= self._migration_limit:
                 self._core.metrics.migration_aborts.inc()
                 raise GenerateError(
-                    grpc.StatusCode.ABORTED,
-                    f"pool {admitted.pool_id} failed after {len(rec.tokens)} tokens ({detail}) and the migration "
-                    f"limit ({self._migration_limit}) is reached; the {len(rec.tokens)} tokens sent stay valid",
+                    grpc.StatusCode.UNAVAILABLE,
+                    Reason.MIGRATION_LIMIT_REACHED,
+                    f"pool {admitted.pool_id} failed after {sent} tokens ({detail}) and the migration "
+                    f"limit ({self._migration_limit}) is reached; the {sent} tokens sent stay valid",
+                    self._error_metadata(),
                 )
             rec.migrations += 1
             self._core.metrics.migrations.labels(admitted.pool_id).inc()
             self._log.info(
                 "migrating",
                 from_pool=admitted.pool_id,
-                tokens_so_far=len(rec.tokens),
+                tokens_so_far=sent,
                 reason=detail,
                 migrations=rec.migrations,
             )
             decision = self._core.decide(
                 self._model,
                 self._prompt + rec.tokens,
-                self._max_tokens - len(rec.tokens),
+                self._max_tokens - sent,
                 exclude=failed_pools,
             )
             if not decision.candidates:
                 why = describe_filtered(decision) or "no other pool serves the model"
                 raise GenerateError(
-                    grpc.StatusCode.ABORTED,
-                    f"pool {admitted.pool_id} failed after {len(rec.tokens)} tokens ({detail}) and no other pool "
-                    f"can continue the request ({why}); the {len(rec.tokens)} tokens sent stay valid",
+                    grpc.StatusCode.UNAVAILABLE,
+                    Reason.NO_POOL_TO_CONTINUE,
+                    f"pool {admitted.pool_id} failed after {sent} tokens ({detail}) and no other pool "
+                    f"can continue the request ({why}); the {sent} tokens sent stay valid",
+                    self._error_metadata(),
                 )
+
+    def _error_metadata(self) -> dict[str, str]:
+        """ErrorInfo metadata of a mid-stream failure: what a client needs to continue the request."""
+        rec = self.record
+        return {"tokens_sent": str(len(rec.tokens)), "migrations": str(rec.migrations)}
 
     async def _admit(self, decision: Decision) -> Admitted:
         """Asks the candidates in rank order, at most `admission_tries` of them; raises GenerateError."""
@@ -170,10 +188,16 @@ class GenerateRun:
                 if exc.refused:
                     rec.refused_by.append(exc.pool_id)
                     metrics.refusals.labels(exc.pool_id, exc.code.name).inc()
-                    self._log.info("refused", pool_id=exc.pool_id, code=exc.code.name, detail=exc.message)
+                    self._log.info(
+                        "refused",
+                        pool_id=exc.pool_id,
+                        code=exc.code.name,
+                        reason=exc.reason,
+                        detail=exc.message,
+                    )
                 elif exc.code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise GenerateError(
-                        exc.code, f"pool {exc.pool_id} rejected the request: {exc.message}"
+                        exc.code, None, f"pool {exc.pool_id} rejected the request: {exc.message}"
                     ) from None
                 else:
                     self._links.link_failed(pool, self._core.clock.monotonic())
@@ -188,15 +212,23 @@ class GenerateRun:
         tried = "; ".join(str(f) for f in failures) or "no candidate had a frontend"
         if rec.tokens:
             raise GenerateError(
-                grpc.StatusCode.ABORTED,
+                grpc.StatusCode.UNAVAILABLE,
+                Reason.NO_POOL_TO_CONTINUE,
                 f"no pool could continue the request after {len(rec.tokens)} tokens ({tried}); "
                 f"the tokens sent stay valid",
+                self._error_metadata(),
             )
         if any(f.refused for f in failures):
             raise GenerateError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"every candidate pool refused the request: {tried}"
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                Reason.ALL_POOLS_REFUSED,
+                f"every candidate pool refused the request: {tried}",
             )
-        raise GenerateError(grpc.StatusCode.UNAVAILABLE, f"no candidate pool could be reached: {tried}")
+        raise GenerateError(
+            grpc.StatusCode.UNAVAILABLE,
+            Reason.POOLS_UNREACHABLE,
+            f"no candidate pool could be reached: {tried}",
+        )
 
     def _summary(self, reason: int) -> router_pb2.GenerateSummary:
         rec = self.record

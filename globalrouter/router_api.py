@@ -14,6 +14,7 @@ from globalrouter.serving import ServingLinks
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit import pagination
 from meshkit.blocks import text_to_tokens
+from meshkit.errors import Reason, abort_with_reason, grpc_status_for
 from meshkit.ids import new_request_id
 from meshkit.logs import get_logger
 from meshkit.timeconv import duration
@@ -72,7 +73,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             # A model no pool serves is labelled as such: clients must not grow the label set.
             label = request.model if decision.model_served else "(not served)"
             metrics.requests.labels(label, error.code.name).inc()
-            await context.abort(error.code, error.message)
+            await _abort(context, error)
         run = GenerateRun(
             self._core,
             self._links,
@@ -89,27 +90,27 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 yield response
         except GenerateError as exc:
             outcome = exc.code.name
-            self._trailers(context, run)
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc, self._trailers(run))
         except asyncio.CancelledError:
             outcome = "CANCELLED"
             raise
         finally:
             metrics.requests.labels(request.model, outcome).inc()
-        self._trailers(context, run)
+        context.set_trailing_metadata(self._trailers(run))
 
     @staticmethod
-    def _trailers(context: grpc.aio.ServicerContext, run: GenerateRun) -> None:
-        context.set_trailing_metadata(
-            (("x-pools", ",".join(run.record.pools)), ("x-migrations", str(run.record.migrations)))
-        )
+    def _trailers(run: GenerateRun) -> tuple[tuple[str, str], ...]:
+        return (("x-pools", ",".join(run.record.pools)), ("x-migrations", str(run.record.migrations)))
 
     def _no_candidate_error(self, model: str, decision) -> GenerateError | None:
         if not decision.model_served:
-            return GenerateError(grpc.StatusCode.NOT_FOUND, f"no listed pool serves model {model!r}")
+            return GenerateError(
+                grpc.StatusCode.NOT_FOUND, Reason.NO_POOL_FOR_MODEL, f"no listed pool serves model {model!r}"
+            )
         if not decision.candidates:
             return GenerateError(
                 grpc.StatusCode.UNAVAILABLE,
+                Reason.NO_ELIGIBLE_POOL,
                 f"pools serve model {model!r} but none is eligible: {describe_filtered(decision)}",
             )
         return None
@@ -124,7 +125,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         await v.abort_if_any(context)
         decision = self._core.decide(request.model, tokens, request.max_tokens or DEFAULT_ROUTE_MAX_TOKENS)
         if not decision.model_served:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no listed pool serves model {request.model!r}")
+            await abort_with_reason(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                Reason.NO_POOL_FOR_MODEL,
+                f"no listed pool serves model {request.model!r}",
+            )
         return router_pb2.RouteResponse(
             candidates=[
                 router_pb2.Candidate(
@@ -211,6 +217,17 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 )
             )
         return view
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext, error: GenerateError, trailers: tuple[tuple[str, str], ...] = ()
+) -> None:
+    """Ends the call with the error's code, message and ErrorInfo, keeping `trailers` beside them
+    (abort's own trailing metadata would replace any set before)."""
+    if error.reason is None:
+        await context.abort(error.code, error.message, trailers)
+    status = grpc_status_for(error.code, error.reason, error.message, error.metadata)
+    await context.abort(status.code, status.details, (*status.trailing_metadata, *trailers))
 
 
 def _freshness(at: float | None, fresh: bool, now: float) -> router_pb2.SignalFreshness:

@@ -4,17 +4,78 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
 from globalrouter.pool_state import PoolState
 from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc
 from meshkit.channels import aio_channel
+from meshkit.errors import Reason, reason_of
 from meshkit.logs import get_logger
 
 log = get_logger(module="globalrouter.serving")
 
 PoolRequest = pool_frontend_pb2.PoolFrontendServiceGenerateRequest
+
+
+PoolResponse = pool_frontend_pb2.PoolFrontendServiceGenerateResponse
+
+REFUSAL_REASONS = frozenset(
+    {
+        Reason.POOL_DRAINING,
+        Reason.QUEUE_FULL,
+        Reason.MODEL_NOT_READY,
+        Reason.MODEL_NOT_SERVED,
+        Reason.POOL_REFUSING,
+    }
+)
+"""ErrorInfo reasons that are the pool's own 'no' before the first token (another pool may say yes)."""
+
+_REFUSAL_CODES = frozenset(
+    {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
+)
+
+
+class PoolStream(Protocol):
+    """One admitted request's stream from a pool, whatever the link's transport (gRPC, OpenAI HTTP)."""
+
+    async def read(self) -> PoolResponse | None:
+        """The next message; None at a clean end. Raises StreamBroken when the stream fails."""
+        ...
+
+    def cancel(self) -> None:
+        """Ends the stream from our side (idempotent; a no-op after its end)."""
+        ...
+
+
+class StreamBroken(Exception):
+    """An admitted stream failed mid-way: `code`, the ErrorInfo `reason` if the pool gave one, `detail`."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str | None, detail: str) -> None:
+        super().__init__(f"{code.name}: {detail}")
+        self.code = code
+        self.reason = reason
+        self.detail = detail
+
+
+class GrpcPoolStream:
+    """PoolStream over a gRPC PoolFrontendService.Generate call."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+        self._call = call
+
+    async def read(self) -> PoolResponse | None:
+        try:
+            msg = await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise StreamBroken(exc.code(), reason_of(exc), exc.details() or "") from None
+        return None if msg is grpc.aio.EOF else msg
+
+    def cancel(self) -> None:
+        self._call.cancel()
 
 
 @dataclass(slots=True)
@@ -23,34 +84,33 @@ class Admitted:
 
     pool_id: str
     url: str
-    call: grpc.aio.UnaryStreamCall
+    stream: PoolStream
     admission: pool_frontend_pb2.PoolAdmission
 
 
 class AdmissionFailed(Exception):
-    """The pool did not take the request. `refused` says whether it answered (vs. was unreachable)."""
+    """The pool did not take the request. `refused` says whether it answered no (vs. was unreachable)."""
 
-    def __init__(self, pool_id: str, code: grpc.StatusCode, message: str, *, refused: bool) -> None:
+    def __init__(
+        self, pool_id: str, code: grpc.StatusCode, reason: str | None, message: str, *, refused: bool
+    ) -> None:
         super().__init__(f"{pool_id}: {code.name}: {message}")
         self.pool_id = pool_id
         self.code = code
+        self.reason = reason
         self.message = message
         self.refused = refused
 
 
-def is_refusal(code: grpc.StatusCode, message: str) -> bool:
+def is_refusal(code: grpc.StatusCode, reason: str | None) -> bool:
     """Whether a pre-admission error is the pool's own 'no' (so another pool may say yes).
 
-    Overload and drain are the contract's refusals; NOT_FOUND / FAILED_PRECONDITION mean our view of
-    the pool (its model, readiness) is stale. Anything else means we could not talk to it.
+    Decided on the ErrorInfo reason (overload, drain, model not served or not ready). A pool that
+    sets no reason is still taken at its word for RESOURCE_EXHAUSTED / NOT_FOUND /
+    FAILED_PRECONDITION (overloaded, or our view of its model is stale); anything else means we
+    could not talk to it.
     """
-    if code in (
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.FAILED_PRECONDITION,
-    ):
-        return True
-    return code == grpc.StatusCode.UNAVAILABLE and "drain" in message.lower()
+    return reason in REFUSAL_REASONS or (reason is None and code in _REFUSAL_CODES)
 
 
 class ServingLinks:
@@ -111,7 +171,7 @@ class ServingLinks:
 
     async def release(self, admitted: Admitted) -> None:
         """The request's stream on `admitted` ended (finished, failed or cancelled)."""
-        admitted.call.cancel()
+        admitted.stream.cancel()
         await self._release_url(admitted.url)
 
     async def _release_url(self, url: str) -> None:
@@ -139,8 +199,10 @@ class ServingLinks:
             first = await call.read()
         except grpc.aio.AioRpcError as exc:
             await self._release_url(url)
-            code, message = exc.code(), exc.details() or ""
-            raise AdmissionFailed(pool.pool_id, code, message, refused=is_refusal(code, message)) from None
+            code, reason = exc.code(), reason_of(exc)
+            raise AdmissionFailed(
+                pool.pool_id, code, reason, exc.details() or "", refused=is_refusal(code, reason)
+            ) from None
         except BaseException:
             call.cancel()
             await self._release_url(url)
@@ -151,7 +213,8 @@ class ServingLinks:
             raise AdmissionFailed(
                 pool.pool_id,
                 grpc.StatusCode.UNAVAILABLE,
+                None,
                 "the pool's stream did not start with an admission",
                 refused=False,
             )
-        return Admitted(pool_id=pool.pool_id, url=url, call=call, admission=first.admission)
+        return Admitted(pool_id=pool.pool_id, url=url, stream=GrpcPoolStream(call), admission=first.admission)

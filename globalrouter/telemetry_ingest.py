@@ -11,6 +11,7 @@ from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal
 from meshkit.clock import Clock
+from meshkit.errors import Reason, abort_with_reason
 from meshkit.logs import get_logger
 from meshkit.timeconv import wall_seconds
 from meshkit.validation import Violations, check_identifier
@@ -78,11 +79,12 @@ class StreamState:
 
 
 class StreamRejected(Exception):
-    """The stream must end with `code` and `message`."""
+    """The stream must end with `code`, the ErrorInfo `reason` and `message`."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, reason: Reason, message: str) -> None:
         super().__init__(message)
         self.code = code
+        self.reason = reason
         self.message = message
 
 
@@ -106,6 +108,7 @@ class TelemetryIngest:
         if listed > hello.incarnation:
             raise StreamRejected(
                 grpc.StatusCode.PERMISSION_DENIED,
+                Reason.TELEMETRY_STALE_INCARNATION,
                 f"relay {hello.relay_id!r} of pool {hello.pool_id!r} is listed under a newer incarnation "
                 f"({listed} > {hello.incarnation})",
             )
@@ -114,6 +117,7 @@ class TelemetryIngest:
             if old.incarnation > hello.incarnation:
                 raise StreamRejected(
                     grpc.StatusCode.PERMISSION_DENIED,
+                    Reason.TELEMETRY_STALE_INCARNATION,
                     f"relay {hello.relay_id!r} of pool {hello.pool_id!r} already streams under a newer "
                     f"incarnation ({old.incarnation} > {hello.incarnation})",
                 )
@@ -196,7 +200,11 @@ class TelemetryIngest:
             if msg.heartbeat.HasField("send_time"):
                 self._lag(wall_seconds(msg.heartbeat.send_time))
         elif kind == "hello":
-            raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, "hello may only be the first message")
+            raise StreamRejected(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                Reason.TELEMETRY_PROTOCOL,
+                "hello may only be the first message",
+            )
         return None
 
     def _lag(self, sent_wall: float) -> None:
@@ -274,11 +282,13 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
             await v.abort_if_any(context)
         await validate_hello(first.hello).abort_if_any(context)
         if self.closing:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the global frontend is stopping")
+            await abort_with_reason(
+                context, grpc.StatusCode.UNAVAILABLE, Reason.SHUTTING_DOWN, "the global frontend is stopping"
+            )
         try:
             stream = self._ingest.open(first.hello)
         except StreamRejected as exc:
-            await context.abort(exc.code, exc.message)
+            await abort_with_reason(context, exc.code, exc.reason, exc.message)
         slog = log.bind(pool_id=stream.pool_id, relay_id=stream.relay_id, incarnation=stream.incarnation)
         slog.info("telemetry stream opened")
         try:
@@ -290,15 +300,23 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
                 if msg is grpc.aio.EOF:
                     break
                 if self.closing:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "the global frontend is stopping")
+                    await abort_with_reason(
+                        context,
+                        grpc.StatusCode.UNAVAILABLE,
+                        Reason.SHUTTING_DOWN,
+                        "the global frontend is stopping",
+                    )
                 if stream.superseded:
-                    await context.abort(
-                        grpc.StatusCode.ABORTED, "a newer stream of this relay replaced this one"
+                    await abort_with_reason(
+                        context,
+                        grpc.StatusCode.ABORTED,
+                        Reason.TELEMETRY_SUPERSEDED,
+                        "a newer stream of this relay replaced this one",
                     )
                 try:
                     answer = self._ingest.receive(stream, msg)
                 except StreamRejected as exc:
-                    await context.abort(exc.code, exc.message)
+                    await abort_with_reason(context, exc.code, exc.reason, exc.message)
                 if answer is not None:
                     await context.write(answer)
         finally:

@@ -52,6 +52,8 @@ class Reason(StrEnum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
     NOT_AUTHORIZED = "NOT_AUTHORIZED"
     SHUTTING_DOWN = "SHUTTING_DOWN"
+    # A newer telemetry stream of the same relay replica took over (ABORTED: the older one ends).
+    TELEMETRY_SUPERSEDED = "TELEMETRY_SUPERSEDED"
 
 
 def error_info(reason: Reason, metadata: Mapping[str, str] | None = None) -> error_details_pb2.ErrorInfo:

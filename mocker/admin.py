@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from meshkit.errors import Reason, abort_with_reason
 from meshkit.logs import get_logger
 from meshkit.timeconv import seconds
 from meshkit.validation import Violations, check_identifier
@@ -28,8 +29,10 @@ class MockerAdmin(adm_grpc.MockerAdminServiceServicer):
         try:
             self.pool.set_model_ready(request.model, request.ready)
         except KeyError:
-            await context.abort(
+            await abort_with_reason(
+                context,
                 grpc.StatusCode.NOT_FOUND,
+                Reason.MODEL_NOT_SERVED,
                 f"pool {self.pool.config.pool_id} has no model {request.model!r} "
                 f"(it has {', '.join(sorted(self.pool.models))})",
             )

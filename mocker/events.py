@@ -6,6 +6,7 @@ import asyncio
 
 import grpc
 
+from meshkit.errors import Reason, abort_with_reason
 from meshkit.logs import get_logger
 from meshkit.timeconv import seconds, timestamp
 from meshkit.validation import Violations
@@ -130,8 +131,11 @@ class PoolEvents(pe_grpc.PoolEventsServiceServicer):
                 )
         except SubscriberTooSlow as exc:
             log.warning("kv subscriber fell behind; ending its stream", error=str(exc))
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc}; re-subscribe for a fresh snapshot"
+            await abort_with_reason(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                Reason.SLOW_CONSUMER,
+                f"{exc}; re-subscribe for a fresh snapshot",
             )
         finally:
             self.pool.kv_hub.unsubscribe(sub)

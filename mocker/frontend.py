@@ -11,6 +11,7 @@ import grpc
 
 from globalrouter.v1 import pool_frontend_pb2 as pf
 from globalrouter.v1 import pool_frontend_pb2_grpc as pf_grpc
+from meshkit.errors import Reason, abort_with_reason
 from meshkit.logs import get_logger
 from meshkit.validation import Violations, check_identifier
 from mocker.pool import Pool, RefusalKind, Refused
@@ -22,13 +23,14 @@ HANDED_BACK_MESSAGE = "drain deadline: handed back"
 # before the process dies, so the caller holds exactly those tokens when it sees the failure.
 FAIL_FLUSH_S = 0.05
 
-REFUSAL_CODES = {
-    RefusalKind.UNKNOWN_MODEL: grpc.StatusCode.NOT_FOUND,
-    RefusalKind.NOT_READY: grpc.StatusCode.FAILED_PRECONDITION,
-    RefusalKind.DRAINING: grpc.StatusCode.UNAVAILABLE,
-    RefusalKind.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    RefusalKind.REFUSE_ALL: grpc.StatusCode.RESOURCE_EXHAUSTED,
+REFUSALS = {
+    RefusalKind.UNKNOWN_MODEL: (grpc.StatusCode.NOT_FOUND, Reason.MODEL_NOT_SERVED),
+    RefusalKind.NOT_READY: (grpc.StatusCode.FAILED_PRECONDITION, Reason.MODEL_NOT_READY),
+    RefusalKind.DRAINING: (grpc.StatusCode.UNAVAILABLE, Reason.POOL_DRAINING),
+    RefusalKind.QUEUE_FULL: (grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.QUEUE_FULL),
+    RefusalKind.REFUSE_ALL: (grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.POOL_REFUSING),
 }
+"""Each admission refusal's code and the ErrorInfo reason the global frontend decides on."""
 
 log = get_logger(module="mocker.frontend")
 
@@ -71,7 +73,8 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
             )
         except Refused as refused:
             rlog.debug("refused", reason=refused.kind.value)
-            await context.abort(REFUSAL_CODES[refused.kind], refused.message)
+            code, reason = REFUSALS[refused.kind]
+            await abort_with_reason(context, code, reason, refused.message)
         rlog = rlog.bind(worker=ticket.worker.worker_id)
         rlog.debug("admitted", cached_blocks=ticket.cached_blocks, prompt_blocks=ticket.prompt_blocks)
         sent = 0
@@ -106,7 +109,9 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
             if task is not None:
                 task.uncancel()
             rlog.info("handed back at drain deadline", tokens_sent=sent)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, HANDED_BACK_MESSAGE)
+            await abort_with_reason(
+                context, grpc.StatusCode.UNAVAILABLE, Reason.DRAIN_HANDED_BACK, HANDED_BACK_MESSAGE
+            )
         finally:
             self.pool.close(ticket)
 

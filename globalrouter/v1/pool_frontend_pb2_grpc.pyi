@@ -40,13 +40,17 @@ class PoolFrontendServiceStub:
     produced. The first message is a PoolAdmission (the pool accepted the request); tokens
     follow; the last message is a PoolFinish.
 
-    Admission is the pool's final say, given before the first message:
-    - RESOURCE_EXHAUSTED when the pool's queue is full;
-    - UNAVAILABLE with a message containing "draining" while it drains;
-    - NOT_FOUND when the pool does not serve the model, FAILED_PRECONDITION when it is not Ready;
+    Admission is the pool's final say, given before the first message, each refusal with a
+    google.rpc.ErrorInfo (domain "globalrouter.mesh") whose reason the caller decides on:
+    - RESOURCE_EXHAUSTED, reason QUEUE_FULL when the pool's queue is full (POOL_REFUSING when
+      it refuses everything);
+    - UNAVAILABLE, reason POOL_DRAINING while it drains;
+    - NOT_FOUND, reason MODEL_NOT_SERVED when the pool does not serve the model;
+      FAILED_PRECONDITION, reason MODEL_NOT_READY when it is not Ready;
     - INVALID_ARGUMENT (with a BadRequest naming the field) for a malformed request.
-    After admission, UNAVAILABLE ends a request the pool hands back (drain deadline, failure):
-    the caller may continue it elsewhere from the tokens it has received.
+    After admission, UNAVAILABLE ends a request the pool hands back (reason DRAIN_HANDED_BACK at
+    the drain deadline; no reason when it failed): the caller may continue it elsewhere from the
+    tokens it has received.
     """
 
 @_typing.type_check_only
@@ -59,13 +63,17 @@ class PoolFrontendServiceAsyncStub(PoolFrontendServiceStub):
     produced. The first message is a PoolAdmission (the pool accepted the request); tokens
     follow; the last message is a PoolFinish.
 
-    Admission is the pool's final say, given before the first message:
-    - RESOURCE_EXHAUSTED when the pool's queue is full;
-    - UNAVAILABLE with a message containing "draining" while it drains;
-    - NOT_FOUND when the pool does not serve the model, FAILED_PRECONDITION when it is not Ready;
+    Admission is the pool's final say, given before the first message, each refusal with a
+    google.rpc.ErrorInfo (domain "globalrouter.mesh") whose reason the caller decides on:
+    - RESOURCE_EXHAUSTED, reason QUEUE_FULL when the pool's queue is full (POOL_REFUSING when
+      it refuses everything);
+    - UNAVAILABLE, reason POOL_DRAINING while it drains;
+    - NOT_FOUND, reason MODEL_NOT_SERVED when the pool does not serve the model;
+      FAILED_PRECONDITION, reason MODEL_NOT_READY when it is not Ready;
     - INVALID_ARGUMENT (with a BadRequest naming the field) for a malformed request.
-    After admission, UNAVAILABLE ends a request the pool hands back (drain deadline, failure):
-    the caller may continue it elsewhere from the tokens it has received.
+    After admission, UNAVAILABLE ends a request the pool hands back (reason DRAIN_HANDED_BACK at
+    the drain deadline; no reason when it failed): the caller may continue it elsewhere from the
+    tokens it has received.
     """
 
 class PoolFrontendServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -81,13 +89,17 @@ class PoolFrontendServiceServicer(metaclass=_abc_1.ABCMeta):
         produced. The first message is a PoolAdmission (the pool accepted the request); tokens
         follow; the last message is a PoolFinish.
 
-        Admission is the pool's final say, given before the first message:
-        - RESOURCE_EXHAUSTED when the pool's queue is full;
-        - UNAVAILABLE with a message containing "draining" while it drains;
-        - NOT_FOUND when the pool does not serve the model, FAILED_PRECONDITION when it is not Ready;
+        Admission is the pool's final say, given before the first message, each refusal with a
+        google.rpc.ErrorInfo (domain "globalrouter.mesh") whose reason the caller decides on:
+        - RESOURCE_EXHAUSTED, reason QUEUE_FULL when the pool's queue is full (POOL_REFUSING when
+          it refuses everything);
+        - UNAVAILABLE, reason POOL_DRAINING while it drains;
+        - NOT_FOUND, reason MODEL_NOT_SERVED when the pool does not serve the model;
+          FAILED_PRECONDITION, reason MODEL_NOT_READY when it is not Ready;
         - INVALID_ARGUMENT (with a BadRequest naming the field) for a malformed request.
-        After admission, UNAVAILABLE ends a request the pool hands back (drain deadline, failure):
-        the caller may continue it elsewhere from the tokens it has received.
+        After admission, UNAVAILABLE ends a request the pool hands back (reason DRAIN_HANDED_BACK at
+        the drain deadline; no reason when it failed): the caller may continue it elsewhere from the
+        tokens it has received.
         """
 
 def add_PoolFrontendServiceServicer_to_server(servicer: PoolFrontendServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -43,8 +43,17 @@ class RouterServiceStub:
 
     Errors: INVALID_ARGUMENT (BadRequest names the field); NOT_FOUND when no listed pool serves
     the model; UNAVAILABLE when pools serve it but none is eligible (each reason in the
-    message); RESOURCE_EXHAUSTED when every candidate refused; ABORTED when the migration limit
-    was reached mid-stream (tokens already sent stay valid).
+    message); RESOURCE_EXHAUSTED when every candidate refused; UNAVAILABLE when the migration
+    limit was reached mid-stream or no other pool could continue (tokens already sent stay valid).
+
+    Every refusal carries a google.rpc.ErrorInfo (domain "globalrouter.mesh") whose reason is
+    the stable value to decide on, never the message: NO_POOL_FOR_MODEL, NO_ELIGIBLE_POOL,
+    ALL_POOLS_REFUSED, POOLS_UNREACHABLE, MIGRATION_LIMIT_REACHED, NO_POOL_TO_CONTINUE.
+    MIGRATION_LIMIT_REACHED and NO_POOL_TO_CONTINUE are UNAVAILABLE, not ABORTED: nothing
+    conflicted, the pools failed, and the client can act on it by sending a new request with
+    prompt + the tokens it received and the remaining budget (ErrorInfo metadata `tokens_sent`
+    says how many the frontend sent). gRPC's own retry never replays such a call, because tokens
+    were already streamed.
     """
     Route: _grpc.UnaryUnaryMultiCallable[_router_pb2.RouteRequest, _router_pb2.RouteResponse]
     """Dry run of selection for a prompt: the ranked candidates with each cost term, and why every
@@ -68,8 +77,17 @@ class RouterServiceAsyncStub(RouterServiceStub):
 
     Errors: INVALID_ARGUMENT (BadRequest names the field); NOT_FOUND when no listed pool serves
     the model; UNAVAILABLE when pools serve it but none is eligible (each reason in the
-    message); RESOURCE_EXHAUSTED when every candidate refused; ABORTED when the migration limit
-    was reached mid-stream (tokens already sent stay valid).
+    message); RESOURCE_EXHAUSTED when every candidate refused; UNAVAILABLE when the migration
+    limit was reached mid-stream or no other pool could continue (tokens already sent stay valid).
+
+    Every refusal carries a google.rpc.ErrorInfo (domain "globalrouter.mesh") whose reason is
+    the stable value to decide on, never the message: NO_POOL_FOR_MODEL, NO_ELIGIBLE_POOL,
+    ALL_POOLS_REFUSED, POOLS_UNREACHABLE, MIGRATION_LIMIT_REACHED, NO_POOL_TO_CONTINUE.
+    MIGRATION_LIMIT_REACHED and NO_POOL_TO_CONTINUE are UNAVAILABLE, not ABORTED: nothing
+    conflicted, the pools failed, and the client can act on it by sending a new request with
+    prompt + the tokens it received and the remaining budget (ErrorInfo metadata `tokens_sent`
+    says how many the frontend sent). gRPC's own retry never replays such a call, because tokens
+    were already streamed.
     """
     Route: _aio.UnaryUnaryMultiCallable[_router_pb2.RouteRequest, _router_pb2.RouteResponse]  # type: ignore[assignment]
     """Dry run of selection for a prompt: the ranked candidates with each cost term, and why every
@@ -96,8 +114,17 @@ class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
 
         Errors: INVALID_ARGUMENT (BadRequest names the field); NOT_FOUND when no listed pool serves
         the model; UNAVAILABLE when pools serve it but none is eligible (each reason in the
-        message); RESOURCE_EXHAUSTED when every candidate refused; ABORTED when the migration limit
-        was reached mid-stream (tokens already sent stay valid).
+        message); RESOURCE_EXHAUSTED when every candidate refused; UNAVAILABLE when the migration
+        limit was reached mid-stream or no other pool could continue (tokens already sent stay valid).
+
+        Every refusal carries a google.rpc.ErrorInfo (domain "globalrouter.mesh") whose reason is
+        the stable value to decide on, never the message: NO_POOL_FOR_MODEL, NO_ELIGIBLE_POOL,
+        ALL_POOLS_REFUSED, POOLS_UNREACHABLE, MIGRATION_LIMIT_REACHED, NO_POOL_TO_CONTINUE.
+        MIGRATION_LIMIT_REACHED and NO_POOL_TO_CONTINUE are UNAVAILABLE, not ABORTED: nothing
+        conflicted, the pools failed, and the client can act on it by sending a new request with
+        prompt + the tokens it received and the remaining budget (ErrorInfo metadata `tokens_sent`
+        says how many the frontend sent). gRPC's own retry never replays such a call, because tokens
+        were already streamed.
         """
 
     @_abc_1.abstractmethod

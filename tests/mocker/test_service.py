@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from globalrouter.v1 import pool_frontend_pb2 as pf
+from meshkit.errors import Reason, reason_of
 from meshkit.timeconv import duration, wall_seconds
 from meshkit.validation import bad_request_fields
 from mocker.config import Faults
@@ -95,8 +96,10 @@ async def test_unknown_model_and_not_ready_model(serve_pool):
     s = await serve_pool()
     err = await first_error(s.frontend.Generate(request(model="other")))
     assert err.code() == grpc.StatusCode.NOT_FOUND and "other" in err.details()
+    assert reason_of(err) == Reason.MODEL_NOT_SERVED
     err = await first_error(s.frontend.Generate(request(model="cold")))
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "not ready" in err.details()
+    assert reason_of(err) == Reason.MODEL_NOT_READY
     await s.admin.SetModelReady(adm.SetModelReadyRequest(model="cold", ready=True))
     _, tokens, _ = await s.generate(list(range(40)), 5, model="cold")
     assert len(tokens) == 5
@@ -113,11 +116,13 @@ async def test_queue_full_is_resource_exhausted_and_refuse_all_too(serve_pool):
     assert first.HasField("admission")
     err = await first_error(s.frontend.Generate(request(request_id="r2")))
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue is full" in err.details()
+    assert reason_of(err) == Reason.QUEUE_FULL
     long_call.cancel()
 
     await s.admin.SetFaults(adm.SetFaultsRequest(refuse_all=True))
     err = await first_error(s.frontend.Generate(request(request_id="r3")))
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "refuses all" in err.details()
+    assert reason_of(err) == Reason.POOL_REFUSING
     stats = await s.admin.GetPoolStats(adm.GetPoolStatsRequest())
     assert stats.requests_refused == 2
 
@@ -265,6 +270,7 @@ async def test_drain_finishes_accepted_refuses_new_hands_back_at_deadline(serve_
 
     err = await first_error(s.frontend.Generate(request(request_id="late")))
     assert err.code() == grpc.StatusCode.UNAVAILABLE and "draining" in err.details()
+    assert reason_of(err) == Reason.POOL_DRAINING
 
     short_tokens, short_error = await read_tokens(short_call)
     assert short_error is None and short_tokens == continue_sequence(list(range(9)), 200)
@@ -272,6 +278,7 @@ async def test_drain_finishes_accepted_refuses_new_hands_back_at_deadline(serve_
     got, error = await read_tokens(long_call)
     assert error is not None and error.code() == grpc.StatusCode.UNAVAILABLE
     assert error.details() == "drain deadline: handed back"
+    assert reason_of(error) == Reason.DRAIN_HANDED_BACK
     assert got == continue_sequence(list(range(40)), len(got))  # the caller can continue from here
 
     states = []

@@ -11,6 +11,7 @@ from globaldiscovery.v1 import discovery_pb2
 from globalrouter.config import RouterConfig
 from globalrouter.server import Router, create_server
 from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc, router_pb2, router_pb2_grpc
+from meshkit.errors import Reason, abort_with_reason
 from meshkit.server import create_server as create_grpc_server
 from mocker.tokens import continue_sequence
 from poolrelay.v1 import telemetry_pb2, telemetry_pb2_grpc
@@ -24,8 +25,12 @@ class PoolBehaviour:
 
     refuse: grpc.StatusCode | None = None
     refuse_message: str = "queue full"
+    refuse_reason: Reason | None = None
+    """The ErrorInfo reason of the refusal (None: the refusal carries no ErrorInfo)."""
     fail_after_tokens: int = 0
     """When > 0, every admitted stream ends with UNAVAILABLE after this many tokens."""
+    fail_reason: Reason | None = None
+    """The ErrorInfo reason of that mid-stream failure (e.g. DRAIN_HANDED_BACK)."""
     cached_blocks: int = 0
     requests: list[pool_frontend_pb2.PoolFrontendServiceGenerateRequest] = field(default_factory=list)
 
@@ -40,7 +45,7 @@ class FakePool(pool_frontend_pb2_grpc.PoolFrontendServiceServicer):
         b = self.behaviour
         b.requests.append(request)
         if b.refuse is not None:
-            await context.abort(b.refuse, b.refuse_message)
+            await _abort(context, b.refuse, b.refuse_reason, b.refuse_message)
         yield PoolResponse(
             admission=pool_frontend_pb2.PoolAdmission(
                 worker_id="w0", cached_blocks=b.cached_blocks, prompt_blocks=len(request.token_ids) // 16
@@ -49,7 +54,7 @@ class FakePool(pool_frontend_pb2_grpc.PoolFrontendServiceServicer):
         tokens = continue_sequence(list(request.token_ids), request.max_tokens)
         for i, token in enumerate(tokens):
             if b.fail_after_tokens and i >= b.fail_after_tokens:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "worker lost")
+                await _abort(context, grpc.StatusCode.UNAVAILABLE, b.fail_reason, "worker lost")
             yield PoolResponse(tokens=pool_frontend_pb2.PoolTokens(token_ids=[token]))
             await asyncio.sleep(0)
         yield PoolResponse(
@@ -57,6 +62,12 @@ class FakePool(pool_frontend_pb2_grpc.PoolFrontendServiceServicer):
                 reason=pool_frontend_pb2.POOL_FINISH_REASON_LENGTH, tokens_generated=len(tokens)
             )
         )
+
+
+async def _abort(context, code: grpc.StatusCode, reason: Reason | None, message: str) -> None:
+    if reason is None:
+        await context.abort(code, message)
+    await abort_with_reason(context, code, reason, message)
 
 
 async def eventually(predicate, within: float = 5.0) -> None:

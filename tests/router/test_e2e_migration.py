@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshkit.errors import Reason, reason_of
 from mocker.tokens import continue_sequence
 from tests.router.mesh import MODEL, Mesh
 
@@ -53,7 +54,7 @@ def test_kill_9_mid_stream_migrates_with_every_token_exactly_once(procs):
     assert router.metric("globalrouter_migrations_total", from_pool=first) == 1
 
 
-def test_migration_limit_ends_the_request_with_aborted(procs):
+def test_migration_limit_ends_the_request_with_unavailable_and_its_reason(procs):
     mesh = Mesh(procs)
     mesh.start_discovery()
     for name in ("pool-a", "pool-b", "pool-c"):
@@ -64,7 +65,8 @@ def test_migration_limit_ends_the_request_with_aborted(procs):
     with pytest.raises(grpc.RpcError) as err:
         for msg in stream(router.address, PROMPT, 50):
             got.extend(msg.tokens.token_ids)
-    assert err.value.code() == grpc.StatusCode.ABORTED, err.value.details()
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+    assert reason_of(err.value) == Reason.MIGRATION_LIMIT_REACHED
     assert "migration limit (1)" in err.value.details()
     trailers = dict(err.value.trailing_metadata())
     assert trailers["x-migrations"] == "1" and len(trailers["x-pools"].split(",")) == 2

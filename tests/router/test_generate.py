@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from globalrouter.v1 import router_pb2
 from meshkit.blocks import block_hashes
+from meshkit.errors import Reason, reason_of
 from meshkit.validation import bad_request_fields
 from mocker.tokens import continue_sequence
 from poolrelay.v1 import pool_events_pb2, telemetry_pb2
@@ -62,12 +65,25 @@ async def test_refusing_pool_hands_over_to_the_next(mesh):
     ranked = order(router)
     pools[ranked[0]].behaviour.refuse = grpc.StatusCode.RESOURCE_EXHAUSTED
     pools[ranked[1]].behaviour.refuse = grpc.StatusCode.UNAVAILABLE
-    pools[ranked[1]].behaviour.refuse_message = "pool is draining"
+    pools[ranked[1]].behaviour.refuse_reason = Reason.POOL_DRAINING
+    pools[ranked[1]].behaviour.refuse_message = "the pool is not taking requests"
     tokens, summary = await collect(stub, gen_request(PROMPT, 5))
     assert tokens == continue_sequence(PROMPT, 5)
     assert list(summary.refused_by) == ranked[:2]
     assert list(summary.pools) == [ranked[2]]
     assert router.metrics.refusals.labels(ranked[0], "RESOURCE_EXHAUSTED")._value.get() == 1
+    assert router.core.table.pools[ranked[1]].link_backoff_until == 0.0  # a refusal is no link failure
+
+
+async def test_refusal_is_decided_on_the_reason_not_the_message(mesh):
+    """UNAVAILABLE saying 'draining' in words but carrying no POOL_DRAINING reason is a link failure."""
+    router, stub, pools = mesh
+    ranked = order(router)
+    pools[ranked[0]].behaviour.refuse = grpc.StatusCode.UNAVAILABLE
+    pools[ranked[0]].behaviour.refuse_message = "pool is draining"
+    _tokens, summary = await collect(stub, gen_request(PROMPT, 5))
+    assert not summary.refused_by and list(summary.pools) == [ranked[1]]
+    assert router.core.table.pools[ranked[0]].link_backoff_until > router.clock.monotonic()
 
 
 async def test_all_refuse_is_resource_exhausted(mesh):
@@ -77,6 +93,7 @@ async def test_all_refuse_is_resource_exhausted(mesh):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await collect(stub, gen_request(PROMPT, 5))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert reason_of(err.value) == Reason.ALL_POOLS_REFUSED
     assert all(name in err.value.details() for name in pools)
 
 
@@ -85,6 +102,7 @@ async def test_unknown_model_is_not_found(mesh):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await collect(stub, gen_request(PROMPT, 5, model="other"))
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert reason_of(err.value) == Reason.NO_POOL_FOR_MODEL
     assert "'other'" in err.value.details()
 
 
@@ -98,6 +116,7 @@ async def test_nothing_eligible_is_unavailable_naming_each_reason(mesh):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await collect(stub, gen_request(PROMPT, 5))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert reason_of(err.value) == Reason.NO_ELIGIBLE_POOL
     details = err.value.details()
     assert "p1: draining" in details and "p2: no frontend" in details and "p3: not ready" in details
 
@@ -116,7 +135,18 @@ async def test_mid_stream_failure_migrates_without_loss_or_repeat(mesh):
     assert router.core.table.pools[first].link_backoff_until > router.clock.monotonic()
 
 
-async def test_migration_limit_ends_with_aborted(mesh):
+async def test_a_stream_handed_back_at_drain_migrates_without_backing_off_the_pool(mesh):
+    router, stub, pools = mesh
+    first = order(router)[0]
+    pools[first].behaviour.fail_after_tokens = 4
+    pools[first].behaviour.fail_reason = Reason.DRAIN_HANDED_BACK
+    tokens, summary = await collect(stub, gen_request(PROMPT, 12))
+    assert tokens == continue_sequence(PROMPT, 12)
+    assert summary.migrations == 1 and summary.pools[0] == first
+    assert router.core.table.pools[first].link_backoff_until == 0.0
+
+
+async def test_migration_limit_ends_with_unavailable_and_its_reason(mesh):
     router, stub, pools = mesh
     for fake in pools.values():
         fake.behaviour.fail_after_tokens = 2
@@ -124,16 +154,25 @@ async def test_migration_limit_ends_with_aborted(mesh):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for msg in stub.Generate(gen_request(PROMPT, 30), timeout=20):
             got.extend(msg.tokens.token_ids)
-    assert err.value.code() == grpc.StatusCode.ABORTED
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert reason_of(err.value) == Reason.MIGRATION_LIMIT_REACHED
     assert "migration limit (2)" in err.value.details()
     assert got == continue_sequence(PROMPT, 6)  # three pools, two tokens each, nothing repeated
     trailers = dict(await _trailers(err))
     assert trailers["x-migrations"] == "2"
+    assert _error_info(err.value).metadata["tokens_sent"] == "6"  # the client continues from there
     assert router.metrics.migration_aborts._value.get() == 1
 
 
 async def _trailers(err):
     return err.value.trailing_metadata() or ()
+
+
+def _error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
+    info = error_details_pb2.ErrorInfo()
+    [detail] = rpc_status.from_call(error).details
+    assert detail.Unpack(info)
+    return info
 
 
 async def test_bad_requests_name_the_field(mesh):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import pytest
 
 from globalrouter.selection import pool_overlaps
 from meshkit.blocks import block_hashes
+from meshkit.errors import Reason, reason_of
 from meshkit.validation import bad_request_fields
 from poolrelay.v1 import pool_events_pb2, telemetry_pb2
 from tests.router.fakes import FakeRelay, eventually, pool_msg, start_router
@@ -121,14 +120,16 @@ async def test_newer_incarnation_replaces_older_stream(router):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await old.read()
     assert err.value.code() == grpc.StatusCode.ABORTED
+    assert reason_of(err.value) == Reason.TELEMETRY_SUPERSEDED
     await old.close()
-    await asyncio.sleep(0.1)
+    await eventually(lambda: router.core.table.stream_counts.get("p1") == 1)  # the old stream is closed
     assert overlaps(router, PROMPT) == 1
     # An older incarnation than the one streaming now is refused.
     stale = FakeRelay(f"127.0.0.1:{router.port}")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stale.open("p1", incarnation=1)
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert reason_of(err.value) == Reason.TELEMETRY_STALE_INCARNATION
     await stale.close()
     await new.close()
 
