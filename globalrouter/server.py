@@ -84,8 +84,10 @@ class Router:
         urls = {u for p in self.core.table.pools.values() if p.listed for u in p.frontends}
         asyncio.get_running_loop().create_task(self.links.prune(urls))
 
-    async def stop_background(self) -> None:
-        """Stops renewing, unregisters (so relays stop streaming here), and closes links."""
+    async def leave(self) -> None:
+        """First half of a stop, before the server's grace period: stops renewing and watching,
+        unregisters (so relays stop streaming here) and ends telemetry streams, which never finish
+        by themselves and must not hold the grace period in-flight Generates need."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -94,6 +96,10 @@ class Router:
         if self.registration is not None:
             await self.registration.unregister()
         self.telemetry.end_streams()
+
+    async def close(self) -> None:
+        """Second half, after the server stopped: in-flight Generates are done, so the serving
+        links (which they stream over) and the discovery channel can close."""
         if self._discovery_channel is not None:
             await self._discovery_channel.close()
         await self.links.close()
@@ -154,7 +160,8 @@ def create_server(
 
 
 async def serve(config: RouterConfig) -> None:
-    """Runs a global frontend until SIGTERM/SIGINT: NOT_SERVING → unregister → stop(grace)."""
+    """Runs a global frontend until SIGTERM/SIGINT: NOT_SERVING → unregister → stop(grace), which
+    lets in-flight Generate streams finish → close the serving links."""
     router = create_server(config)
     log.info(
         "global frontend starting",
@@ -165,5 +172,7 @@ async def serve(config: RouterConfig) -> None:
         discovery=config.discovery,
     )
     router.start_background()
-    await serve_until_signalled(router.handle, grace=config.grace, on_stop=[router.stop_background])
+    await serve_until_signalled(
+        router.handle, grace=config.grace, on_stop=[router.leave], after_stop=[router.close]
+    )
     log.info("global frontend stopped")

@@ -2,8 +2,8 @@
 
 Follows grpc's examples/python asyncio idioms: `create_server(addr) -> (server, port)` builds and
 binds without starting; `serve_until_signalled()` starts, waits for SIGTERM/SIGINT, flips health to
-NOT_SERVING, runs the service's own stop hooks, and stops with a grace period so in-flight calls
-finish.
+NOT_SERVING, runs the service's own stop hooks, stops with a grace period so in-flight calls
+finish, and only then runs the hooks that release what those calls use.
 """
 
 from __future__ import annotations
@@ -74,13 +74,15 @@ async def serve_until_signalled(
     *,
     grace: float = 5.0,
     on_stop: Iterable[Callable[[], Awaitable[None]]] = (),
+    after_stop: Iterable[Callable[[], Awaitable[None]]] = (),
     stop_event: asyncio.Event | None = None,
 ) -> None:
     """Starts `handle`, serves until SIGTERM/SIGINT (or `stop_event`), then stops gracefully.
 
     Order on stop: health NOT_SERVING (load balancers and peers stop sending), the service's
     `on_stop` hooks (unregister, close watchers), then `server.stop(grace)` so in-flight calls
-    finish within `grace` seconds.
+    finish within `grace` seconds, then the `after_stop` hooks (close what in-flight calls used,
+    e.g. outgoing channels: closing them earlier would cut those calls).
     """
     stop = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -91,11 +93,16 @@ async def serve_until_signalled(
     await stop.wait()
     log.info("stopping", grace_s=grace)
     await handle.set_serving(False)
-    for hook in on_stop:
+    await _run_hooks(on_stop)
+    await handle.server.stop(grace)
+    await _run_hooks(after_stop)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+
+
+async def _run_hooks(hooks: Iterable[Callable[[], Awaitable[None]]]) -> None:
+    for hook in hooks:
         try:
             await hook()
         except Exception as exc:  # a failing hook must not keep the process from stopping
             log.warning("stop hook failed", error=repr(exc))
-    await handle.server.stop(grace)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.remove_signal_handler(sig)

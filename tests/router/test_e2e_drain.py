@@ -123,3 +123,23 @@ def frontends(mesh: Mesh) -> list[str]:
             discovery_pb2.ListFrontendsRequest(), timeout=5
         )
     return [f.frontend_id for f in reply.frontends]
+
+
+def test_sigterm_lets_in_flight_streams_finish_within_the_grace_period(procs):
+    mesh = Mesh(procs)
+    mesh.start_discovery()
+    mesh.start_pool("pool-a", "eu", "--speedup", "1")  # 150 tokens at 50/s: 3 s of decode
+    router = mesh.start_router("--grace", "20")
+    mesh.wait_routable(router, mesh.pools)
+    run = Background(router.address, PROMPT, 150)
+    wait_until(lambda: run.tokens, 15, message="the request is streaming")
+    assert run.summary is None and run.error is None
+    # SIGTERM mid-stream: the frontend stops taking work, but the accepted stream runs to its end
+    # on the serving link, and only then does the process exit (0).
+    assert router.proc.terminate(timeout=25) == 0
+    run.thread.join(5)
+    assert not run.thread.is_alive(), "the stream ended when the process did"
+    summary = run.result()
+    assert run.tokens == continue_sequence(PROMPT, 150)
+    assert list(summary.pools) == ["pool-a"] and summary.migrations == 0
+    assert frontends(mesh) == []  # it unregistered
