@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 
 from meshkit.keepalive import SERVER_OPTIONS
 from meshkit.logs import get_logger
+from meshkit.wire import ParseRequests
 
 log = get_logger(module="meshkit.server")
 
@@ -52,7 +53,8 @@ def create_server(
     `register(server)` adds the service's servicers and returns their full service names, which
     get health entries and reflection. Raises RuntimeError naming the address when it cannot bind.
     """
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
+    # ParseRequests last (innermost): a request that does not parse is INVALID_ARGUMENT, not UNKNOWN.
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[*interceptors, ParseRequests()])
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

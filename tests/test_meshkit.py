@@ -138,3 +138,22 @@ def test_a_logger_made_before_logging_is_configured_follows_the_configuration():
     finally:
         structlog.configure(**before)
     assert seen == [{"module": "early", "event": "kept"}]
+
+
+def test_bad_utf8_field_names_the_nested_string_field():
+    from google.rpc import error_details_pb2
+
+    from meshkit.wire import bad_utf8_field
+
+    msg = error_details_pb2.BadRequest(
+        field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field="ok", description="fine"),
+            error_details_pb2.BadRequest.FieldViolation(field="ok", description="QQQQ"),
+        ]
+    )
+    raw = msg.SerializeToString()
+    assert bad_utf8_field(msg.DESCRIPTOR, raw) is None
+    broken = raw.replace(b"QQQQ", b"Q\xffQQ")
+    assert bad_utf8_field(msg.DESCRIPTOR, broken) == "field_violations.description"
+    assert bad_utf8_field(msg.DESCRIPTOR, broken[:-1]) == "field_violations.description"
+    assert bad_utf8_field(msg.DESCRIPTOR, b"\x0a\xff") is None  # truncated: no field to name

@@ -259,3 +259,25 @@ async def test_trailing_metadata_names_the_pools_and_migrations(mesh):
     trailers = dict(await call.trailing_metadata())
     assert trailers["x-migrations"] == "1"
     assert trailers["x-pools"].split(",")[0] == first and len(trailers["x-pools"].split(",")) == 2
+
+
+@pytest.mark.parametrize("method", ["Generate", "Route"])
+async def test_invalid_utf8_in_a_text_prompt_is_invalid_argument_naming_the_field(mesh, method):
+    """proto3 strings must be UTF-8: the frontend says which field is not, instead of UNKNOWN."""
+    router, _stub, _pools = mesh
+    request_type = router_pb2.GenerateRequest if method == "Generate" else router_pb2.RouteRequest
+    raw = request_type(model="m", prompt=router_pb2.Prompt(text="AAAA"), max_tokens=3).SerializeToString()
+    raw = raw.replace(b"AAAA", b"\xff\xfeA\xc3")  # not UTF-8, same length
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
+        path = f"/globalrouter.v1.RouterService/{method}"
+        if method == "Generate":
+            call = channel.unary_stream(path, request_serializer=bytes, response_deserializer=bytes)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in call(raw, timeout=5):
+                    pass
+        else:
+            call = channel.unary_unary(path, request_serializer=bytes, response_deserializer=bytes)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call(raw, timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_request_fields(err.value) == ["prompt.text"]
