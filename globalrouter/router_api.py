@@ -10,6 +10,7 @@ from globalrouter.config import RouterConfig
 from globalrouter.migration import GenerateError, GenerateRun
 from globalrouter.pool_state import PoolState
 from globalrouter.routing import RoutingCore, describe_filtered
+from globalrouter.selection import FilterReason
 from globalrouter.serving import ServingLinks
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit import pagination
@@ -26,6 +27,8 @@ MAX_PROMPT_TOKENS = 1_048_576
 MAX_OUTPUT_TOKENS = 1_048_576
 MAX_TOKEN_ID = 2**32 - 1
 DEFAULT_ROUTE_MAX_TOKENS = 16
+FILTER_REASONS = {r: router_pb2.FilterReason.Value(f"FILTER_REASON_{r.name}") for r in FilterReason}
+"""selection.FilterReason -> the proto value of the same name (a missing name fails at import)."""
 
 
 def prompt_tokens(v: Violations, field_path: str, prompt: router_pb2.Prompt) -> list[int]:
@@ -150,7 +153,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             filtered=[
                 router_pb2.FilteredPool(
                     pool_id=f.pool_id,
-                    reason=router_pb2.FilterReason.Value(f"FILTER_REASON_{f.reason.name}"),
+                    reason=FILTER_REASONS[f.reason],
                     detail=f.detail,
                 )
                 for f in decision.filtered  # ordered by pool_id
