@@ -79,6 +79,11 @@ class FakePool(pe_grpc.PoolEventsServiceServicer):
         for q in self._kv_queues:
             q.put_nowait(pe.WatchKvEventsResponse(event=ev))
 
+    @property
+    def kv_subscribers(self) -> int:
+        """Open WatchKvEvents streams (events sent now reach them live)."""
+        return len(self._kv_queues)
+
     def pool_blocks(self) -> set[int]:
         return set().union(*self.workers.values()) if self.workers else set()
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import pytest
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
 from poolrelay.model_choice import Reason
-from poolrelay.pool_source import RESYNC_QUIET_S
 from poolrelay.relay import Relay, RelayConfig
 from poolrelay.status import relay_status
 from poolrelay.v1 import pool_events_pb2 as pe
@@ -108,7 +105,7 @@ async def test_no_registration_while_several_models_then_at_once(mesh):
 async def test_telemetry_receiver_holds_the_pool_block_set(mesh):
     pool, _, recv, relay = mesh
     await wait_for(lambda: recv.snapshots, message="telemetry stream open")
-    await asyncio.sleep(RESYNC_QUIET_S * 2)  # an idle pool: the relay's subscription ends its re-sync by time
+    await wait_for(lambda: pool.kv_subscribers, message="the relay watches the pool's KV events")
     pool.kv_event("w1", stored=[1, 2, 3])
     pool.kv_event("w2", stored=[3, 4])
     await wait_for(lambda: recv.blocks == {1, 2, 3, 4}, message="blocks at the receiver")
@@ -151,7 +148,9 @@ async def test_discovery_drain_is_passed_to_the_pool_and_drained_pool_unregister
     assert disco.unregisters[0].reason == dpb.REMOVAL_REASON_DRAINED
     n = len(disco.registers)
     await wait_for(lambda: relay.unregistered[0] == Reason.POOL_DRAINED)
-    await relay.clock.sleep(0.5)  # more than two heartbeat intervals of the fake discovery
+    await _report_intervals_pass(
+        recv, 4
+    )  # 0.6 s of the relay's clock: three heartbeats of the fake discovery
     assert len(disco.registers) == n, "nothing registered while the pool stays drained"
 
 
@@ -184,8 +183,20 @@ async def test_lost_pool_means_nothing_registered():
     pool, disco = FakePool({"m1": True}), FakeDiscovery()
     pool_server, pool_addr = await start_server((pe_grpc.add_PoolEventsServiceServicer_to_server, pool))
     disco_server, disco_addr = await start_server((dpb_grpc.add_DiscoveryServiceServicer_to_server, disco))
+    recv = TelemetryReceiver()
+    recv_server, recv_addr = await start_server((tm_grpc.add_TelemetryServiceServicer_to_server, recv))
     relay = Relay(
-        RelayConfig(pool_addr, disco_addr, "pool-a", "eu", ("http://127.0.0.1:9000",), "relay-1", 1)
+        RelayConfig(
+            pool_addr,
+            disco_addr,
+            "pool-a",
+            "eu",
+            ("http://127.0.0.1:9000",),
+            "relay-1",
+            1,
+            global_frontends=(f"http://{recv_addr}",),
+            report_interval=0.2,
+        )
     )
     await relay.start()
     try:
@@ -193,13 +204,16 @@ async def test_lost_pool_means_nothing_registered():
         await pool_server.stop(0)
         await wait_for(lambda: relay.unregistered[0] == Reason.POOL_UNREACHABLE, message="POOL_UNREACHABLE")
         n = len(disco.registers)
-        await asyncio.sleep(4 * disco.heartbeat)
+        await _report_intervals_pass(
+            recv, 5
+        )  # 0.8 s of the relay's clock: four heartbeats of the fake discovery
         assert len(disco.registers) == n, "no renewals for a pool the relay cannot see"
         assert disco.unregisters == [], "a lost pool is not unregistered: its lease runs out"
         assert "load" not in relay.hub.current_reports(), "its last load is not repeated as if fresh"
     finally:
         await relay.stop()
         await disco_server.stop(0)
+        await recv_server.stop(0)
 
 
 @pytest.mark.timeout(30)
@@ -260,3 +274,10 @@ async def test_telemetry_reconnects_to_a_restarted_frontend_with_a_fresh_snapsho
         assert publisher.connects > connects and fresh.snapshots >= 1 and fresh.errors == []
     finally:
         await server.stop(0)
+
+
+async def _report_intervals_pass(recv: TelemetryReceiver, n: int) -> None:
+    """Waits until `n` more telemetry heartbeats arrived: the relay sends one per report interval on
+    its own clock, so at least n - 1 intervals of the relay's time passed (however loaded the machine)."""
+    start = recv.heartbeats
+    await wait_for(lambda: recv.heartbeats >= start + n, message=f"{n} more telemetry heartbeats")
