@@ -12,6 +12,7 @@ from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.blocks import text_to_tokens
 from meshkit.channels import sync_channel
 from meshkit.cli import host_port
+from meshkit.errors import reason_of
 
 
 def token_list(value: str) -> list[int]:
@@ -84,10 +85,14 @@ def _run(args: argparse.Namespace) -> int:
     try:
         result = generate(args.router, args.model, tokens, args.max_tokens, args.timeout)
     except grpc.RpcError as exc:
+        reason = reason_of(exc)  # the stable value to decide on; the message is for people
         if args.json:
-            print(json.dumps({"error": exc.code().name, "message": exc.details()}))
+            print(json.dumps({"error": exc.code().name, "reason": reason, "message": exc.details()}))
         else:
-            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            print(
+                f"error: {exc.code().name}{f' ({reason})' if reason else ''}: {exc.details()}",
+                file=sys.stderr,
+            )
         return 1
     if args.json:
         print(json.dumps(result))

@@ -1,10 +1,14 @@
-"""Flag parsing of `globalrouter serve` and `globalrouter generate`."""
+"""Flag parsing of `globalrouter serve` and `globalrouter generate`, and how generate reports errors."""
 
 from __future__ import annotations
+
+import asyncio
+import json
 
 import pytest
 
 from globalrouter.cli import build_parser
+from tests.router.fakes import start_router
 
 
 def test_serve_defaults_parse():
@@ -42,3 +46,20 @@ def test_bad_flags_exit_2(argv, capsys):
         build_parser().parse_args(argv)
     assert exit_.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(30)
+async def test_generate_prints_the_error_reason(capsys):
+    router, _stub, channel = await start_router()
+    try:
+        argv = ["generate", "--router", f"127.0.0.1:{router.port}", "--model", "m", "--tokens", "1,2"]
+        args = build_parser().parse_args([*argv, "--max-tokens", "3", "--json"])
+        assert await asyncio.to_thread(args.func, args) == 1
+        out = json.loads(capsys.readouterr().out)
+        assert (out["error"], out["reason"]) == ("NOT_FOUND", "NO_POOL_FOR_MODEL")
+        args = build_parser().parse_args([*argv, "--max-tokens", "3"])
+        assert await asyncio.to_thread(args.func, args) == 1
+        assert capsys.readouterr().err.startswith("error: NOT_FOUND (NO_POOL_FOR_MODEL): ")
+    finally:
+        await channel.close()
+        await router.handle.server.stop(0)
