@@ -2,8 +2,8 @@
 
 grpc turns an exception in a request deserializer (protobuf's DecodeError, e.g. a string field
 holding invalid UTF-8) into UNKNOWN "Unexpected DecodeError". ParseRequests, installed on every
-server by meshkit.server, parses unary requests itself and answers INVALID_ARGUMENT with a
-BadRequest naming the string field at fault, found by walking the wire bytes.
+server by meshkit.server, parses requests itself (unary and streamed) and answers INVALID_ARGUMENT
+with a BadRequest naming the string field at fault, found by walking the wire bytes.
 """
 
 from __future__ import annotations
@@ -84,37 +84,94 @@ def malformed(message_type, data: bytes, error: DecodeError) -> Violations:
     return v
 
 
-def _parsing(deserialize: Callable[[bytes], object], behavior, streaming: bool):
-    """`behavior` taking raw bytes: parses them first, INVALID_ARGUMENT when they do not parse."""
-    message_type = getattr(deserialize, "__self__", None)
+class _Parser:
+    """Parses request bytes as grpc's deserializer would, but answers INVALID_ARGUMENT on failure."""
 
-    async def parse(data: bytes, context: grpc.aio.ServicerContext):
+    __slots__ = ("_deserialize", "_message_type")
+
+    def __init__(self, deserialize: Callable[[bytes], object]) -> None:
+        self._deserialize = deserialize
+        self._message_type = deserialize.__self__  # type: ignore[attr-defined]
+
+    async def __call__(self, data: bytes, context: grpc.aio.ServicerContext):
         try:
-            return deserialize(data)
+            return self._deserialize(data)
         except DecodeError as exc:
-            await malformed(message_type, data, exc).abort_if_any(context)
+            await malformed(self._message_type, data, exc).abort_if_any(context)
             raise
 
-    if streaming and inspect.isasyncgenfunction(behavior):
 
-        async def stream_behavior(data: bytes, context: grpc.aio.ServicerContext):
+class _ParsingContext:
+    """A servicer context whose read() returns parsed requests (the server hands over bytes)."""
+
+    __slots__ = ("_context", "_parse")
+
+    def __init__(self, context: grpc.aio.ServicerContext, parse: _Parser) -> None:
+        self._context = context
+        self._parse = parse
+
+    def __getattr__(self, name: str):
+        return getattr(self._context, name)
+
+    async def read(self):
+        data = await self._context.read()
+        if data is grpc.aio.EOF:
+            return data
+        return await self._parse(data, self._context)
+
+
+def _parsing(parse: _Parser, behavior, request_streaming: bool):
+    """`behavior` as a handler taking raw bytes: it parses them first, INVALID_ARGUMENT if they do not parse."""
+    if request_streaming:
+
+        async def requests(iterator, context):
+            async for data in iterator:
+                yield await parse(data, context)
+
+        def call(request, context):
+            return behavior(requests(request, context), _ParsingContext(context, parse))
+
+        if inspect.isasyncgenfunction(behavior):
+
+            async def stream_in_stream_out(request, context):
+                async for response in call(request, context):
+                    yield response
+
+            return stream_in_stream_out
+
+        async def stream_in(request, context):
+            return await call(request, context)
+
+        return stream_in
+
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream_out(data: bytes, context):
             request = await parse(data, context)
             async for response in behavior(request, context):
                 yield response
 
-        return stream_behavior
+        return stream_out
 
-    async def unary_behavior(data: bytes, context: grpc.aio.ServicerContext):
+    async def unary(data: bytes, context):
         return await behavior(await parse(data, context), context)
 
-    return unary_behavior
+    return unary
+
+
+_FACTORIES = {
+    (False, False): ("unary_unary", grpc.unary_unary_rpc_method_handler),
+    (False, True): ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    (True, False): ("stream_unary", grpc.stream_unary_rpc_method_handler),
+    (True, True): ("stream_stream", grpc.stream_stream_rpc_method_handler),
+}
 
 
 class ParseRequests(grpc.aio.ServerInterceptor):
-    """Parses unary requests in the handler, so a request that does not parse is INVALID_ARGUMENT.
+    """Parses requests in the handler, so a request that does not parse is INVALID_ARGUMENT.
 
     Install it last (innermost): the handlers it wraps are then the registered ones, the same
-    object per method, and each is wrapped once. Streaming requests are left as they are.
+    object per method, and each is wrapped once.
     """
 
     def __init__(self) -> None:
@@ -126,7 +183,7 @@ class ParseRequests(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+        if handler is None or handler.request_deserializer is None:
             return handler
         entry = self._wrapped.get(id(handler))
         if entry is not None and entry[0] is handler:
@@ -137,19 +194,14 @@ class ParseRequests(grpc.aio.ServerInterceptor):
 
     @staticmethod
     def _wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+        attribute, factory = _FACTORIES[(handler.request_streaming, handler.response_streaming)]
+        behavior = getattr(handler, attribute)
         if getattr(handler.request_deserializer, "__self__", None) is None or not (
             inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)
         ):
             return handler  # not a generated Message.FromString or not an aio handler: grpc's own way
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(
-                _parsing(handler.request_deserializer, handler.unary_stream, streaming=True),
-                request_deserializer=None,
-                response_serializer=handler.response_serializer,
-            )
-        return grpc.unary_unary_rpc_method_handler(
-            _parsing(handler.request_deserializer, handler.unary_unary, streaming=False),
+        return factory(
+            _parsing(_Parser(handler.request_deserializer), behavior, handler.request_streaming),
             request_deserializer=None,
             response_serializer=handler.response_serializer,
         )

@@ -7,6 +7,7 @@ import logging
 import struct
 from array import array
 
+import grpc
 import pytest
 import structlog
 import xxhash
@@ -157,3 +158,32 @@ def test_bad_utf8_field_names_the_nested_string_field():
     assert bad_utf8_field(msg.DESCRIPTOR, broken) == "field_violations.description"
     assert bad_utf8_field(msg.DESCRIPTOR, broken[:-1]) == "field_violations.description"
     assert bad_utf8_field(msg.DESCRIPTOR, b"\x0a\xff") is None  # truncated: no field to name
+
+
+async def test_health_and_reflection_answer_on_a_meshkit_server():
+    """Every service's server parses its requests itself (meshkit.wire): the standard services still work."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    from meshkit.server import create_server
+
+    handle = create_server("127.0.0.1:0", lambda server: [])
+    await handle.server.start()
+    await handle.set_serving(True)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{handle.port}") as channel:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=5
+            )
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+        def services() -> list[str]:
+            with grpc.insecure_channel(f"127.0.0.1:{handle.port}") as sync_channel:
+                return sorted(ProtoReflectionDescriptorDatabase(sync_channel).get_services())
+
+        assert await asyncio.to_thread(services) == [
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ]
+    finally:
+        await handle.server.stop(0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -191,3 +193,28 @@ async def test_stop_ends_telemetry_streams_at_their_next_message(router):
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     await eventually(lambda: "p1" not in router.core.table.pools)
     await relay.close()
+
+
+async def test_a_streamed_message_that_does_not_parse_is_invalid_argument_naming_the_field(router):
+    """Streamed requests are parsed like unary ones: invalid UTF-8 names its field, not UNKNOWN."""
+    hello = telemetry_pb2.PublishPoolTelemetryRequest(hello=telemetry_pb2.TelemetryHello(pool_id="AAAA"))
+    raw = hello.SerializeToString().replace(b"AAAA", b"\xff\xfeAA")
+    release = asyncio.Event()
+
+    async def requests():
+        yield raw
+        await release.wait()
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
+        call = channel.stream_stream(
+            "/poolrelay.v1.TelemetryService/PublishPoolTelemetry",
+            request_serializer=bytes,
+            response_deserializer=bytes,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in call(requests(), timeout=10):
+                pass
+        release.set()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_request_fields(err.value) == ["hello.pool_id"]
+    assert router.core.table.stream_counts == {}
