@@ -177,10 +177,29 @@ async def test_telemetry_receiver_holds_the_workers_block_set_after_traffic(proc
 
 
 @pytest.mark.timeout(90)
-def test_discovery_drain_reaches_the_pool_and_the_drained_pool_stays_out(procs):
-    discovery = start_discovery(procs)
-    pool = start_mocker(procs)
-    _, status = start_relay(procs, pool, discovery)
+async def test_discovery_drain_reaches_the_pool_and_the_drained_pool_stays_out(procs):
+    recv = TelemetryReceiver()  # its heartbeats show the relay's clock moving on
+    server, recv_addr = await start_server((tm_grpc.add_TelemetryServiceServicer_to_server, recv))
+    try:
+        discovery = await asyncio.to_thread(start_discovery, procs)
+        pool = await asyncio.to_thread(start_mocker, procs)
+        _, status = await asyncio.to_thread(
+            start_relay, procs, pool, discovery, "--global-frontends", f"http://{recv_addr}"
+        )
+        await asyncio.to_thread(_drain_until_drained, discovery, status)
+        assert await asyncio.to_thread(listed, discovery) is None
+        # Nine telemetry heartbeats at the 0.2 s report interval: 1.6 s of the relay's own clock,
+        # over three discovery heartbeat intervals, in which nothing registers the pool again.
+        beats = recv.heartbeats
+        await wait_for(
+            lambda: recv.heartbeats >= beats + 9, within=30, message="nine more telemetry heartbeats"
+        )
+        assert await asyncio.to_thread(listed, discovery) is None, "a drained pool is not registered again"
+    finally:
+        await server.stop(0)
+
+
+def _drain_until_drained(discovery: str, status: str) -> None:
     wait_until(lambda: listed(discovery), timeout=15, message="pool listed")
     with grpc.insecure_channel(discovery) as ch:
         dpb_grpc.DiscoveryServiceStub(ch).DrainPool(
@@ -195,6 +214,3 @@ def test_discovery_drain_reaches_the_pool_and_the_drained_pool_stays_out(procs):
         timeout=15,
         message="pool drained",
     )
-    assert listed(discovery) is None
-    time.sleep(3 * HEARTBEAT)
-    assert listed(discovery) is None, "a drained pool is not registered again"
