@@ -1,8 +1,13 @@
-"""Mapping between the directory's plain values and globaldiscovery.v1 messages."""
+"""Mapping between the directory's plain values and globaldiscovery.v1 messages.
+
+Stored times go out through timeconv.clamped_timestamp, which never raises: requests are checked
+on the way in (request_checks), and this is the second line, so that one record that slipped past
+(an older server's, a store written by hand) can never make a listing that includes it fail.
+"""
 
 from __future__ import annotations
 
-from globaldiscovery.directory import (
+from globaldiscovery.records import (
     Capacity,
     EventKind,
     FrontendView,
@@ -70,21 +75,21 @@ def pool(view: PoolView) -> pb.Pool:
         frontends=view.frontends,
         draining=view.draining,
         capabilities=view.capabilities,
-        create_time=timeconv.timestamp(view.create_wall),
+        create_time=timeconv.clamped_timestamp(view.create_wall),
         revision=view.revision,
         leases=[
             pb.PoolLease(
                 relay_id=lease.relay_id,
                 incarnation=lease.incarnation,
                 frontends=lease.frontends,
-                expire_time=timeconv.timestamp(lease.expire_wall),
+                expire_time=timeconv.clamped_timestamp(lease.expire_wall),
                 draining=lease.draining,
             )
             for lease in view.leases
         ],
     )
     if view.drain_deadline_wall is not None:
-        msg.drain_deadline.CopyFrom(timeconv.timestamp(view.drain_deadline_wall))
+        msg.drain_deadline.CopyFrom(timeconv.clamped_timestamp(view.drain_deadline_wall))
     if view.capacity is not None:
         msg.capacity.CopyFrom(
             pb.PoolCapacity(
@@ -103,7 +108,7 @@ def frontend(view: FrontendView) -> pb.Frontend:
         url=view.url,
         region=view.region,
         incarnation=view.incarnation,
-        expire_time=timeconv.timestamp(view.expire_wall),
+        expire_time=timeconv.clamped_timestamp(view.expire_wall),
     )
 
 

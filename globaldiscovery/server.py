@@ -3,28 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
 from google.rpc import status_pb2
 from grpc_status import rpc_status
 
-from globaldiscovery import convert, validation
+from globaldiscovery import convert, request_checks
 from globaldiscovery.config import DiscoveryConfig
-from globaldiscovery.directory import (
-    DrainCompleted,
-    ModelConflict,
-    NotFound,
-    PoolRegistration,
-    StaleIncarnation,
-    WatcherClosed,
-)
+from globaldiscovery.lease_rules import DrainCompleted, ModelConflict, NotFound, StaleIncarnation
+from globaldiscovery.records import PoolRegistration
 from globaldiscovery.store import MemoryStore, Store, StoreUnavailable
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
+from globaldiscovery.watch_fanout import WatcherClosed
 from meshkit import pagination, timeconv
 from meshkit.clock import Clock, SystemClock
+from meshkit.errors import Reason, abort_with_reason, rpc_status_for
 from meshkit.logs import get_logger
 from meshkit.server import ServerHandle, create_server, serve_until_signalled
 
@@ -32,26 +28,49 @@ log = get_logger(module="globaldiscovery.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DiscoveryService"].full_name
 
-# Directory errors → gRPC codes (the contract in discovery.proto).
-_ERROR_CODES: dict[type[Exception], grpc.StatusCode] = {
-    StaleIncarnation: grpc.StatusCode.PERMISSION_DENIED,
-    ModelConflict: grpc.StatusCode.FAILED_PRECONDITION,
-    DrainCompleted: grpc.StatusCode.FAILED_PRECONDITION,
-    NotFound: grpc.StatusCode.NOT_FOUND,
-    StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+# Store refusals → the contract's gRPC code (discovery.proto) and the ErrorInfo reason callers act on.
+_REFUSALS: dict[type[Exception], tuple[grpc.StatusCode, Reason]] = {
+    StaleIncarnation: (grpc.StatusCode.PERMISSION_DENIED, Reason.STALE_INCARNATION),
+    ModelConflict: (grpc.StatusCode.FAILED_PRECONDITION, Reason.MODEL_CONFLICT),
+    DrainCompleted: (grpc.StatusCode.FAILED_PRECONDITION, Reason.DRAIN_COMPLETED),
+    NotFound: (grpc.StatusCode.NOT_FOUND, Reason.POOL_NOT_FOUND),
+    StoreUnavailable: (grpc.StatusCode.UNAVAILABLE, Reason.STORE_UNAVAILABLE),
 }
-_DIRECTORY_ERRORS = tuple(_ERROR_CODES)
+_DIRECTORY_ERRORS = tuple(_REFUSALS)
 _SHUTTING_DOWN = "discovery is shutting down; call another replica"
 
 T = TypeVar("T")
+V = TypeVar("V")
+M = TypeVar("M")
+
+
+def _metadata(exc: Exception) -> dict[str, str]:
+    """ErrorInfo metadata: the ids a caller needs to act on the refusal without parsing text."""
+    if isinstance(exc, StaleIncarnation):
+        return {"held_incarnation": str(exc.held), "offered_incarnation": str(exc.offered)}
+    if isinstance(exc, ModelConflict):
+        h = exc.holder
+        return {"pool_id": h.pool_id, "holder_relay_id": h.relay_id, "model": h.model, "region": h.region}
+    if isinstance(exc, DrainCompleted):
+        r = exc.registration
+        return {"pool_id": r.pool_id, "relay_id": r.relay_id, "incarnation": str(r.incarnation)}
+    if isinstance(exc, NotFound):
+        return {"pool_id": exc.pool_id}
+    return {}
+
+
+def _error_status(exc: Exception) -> status_pb2.Status:
+    """The google.rpc.Status (code, message, ErrorInfo) of a store refusal."""
+    code, reason = _REFUSALS[type(exc)]
+    return rpc_status_for(code, reason, str(exc), _metadata(exc))
 
 
 async def _answered(call: Awaitable[T], context: grpc.aio.ServicerContext) -> T:
-    """The result of a store call; a directory error aborts the RPC with the contract's code."""
+    """The result of a store call; a refusal aborts the RPC with the contract's code and reason."""
     try:
         return await call
     except _DIRECTORY_ERRORS as exc:
-        await context.abort(_ERROR_CODES[type(exc)], str(exc))
+        await context.abort_with_status(rpc_status.to_status(_error_status(exc)))
         raise  # not reached: abort raises
 
 
@@ -61,10 +80,6 @@ class Refused(Exception):
     def __init__(self, status: status_pb2.Status) -> None:
         super().__init__(status.message)
         self.status = status
-
-
-def _error_status(exc: Exception) -> status_pb2.Status:
-    return status_pb2.Status(code=_ERROR_CODES[type(exc)].value[0], message=str(exc))
 
 
 # Renewals are mostly byte-for-byte repeats of the last registration; remembering that many
@@ -87,7 +102,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         known = self._validated.get(key)
         if known is not None and known[0] == request:
             return known[1]
-        violations = validation.register_pool(request)
+        violations = request_checks.register_pool(request)
         if violations:
             raise Refused(violations.to_rpc_status())
         registration = convert.registration(request)
@@ -125,7 +140,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
             pool=convert.pool(result.pool),
         )
         if result.drain_deadline_wall is not None:
-            reply.drain_deadline.CopyFrom(timeconv.timestamp(result.drain_deadline_wall))
+            reply.drain_deadline.CopyFrom(timeconv.clamped_timestamp(result.drain_deadline_wall))
         return reply
 
     async def RegisterPool(self, request: pb.RegisterPoolRequest, context: grpc.aio.ServicerContext):
@@ -139,8 +154,9 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
             reply = await self._register(request.register)
         except Refused as refused:
             s = refused.status
+            # `error` is deprecated but still filled, for clients that read only it.
             error = pb.KeepAliveError(code=s.code, message=s.message, details=s.details)
-            return pb.KeepAlivePoolsResponse(sequence=request.sequence, error=error)
+            return pb.KeepAlivePoolsResponse(sequence=request.sequence, error=error, status=s)
         return pb.KeepAlivePoolsResponse(sequence=request.sequence, register=reply)
 
     async def KeepAlivePools(
@@ -166,7 +182,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
             if not self._closing:
                 raise
             task.uncancel()
-        await context.abort(grpc.StatusCode.UNAVAILABLE, _SHUTTING_DOWN)
+        await abort_with_reason(context, grpc.StatusCode.UNAVAILABLE, Reason.SHUTTING_DOWN, _SHUTTING_DOWN)
 
     async def close_streams(self) -> None:
         """Ends every KeepAlivePools stream with UNAVAILABLE (a stop hook: streams never end by
@@ -176,7 +192,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
             task.cancel()
 
     async def UnregisterPool(self, request: pb.UnregisterPoolRequest, context: grpc.aio.ServicerContext):
-        await validation.unregister_pool(request).abort_if_any(context)
+        await request_checks.unregister_pool(request).abort_if_any(context)
         removed = await _answered(
             self.store.unregister_pool(
                 request.pool_id, request.relay_id, request.incarnation, convert.removal(request.reason)
@@ -187,25 +203,20 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         return pb.UnregisterPoolResponse(pool_removed=removed)
 
     async def ListPools(self, request: pb.ListPoolsRequest, context: grpc.aio.ServicerContext):
-        violations, after = validation.list_pools(request)
+        violations, page = request_checks.list_pools(request)
         await violations.abort_if_any(context)
         pools, more, complete = await self.store.list_pools(
-            model=request.model,
-            region=request.region,
-            after=after,
-            limit=pagination.page_size(request.page_size),
+            model=request.model, region=request.region, after=page.after, limit=page.size
         )
-        token = ""
-        if more and pools:
-            token = pagination.encode_page_token(pools[-1].pool_id, ("pools", request.model, request.region))
+        token = pagination.next_token(pools, more, lambda p: p.pool_id, page.filters)
         return pb.ListPoolsResponse(
-            pools=[convert.pool(p) for p in pools], next_page_token=token, complete=complete
+            pools=_each_converted(pools, convert.pool), next_page_token=token, complete=complete
         )
 
     async def WatchPools(
         self, request: pb.WatchPoolsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchPoolsResponse]:
-        await validation.filters(request).abort_if_any(context)
+        await request_checks.filters(request).abort_if_any(context)
         watcher = await self.store.watch(model=request.model, region=request.region)
         log.info("watch opened", model=request.model, region=request.region)
         try:
@@ -213,19 +224,26 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
                 event = await watcher.next()
                 if event is None:
                     break
-                yield convert.watch_event(event)
+                try:
+                    message = convert.watch_event(event)
+                except Exception:  # one record that cannot be sent must not end every watch
+                    log.exception("cannot convert a watch event; skipped", kind=event.kind.name)
+                    continue
+                yield message
         finally:
             self.store.unwatch(watcher)
         if watcher.closed is WatcherClosed.OVERFLOW:
             log.warning("watcher fell behind", limit=watcher.limit)
-            await context.abort(
+            await abort_with_reason(
+                context,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
+                Reason.SLOW_CONSUMER,
                 f"this watch fell more than {watcher.limit} events behind; watch again for a fresh snapshot",
             )
-        await context.abort(grpc.StatusCode.UNAVAILABLE, _SHUTTING_DOWN)
+        await abort_with_reason(context, grpc.StatusCode.UNAVAILABLE, Reason.SHUTTING_DOWN, _SHUTTING_DOWN)
 
     async def DrainPool(self, request: pb.DrainPoolRequest, context: grpc.aio.ServicerContext):
-        await validation.drain_pool(request).abort_if_any(context)
+        await request_checks.drain_pool(request).abort_if_any(context)
         view = await _answered(
             self.store.drain_pool(request.pool_id, timeconv.seconds(request.timeout)), context
         )
@@ -233,13 +251,13 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         return pb.DrainPoolResponse(pool=convert.pool(view))
 
     async def RemovePool(self, request: pb.RemovePoolRequest, context: grpc.aio.ServicerContext):
-        await validation.remove_pool(request).abort_if_any(context)
+        await request_checks.remove_pool(request).abort_if_any(context)
         view = await _answered(self.store.remove_pool(request.pool_id), context)
         log.info("pool removed", pool_id=request.pool_id)
         return pb.RemovePoolResponse(pool=convert.pool(view))
 
     async def RegisterFrontend(self, request: pb.RegisterFrontendRequest, context: grpc.aio.ServicerContext):
-        await validation.register_frontend(request).abort_if_any(context)
+        await request_checks.register_frontend(request).abort_if_any(context)
         view = await _answered(
             self.store.register_frontend(
                 request.frontend_id, request.url, request.region, request.incarnation
@@ -255,22 +273,32 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
     async def UnregisterFrontend(
         self, request: pb.UnregisterFrontendRequest, context: grpc.aio.ServicerContext
     ):
-        await validation.unregister_frontend(request).abort_if_any(context)
+        await request_checks.unregister_frontend(request).abort_if_any(context)
         await _answered(self.store.unregister_frontend(request.frontend_id, request.incarnation), context)
         return pb.UnregisterFrontendResponse()
 
     async def ListFrontends(self, request: pb.ListFrontendsRequest, context: grpc.aio.ServicerContext):
-        violations, after = validation.list_frontends(request)
+        violations, page = request_checks.list_frontends(request)
         await violations.abort_if_any(context)
         frontends, complete = await self.store.list_frontends()
-        if after is not None:
-            frontends = [f for f in frontends if f.frontend_id > after]
-        size = pagination.page_size(request.page_size)
-        page, more = frontends[:size], len(frontends) > size
-        token = pagination.encode_page_token(page[-1].frontend_id, ("frontends",)) if more else ""
+        listed, token = pagination.paginate(frontends, lambda f: f.frontend_id, page)
         return pb.ListFrontendsResponse(
-            frontends=[convert.frontend(f) for f in page], next_page_token=token, complete=complete
+            frontends=_each_converted(listed, convert.frontend), next_page_token=token, complete=complete
         )
+
+
+def _each_converted(values: list[V], to_message: Callable[[V], M]) -> list[M]:
+    """Every value as a message, skipping (and logging) one that cannot be converted.
+
+    One bad record must never make the directory unreadable: the listing goes on without it.
+    """
+    out: list[M] = []
+    for value in values:
+        try:
+            out.append(to_message(value))
+        except Exception:
+            log.exception("cannot convert a stored record; left out of the listing", record=repr(value)[:300])
+    return out
 
 
 def make_store(config: DiscoveryConfig, clock: Clock) -> Store:

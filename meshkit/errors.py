@@ -54,6 +54,8 @@ class Reason(StrEnum):
     SHUTTING_DOWN = "SHUTTING_DOWN"
     # A newer telemetry stream of the same relay replica took over (ABORTED: the older one ends).
     TELEMETRY_SUPERSEDED = "TELEMETRY_SUPERSEDED"
+    # A shared store (discovery's etcd) did not answer in time; the call may be retried.
+    STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
 
 
 def error_info(reason: Reason, metadata: Mapping[str, str] | None = None) -> error_details_pb2.ErrorInfo:

@@ -1,17 +1,37 @@
-"""Opaque AIP-158 page tokens: they carry the last key served and a fingerprint of the filters."""
+"""AIP-158 pagination, the one copy: reading page_size/page_token, cutting a page, opaque tokens.
+
+A token carries the last key served and a fingerprint of the filters, so it resumes after that
+key and is refused when replayed with other filters.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
 import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from meshkit.validation import Violations
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
+T = TypeVar("T")
+
 
 class PageTokenError(ValueError):
     """The page token is malformed or was issued for other filters."""
+
+
+@dataclass(frozen=True, slots=True)
+class PageRequest:
+    """A validated page request: how many items, after which key, under which filters."""
+
+    size: int
+    after: str | None
+    filters: tuple[str, ...]
 
 
 def page_size(requested: int) -> int:
@@ -21,6 +41,49 @@ def page_size(requested: int) -> int:
     if requested == 0:
         return DEFAULT_PAGE_SIZE
     return min(requested, MAX_PAGE_SIZE)
+
+
+def page_request(v: Violations, size: int, token: str, filters: tuple[str, ...]) -> PageRequest:
+    """Reads a request's page_size and page_token, recording a violation naming each that is wrong."""
+    if size < 0:
+        v.add("page_size", f"must not be negative (got {size})")
+    after = None
+    try:
+        after = decode_page_token(token, filters)
+    except PageTokenError as exc:
+        v.add("page_token", str(exc))
+    return PageRequest(size=page_size(max(size, 0)), after=after, filters=filters)
+
+
+def after_key(items: Iterable[T], key: Callable[[T], str], after: str | None) -> Iterator[T]:
+    """The items (ordered by `key`) whose key comes after `after` (all of them for None)."""
+    if after is None:
+        yield from items
+        return
+    for item in items:
+        if key(item) > after:
+            yield item
+
+
+def take(items: Iterable[T], limit: int) -> tuple[list[T], bool]:
+    """Up to `limit` items, and whether another follows (reads at most limit + 1 of them)."""
+    page: list[T] = []
+    for item in items:
+        if len(page) == limit:
+            return page, True
+        page.append(item)
+    return page, False
+
+
+def next_token(page: list[T], more: bool, key: Callable[[T], str], filters: tuple[str, ...]) -> str:
+    """The token of the page after `page` ('' when nothing follows)."""
+    return encode_page_token(key(page[-1]), filters) if more and page else ""
+
+
+def paginate(items: Iterable[T], key: Callable[[T], str], request: PageRequest) -> tuple[list[T], str]:
+    """One page of `items` (ordered by `key`) for `request`, and the next page's token."""
+    page, more = take(after_key(items, key, request.after), request.size)
+    return page, next_token(page, more, key, request.filters)
 
 
 def _fingerprint(filters: tuple[str, ...]) -> int:

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
+
+from meshkit import timeconv
 
 MAX_ID_LENGTH = 128
 MAX_FRONTENDS = 64
@@ -140,3 +142,17 @@ def check_frontends(v: Violations, field_path: str, urls: list[str], *, required
         if url in seen:
             v.add(f"{field_path}[{i}]", f"duplicates {url!r}")
         seen.add(url)
+
+
+def check_timestamp(v: Violations, field_path: str, value: timestamp_pb2.Timestamp) -> None:
+    """Records a violation when a Timestamp lies outside the range the protobuf runtime accepts."""
+    problem = timeconv.timestamp_problem(value)
+    if problem:
+        v.add(field_path, problem)
+
+
+def check_duration(v: Violations, field_path: str, value: duration_pb2.Duration) -> None:
+    """Records a violation when a Duration lies outside the range the protobuf runtime accepts."""
+    problem = timeconv.duration_problem(value)
+    if problem:
+        v.add(field_path, problem)

@@ -7,7 +7,8 @@ out=${1:-$here}
 py=${PYTHON:-$here/.venv/bin/python}
 bindir=$(dirname "$py")
 cd "$here"
-mapfile -t protos < <(find proto -name '*.proto' | sort)
+# proto/google/ is vendored: its Python comes from googleapis-common-protos, so it is not generated.
+mapfile -t protos < <(find proto -path proto/google -prune -o -name '*.proto' -print | sort)
 PATH="$bindir:$PATH" "$py" -m grpc_tools.protoc -Iproto \
   --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" --mypy_grpc_out="$out" \
   "${protos[@]}"

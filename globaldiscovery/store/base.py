@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from globaldiscovery.directory import (
-    FrontendView,
-    PoolRegistration,
-    PoolView,
-    RegisterResult,
-    Removal,
-    Watcher,
-)
+from globaldiscovery.records import FrontendView, PoolRegistration, PoolView, RegisterResult, Removal
+from globaldiscovery.watch_fanout import Watcher
 
 
 class StoreUnavailable(Exception):
@@ -21,7 +15,7 @@ class StoreUnavailable(Exception):
 class Store(Protocol):
     """The pool and frontend directory behind DiscoveryService.
 
-    Errors are the directory's (StaleIncarnation, ModelConflict, DrainCompleted, NotFound) and
+    Errors are lease_rules' (StaleIncarnation, ModelConflict, DrainCompleted, NotFound) and
     StoreUnavailable.
     """
 

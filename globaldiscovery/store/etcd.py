@@ -1,6 +1,7 @@
 """The etcd store: state shared by any number of discovery replicas; etcd's own leases carry expiry.
 
-Every write goes to etcd; each replica keeps a mirror (a Directory that never expires anything
+What a write may do is decided by lease_rules on the records read from etcd (the same rules the
+in-memory store applies). Every write goes to etcd; each replica keeps a mirror (a Directory that never expires anything
 itself) fed by one etcd watch, and answers listings and watchers from it. A lease lapses when
 etcd ends it: the key's DELETE reaches every replica's mirror, and so every watcher. A call
 returns only after this replica's mirror has seen its own write, so a reply shows the write.
@@ -20,22 +21,20 @@ import aetcd
 import aetcd.exceptions
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from globaldiscovery.directory import (
+from globaldiscovery import lease_rules
+from globaldiscovery.lease_rules import NotFound
+from globaldiscovery.lease_state import Directory
+from globaldiscovery.records import (
     Capacity,
-    Directory,
-    DrainCompleted,
     FrontendView,
-    ModelConflict,
-    NotFound,
     PoolRegistration,
     PoolView,
     RegisterResult,
     Removal,
-    StaleIncarnation,
-    Watcher,
 )
 from globaldiscovery.store.base import StoreUnavailable
 from globaldiscovery.store.expiry import Expiry
+from globaldiscovery.watch_fanout import Watcher
 from meshkit.clock import Clock
 from meshkit.logs import get_logger
 
@@ -265,18 +264,20 @@ class EtcdStore:
     async def register_pool(self, reg: PoolRegistration) -> RegisterResult:
         key = _lease_key(reg.pool_id, reg.relay_id)
         drained = await self._client.get(DRAINED + reg.pool_id.encode() + SEP + reg.relay_id.encode())
-        if drained is not None and reg.incarnation <= int(drained.value):
-            raise DrainCompleted(reg)
+        lease_rules.check_not_drained(reg, int(drained.value) if drained is not None else None)
         current = await self._client.get(key)
         held = _decode(current.value) if current is not None else None
-        if held is not None and held[0].incarnation > reg.incarnation:
-            raise StaleIncarnation(key, held[0].incarnation, reg.incarnation)
-        for kv in await self._client.get_prefix(LEASES + reg.pool_id.encode() + SEP):
-            other, _, _ = _decode(kv.value)
-            if other.relay_id != reg.relay_id and (other.model != reg.model or other.region != reg.region):
-                if held is not None:
-                    await self._end(key, held[0], held[1], Removal.UNREGISTERED)
-                raise ModelConflict(other)
+        lease_rules.check_incarnation(
+            (reg.pool_id, reg.relay_id), held[0].incarnation if held is not None else None, reg.incarnation
+        )
+        others = [
+            _decode(kv.value)[0] for kv in await self._client.get_prefix(LEASES + reg.pool_id.encode() + SEP)
+        ]
+        holder = lease_rules.conflicting_holder(reg, others)
+        if holder is not None:
+            if held is not None:
+                await self._end(key, held[0], held[1], Removal.UNREGISTERED)
+            raise lease_rules.ModelConflict(holder)
         # Taken before etcd renews the lease, so etcd's own expiry is never earlier than this.
         expire_wall = self.clock.wall() + self._ttl
         lease_id = await self._lease_for(held[1] if held is not None else None)
@@ -293,8 +294,8 @@ class EtcdStore:
         await self._caught_up(responses[0].response_put.header.revision)
         now = self.clock.monotonic()
         view = self.directory.get_pool(reg.pool_id, now)
-        if view is None:
-            raise NotFound(f"pool {reg.pool_id!r} left the directory while it registered")
+        if view is None:  # it left the directory while it registered (removed, drained)
+            raise NotFound(reg.pool_id)
         drain_wall = self.directory.drain_deadline_wall(reg.pool_id)
         return RegisterResult(
             lease_expire_wall=expire_wall,
@@ -316,16 +317,15 @@ class EtcdStore:
         if current is None:
             return False
         reg, lease_id, _ = _decode(current.value)
-        if reg.incarnation > incarnation:
-            raise StaleIncarnation(key, reg.incarnation, incarnation)
+        lease_rules.check_incarnation((pool_id, relay_id), reg.incarnation, incarnation)
         await self._caught_up(await self._end(key, reg, lease_id, reason))
         return self.directory.get_pool(pool_id, self.clock.monotonic()) is None
 
     @_unavailable
     async def remove_pool(self, pool_id: str) -> PoolView:
         view = self.directory.get_pool(pool_id, self.clock.monotonic())
-        if view is None:
-            raise NotFound(f"pool {pool_id!r} is not listed")
+        lease_rules.require_listed(pool_id, view)
+        assert view is not None
         revision = 0
         for kv in await self._client.get_prefix(LEASES + pool_id.encode() + SEP):
             reg, lease_id, _ = _decode(kv.value)
@@ -336,12 +336,12 @@ class EtcdStore:
 
     @_unavailable
     async def drain_pool(self, pool_id: str, timeout: float) -> PoolView:  # noqa: ASYNC109 (a drain length)
-        now = self.clock.monotonic()
-        if self.directory.get_pool(pool_id, now) is None:
-            raise NotFound(f"pool {pool_id!r} is not listed")
+        lease_rules.require_listed(pool_id, self.directory.get_pool(pool_id, self.clock.monotonic()))
         key = DRAINS + pool_id.encode()
-        body = json.dumps({"deadline_wall": self.clock.wall() + timeout}).encode()
-        # Only the first drain sets the deadline: an already-draining pool keeps the earlier one.
+        body = json.dumps(
+            {"deadline_wall": lease_rules.drain_deadline(None, self.clock.wall(), timeout)}
+        ).encode()
+        # lease_rules.drain_deadline keeps an earlier deadline; in etcd that is "write only if absent".
         ok, _ = await self._client.transaction(
             compare=[self._client.transactions.version(key) == 0],
             success=[self._client.transactions.put(key, body)],
@@ -351,8 +351,8 @@ class EtcdStore:
             current = await self._client.get(key)
             await self._caught_up(current.mod_revision)
         view = self.directory.get_pool(pool_id, self.clock.monotonic())
-        if view is None:
-            raise NotFound(f"pool {pool_id!r} is not listed")
+        lease_rules.require_listed(pool_id, view)
+        assert view is not None
         return view
 
     async def list_pools(
@@ -380,8 +380,7 @@ class EtcdStore:
         lease_id = None
         if current is not None:
             record = json.loads(current.value)
-            if record["incarnation"] > incarnation:
-                raise StaleIncarnation(frontend_id, record["incarnation"], incarnation)
+            lease_rules.check_incarnation(frontend_id, record["incarnation"], incarnation)
             lease_id = record.pop("lease_id", None)
         expire_wall = self.clock.wall() + self._ttl  # before the renewal: never later than etcd's
         lease_id = await self._lease_for(lease_id)
@@ -403,9 +402,7 @@ class EtcdStore:
         current = await self._client.get(key)
         if current is None:
             return False
-        held = json.loads(current.value)["incarnation"]
-        if held > incarnation:
-            raise StaleIncarnation(frontend_id, held, incarnation)
+        lease_rules.check_incarnation(frontend_id, json.loads(current.value)["incarnation"], incarnation)
         reply = await self._client.delete(key)
         if reply is not None:
             await self._caught_up(reply.header.revision)

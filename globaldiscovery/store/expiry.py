@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from globaldiscovery.directory import Directory
+from globaldiscovery.lease_state import Directory
 from meshkit.clock import Clock
 from meshkit.logs import get_logger
 

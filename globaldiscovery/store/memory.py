@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from globaldiscovery.directory import (
-    Directory,
-    FrontendView,
-    PoolRegistration,
-    PoolView,
-    RegisterResult,
-    Removal,
-    Watcher,
-)
+from globaldiscovery.lease_state import Directory
+from globaldiscovery.records import FrontendView, PoolRegistration, PoolView, RegisterResult, Removal
 from globaldiscovery.store.expiry import Expiry
+from globaldiscovery.watch_fanout import Watcher
 from meshkit.clock import Clock
 
 

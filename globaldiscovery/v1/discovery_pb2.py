@@ -25,69 +25,74 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"globaldiscovery/v1/discovery.proto\x12\x12globaldiscovery.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"h\n\x0cPoolCapacity\x12\x1c\n\x14max_running_requests\x18\x01 \x01(\r\x12\x17\n\x0fkv_cache_blocks\x18\x02 \x01(\x04\x12!\n\x19prefill_tokens_per_second\x18\x03 \x01(\x04\"\x88\x01\n\tPoolLease\x12\x10\n\x08relay_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x11\n\tfrontends\x18\x03 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\"\xcb\x02\n\x04Pool\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x11\n\tfrontends\x18\x04 \x03(\t\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x32\n\x0e\x64rain_deadline\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x08\x63\x61pacity\x18\x07 \x01(\x0b\x32 .globaldiscovery.v1.PoolCapacity\x12\x14\n\x0c\x63\x61pabilities\x18\x08 \x03(\t\x12-\n\x06leases\x18\t \x03(\x0b\x32\x1d.globaldiscovery.v1.PoolLease\x12/\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08revision\x18\x0b \x01(\x04\"\x8f\x02\n\x13RegisterPoolRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x11\n\tfrontends\x18\x04 \x03(\t\x12\x10\n\x08relay_id\x18\x05 \x01(\t\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x32\n\x08\x63\x61pacity\x18\x07 \x01(\x0b\x32 .globaldiscovery.v1.PoolCapacity\x12\x14\n\x0c\x63\x61pabilities\x18\x08 \x03(\t\x12\x10\n\x08\x64raining\x18\t \x01(\x08\x12\x32\n\x0e\x64rain_deadline\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xdd\x02\n\x14RegisterPoolResponse\x12\x35\n\x12heartbeat_interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0elease_duration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x11lease_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\tfrontends\x18\x04 \x03(\x0b\x32\x1c.globaldiscovery.v1.Frontend\x12\x17\n\x0f\x64rain_requested\x18\x05 \x01(\x08\x12\x32\n\x0e\x64rain_deadline\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x04pool\x18\x07 \x01(\x0b\x32\x18.globaldiscovery.v1.Pool\"d\n\x15KeepAlivePoolsRequest\x12\x39\n\x08register\x18\x01 \x01(\x0b\x32\'.globaldiscovery.v1.RegisterPoolRequest\x12\x10\n\x08sequence\x18\x02 \x01(\x04\"\xa7\x01\n\x16KeepAlivePoolsResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12<\n\x08register\x18\x02 \x01(\x0b\x32(.globaldiscovery.v1.RegisterPoolResponseH\x00\x12\x33\n\x05\x65rror\x18\x03 \x01(\x0b\x32\".globaldiscovery.v1.KeepAliveErrorH\x00\x42\x08\n\x06result\"V\n\x0eKeepAliveError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\x82\x01\n\x15UnregisterPoolRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x10\n\x08relay_id\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12\x31\n\x06reason\x18\x04 \x01(\x0e\x32!.globaldiscovery.v1.RemovalReason\".\n\x16UnregisterPoolResponse\x12\x14\n\x0cpool_removed\x18\x01 \x01(\x08\"X\n\x10ListPoolsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"g\n\x11ListPoolsResponse\x12\'\n\x05pools\x18\x01 \x03(\x0b\x32\x18.globaldiscovery.v1.Pool\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\"2\n\x11WatchPoolsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\"\xbb\x01\n\x12WatchPoolsResponse\x12\x30\n\x04type\x18\x01 \x01(\x0e\x32\".globaldiscovery.v1.WatchEventType\x12&\n\x04pool\x18\x02 \x01(\x0b\x32\x18.globaldiscovery.v1.Pool\x12\x39\n\x0eremoval_reason\x18\x03 \x01(\x0e\x32!.globaldiscovery.v1.RemovalReason\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\"O\n\x10\x44rainPoolRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\";\n\x11\x44rainPoolResponse\x12&\n\x04pool\x18\x01 \x01(\x0b\x32\x18.globaldiscovery.v1.Pool\"$\n\x11RemovePoolRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\"<\n\x12RemovePoolResponse\x12&\n\x04pool\x18\x01 \x01(\x0b\x32\x18.globaldiscovery.v1.Pool\"\x82\x01\n\x08\x46rontend\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12/\n\x0b\x65xpire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"`\n\x17RegisterFrontendRequest\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\"\xbb\x01\n\x18RegisterFrontendResponse\x12\x35\n\x12heartbeat_interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0elease_duration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x11lease_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"E\n\x19UnregisterFrontendRequest\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\"\x1c\n\x1aUnregisterFrontendResponse\"=\n\x14ListFrontendsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"s\n\x15ListFrontendsResponse\x12/\n\tfrontends\x18\x01 \x03(\x0b\x32\x1c.globaldiscovery.v1.Frontend\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08*\xae\x01\n\x0eWatchEventType\x12 \n\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1c\n\x18WATCH_EVENT_TYPE_UPDATED\x10\x02\x12\x1c\n\x18WATCH_EVENT_TYPE_REMOVED\x10\x03\x12\"\n\x1eWATCH_EVENT_TYPE_SNAPSHOT_DONE\x10\x04*\xaa\x01\n\rRemovalReason\x12\x1e\n\x1aREMOVAL_REASON_UNSPECIFIED\x10\x00\x12 \n\x1cREMOVAL_REASON_LEASE_EXPIRED\x10\x01\x12\x1f\n\x1bREMOVAL_REASON_UNREGISTERED\x10\x02\x12\x1a\n\x16REMOVAL_REASON_REMOVED\x10\x03\x12\x1a\n\x16REMOVAL_REASON_DRAINED\x10\x04\x32\x85\x08\n\x10\x44iscoveryService\x12\x61\n\x0cRegisterPool\x12\'.globaldiscovery.v1.RegisterPoolRequest\x1a(.globaldiscovery.v1.RegisterPoolResponse\x12k\n\x0eKeepAlivePools\x12).globaldiscovery.v1.KeepAlivePoolsRequest\x1a*.globaldiscovery.v1.KeepAlivePoolsResponse(\x01\x30\x01\x12g\n\x0eUnregisterPool\x12).globaldiscovery.v1.UnregisterPoolRequest\x1a*.globaldiscovery.v1.UnregisterPoolResponse\x12X\n\tListPools\x12$.globaldiscovery.v1.ListPoolsRequest\x1a%.globaldiscovery.v1.ListPoolsResponse\x12]\n\nWatchPools\x12%.globaldiscovery.v1.WatchPoolsRequest\x1a&.globaldiscovery.v1.WatchPoolsResponse0\x01\x12X\n\tDrainPool\x12$.globaldiscovery.v1.DrainPoolRequest\x1a%.globaldiscovery.v1.DrainPoolResponse\x12[\n\nRemovePool\x12%.globaldiscovery.v1.RemovePoolRequest\x1a&.globaldiscovery.v1.RemovePoolResponse\x12m\n\x10RegisterFrontend\x12+.globaldiscovery.v1.RegisterFrontendRequest\x1a,.globaldiscovery.v1.RegisterFrontendResponse\x12s\n\x12UnregisterFrontend\x12-.globaldiscovery.v1.UnregisterFrontendRequest\x1a..globaldiscovery.v1.UnregisterFrontendResponse\x12\x64\n\rListFrontends\x12(.globaldiscovery.v1.ListFrontendsRequest\x1a).globaldiscovery.v1.ListFrontendsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"globaldiscovery/v1/discovery.proto\x12\x12globaldiscovery.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"h\n\x0cPoolCapacity\x12\x1c\n\x14max_running_requests\x18\x01 \x01(\r\x12\x17\n\x0fkv_cache_blocks\x18\x02 \x01(\x04\x12!\n\x19prefill_tokens_per_second\x18\x03 \x01(\x04\"\x88\x01\n\tPoolLease\x12\x10\n\x08relay_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x11\n\tfrontends\x18\x03 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\"\xcb\x02\n\x04Pool\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x11\n\tfrontends\x18\x04 \x03(\t\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x32\n\x0e\x64rain_deadline\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x08\x63\x61pacity\x18\x07 \x01(\x0b\x32 .globaldiscovery.v1.PoolCapacity\x12\x14\n\x0c\x63\x61pabilities\x18\x08 \x03(\t\x12-\n\x06leases\x18\t \x03(\x0b\x32\x1d.globaldiscovery.v1.PoolLease\x12/\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08revision\x18\x0b \x01(\x04\"\x8f\x02\n\x13RegisterPoolRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x11\n\tfrontends\x18\x04 \x03(\t\x12\x10\n\x08relay_id\x18\x05 \x01(\t\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x32\n\x08\x63\x61pacity\x18\x07 \x01(\x0b\x32 .globaldiscovery.v1.PoolCapacity\x12\x14\n\x0c\x63\x61pabilities\x18\x08 \x03(\t\x12\x10\n\x08\x64raining\x18\t \x01(\x08\x12\x32\n\x0e\x64rain_deadline\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xdd\x02\n\x14RegisterPoolResponse\x12\x35\n\x12heartbeat_interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0elease_duration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x11lease_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\tfrontends\x18\x04 \x03(\x0b\x32\x1c.globaldiscovery.v1.Frontend\x12\x17\n\x0f\x64rain_requested\x18\x05 \x01(\x08\x12\x32\n\x0e\x64rain_deadline\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x04pool\x18\x07 \x01(\x0b\x32\x18.globaldiscovery.v1.Pool\"d\n\x15KeepAlivePoolsRequest\x12\x39\n\x08register\x18\x01 \x01(\x0b\x32\'.globaldiscovery.v1.RegisterPoolRequest\x12\x10\n\x08sequence\x18\x02 \x01(\x04\"\xcf\x01\n\x16KeepAlivePoolsResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12<\n\x08register\x18\x02 \x01(\x0b\x32(.globaldiscovery.v1.RegisterPoolResponseH\x00\x12\x37\n\x05\x65rror\x18\x03 \x01(\x0b\x32\".globaldiscovery.v1.KeepAliveErrorB\x02\x18\x01H\x00\x12\"\n\x06status\x18\x04 \x01(\x0b\x32\x12.google.rpc.StatusB\x08\n\x06result\"Z\n\x0eKeepAliveError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any:\x02\x18\x01\"\x82\x01\n\x15UnregisterPoolRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x10\n\x08relay_id\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12\x31\n\x06reason\x18\x04 \x01(\x0e\x32!.globaldiscovery.v1.RemovalReason\".\n\x16UnregisterPoolResponse\x12\x14\n\x0cpool_removed\x18\x01 \x01(\x08\"X\n\x10ListPoolsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"g\n\x11ListPoolsResponse\x12\'\n\x05pools\x18\x01 \x03(\x0b\x32\x18.globaldiscovery.v1.Pool\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\"2\n\x11WatchPoolsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\"\xbb\x01\n\x12WatchPoolsResponse\x12\x30\n\x04type\x18\x01 \x01(\x0e\x32\".globaldiscovery.v1.WatchEventType\x12&\n\x04pool\x18\x02 \x01(\x0b\x32\x18.globaldiscovery.v1.Pool\x12\x39\n\x0eremoval_reason\x18\x03 \x01(\x0e\x32!.globaldiscovery.v1.RemovalReason\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\"O\n\x10\x44rainPoolRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\";\n\x11\x44rainPoolResponse\x12&\n\x04pool\x18\x01 \x01(\x0b\x32\x18.globaldiscovery.v1.Pool\"$\n\x11RemovePoolRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\"<\n\x12RemovePoolResponse\x12&\n\x04pool\x18\x01 \x01(\x0b\x32\x18.globaldiscovery.v1.Pool\"\x82\x01\n\x08\x46rontend\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12/\n\x0b\x65xpire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"`\n\x17RegisterFrontendRequest\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\"\xbb\x01\n\x18RegisterFrontendResponse\x12\x35\n\x12heartbeat_interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0elease_duration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x11lease_expire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"E\n\x19UnregisterFrontendRequest\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\"\x1c\n\x1aUnregisterFrontendResponse\"=\n\x14ListFrontendsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"s\n\x15ListFrontendsResponse\x12/\n\tfrontends\x18\x01 \x03(\x0b\x32\x1c.globaldiscovery.v1.Frontend\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08*\xae\x01\n\x0eWatchEventType\x12 \n\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1c\n\x18WATCH_EVENT_TYPE_UPDATED\x10\x02\x12\x1c\n\x18WATCH_EVENT_TYPE_REMOVED\x10\x03\x12\"\n\x1eWATCH_EVENT_TYPE_SNAPSHOT_DONE\x10\x04*\xaa\x01\n\rRemovalReason\x12\x1e\n\x1aREMOVAL_REASON_UNSPECIFIED\x10\x00\x12 \n\x1cREMOVAL_REASON_LEASE_EXPIRED\x10\x01\x12\x1f\n\x1bREMOVAL_REASON_UNREGISTERED\x10\x02\x12\x1a\n\x16REMOVAL_REASON_REMOVED\x10\x03\x12\x1a\n\x16REMOVAL_REASON_DRAINED\x10\x04\x32\x85\x08\n\x10\x44iscoveryService\x12\x61\n\x0cRegisterPool\x12\'.globaldiscovery.v1.RegisterPoolRequest\x1a(.globaldiscovery.v1.RegisterPoolResponse\x12k\n\x0eKeepAlivePools\x12).globaldiscovery.v1.KeepAlivePoolsRequest\x1a*.globaldiscovery.v1.KeepAlivePoolsResponse(\x01\x30\x01\x12g\n\x0eUnregisterPool\x12).globaldiscovery.v1.UnregisterPoolRequest\x1a*.globaldiscovery.v1.UnregisterPoolResponse\x12X\n\tListPools\x12$.globaldiscovery.v1.ListPoolsRequest\x1a%.globaldiscovery.v1.ListPoolsResponse\x12]\n\nWatchPools\x12%.globaldiscovery.v1.WatchPoolsRequest\x1a&.globaldiscovery.v1.WatchPoolsResponse0\x01\x12X\n\tDrainPool\x12$.globaldiscovery.v1.DrainPoolRequest\x1a%.globaldiscovery.v1.DrainPoolResponse\x12[\n\nRemovePool\x12%.globaldiscovery.v1.RemovePoolRequest\x1a&.globaldiscovery.v1.RemovePoolResponse\x12m\n\x10RegisterFrontend\x12+.globaldiscovery.v1.RegisterFrontendRequest\x1a,.globaldiscovery.v1.RegisterFrontendResponse\x12s\n\x12UnregisterFrontend\x12-.globaldiscovery.v1.UnregisterFrontendRequest\x1a..globaldiscovery.v1.UnregisterFrontendResponse\x12\x64\n\rListFrontends\x12(.globaldiscovery.v1.ListFrontendsRequest\x1a).globaldiscovery.v1.ListFrontendsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'globaldiscovery.v1.discovery_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WATCHEVENTTYPE']._serialized_start=3278
-  _globals['_WATCHEVENTTYPE']._serialized_end=3452
-  _globals['_REMOVALREASON']._serialized_start=3455
-  _globals['_REMOVALREASON']._serialized_end=3625
-  _globals['_POOLCAPACITY']._serialized_start=150
-  _globals['_POOLCAPACITY']._serialized_end=254
-  _globals['_POOLLEASE']._serialized_start=257
-  _globals['_POOLLEASE']._serialized_end=393
-  _globals['_POOL']._serialized_start=396
-  _globals['_POOL']._serialized_end=727
-  _globals['_REGISTERPOOLREQUEST']._serialized_start=730
-  _globals['_REGISTERPOOLREQUEST']._serialized_end=1001
-  _globals['_REGISTERPOOLRESPONSE']._serialized_start=1004
-  _globals['_REGISTERPOOLRESPONSE']._serialized_end=1353
-  _globals['_KEEPALIVEPOOLSREQUEST']._serialized_start=1355
-  _globals['_KEEPALIVEPOOLSREQUEST']._serialized_end=1455
-  _globals['_KEEPALIVEPOOLSRESPONSE']._serialized_start=1458
-  _globals['_KEEPALIVEPOOLSRESPONSE']._serialized_end=1625
-  _globals['_KEEPALIVEERROR']._serialized_start=1627
-  _globals['_KEEPALIVEERROR']._serialized_end=1713
-  _globals['_UNREGISTERPOOLREQUEST']._serialized_start=1716
-  _globals['_UNREGISTERPOOLREQUEST']._serialized_end=1846
-  _globals['_UNREGISTERPOOLRESPONSE']._serialized_start=1848
-  _globals['_UNREGISTERPOOLRESPONSE']._serialized_end=1894
-  _globals['_LISTPOOLSREQUEST']._serialized_start=1896
-  _globals['_LISTPOOLSREQUEST']._serialized_end=1984
-  _globals['_LISTPOOLSRESPONSE']._serialized_start=1986
-  _globals['_LISTPOOLSRESPONSE']._serialized_end=2089
-  _globals['_WATCHPOOLSREQUEST']._serialized_start=2091
-  _globals['_WATCHPOOLSREQUEST']._serialized_end=2141
-  _globals['_WATCHPOOLSRESPONSE']._serialized_start=2144
-  _globals['_WATCHPOOLSRESPONSE']._serialized_end=2331
-  _globals['_DRAINPOOLREQUEST']._serialized_start=2333
-  _globals['_DRAINPOOLREQUEST']._serialized_end=2412
-  _globals['_DRAINPOOLRESPONSE']._serialized_start=2414
-  _globals['_DRAINPOOLRESPONSE']._serialized_end=2473
-  _globals['_REMOVEPOOLREQUEST']._serialized_start=2475
-  _globals['_REMOVEPOOLREQUEST']._serialized_end=2511
-  _globals['_REMOVEPOOLRESPONSE']._serialized_start=2513
-  _globals['_REMOVEPOOLRESPONSE']._serialized_end=2573
-  _globals['_FRONTEND']._serialized_start=2576
-  _globals['_FRONTEND']._serialized_end=2706
-  _globals['_REGISTERFRONTENDREQUEST']._serialized_start=2708
-  _globals['_REGISTERFRONTENDREQUEST']._serialized_end=2804
-  _globals['_REGISTERFRONTENDRESPONSE']._serialized_start=2807
-  _globals['_REGISTERFRONTENDRESPONSE']._serialized_end=2994
-  _globals['_UNREGISTERFRONTENDREQUEST']._serialized_start=2996
-  _globals['_UNREGISTERFRONTENDREQUEST']._serialized_end=3065
-  _globals['_UNREGISTERFRONTENDRESPONSE']._serialized_start=3067
-  _globals['_UNREGISTERFRONTENDRESPONSE']._serialized_end=3095
-  _globals['_LISTFRONTENDSREQUEST']._serialized_start=3097
-  _globals['_LISTFRONTENDSREQUEST']._serialized_end=3158
-  _globals['_LISTFRONTENDSRESPONSE']._serialized_start=3160
-  _globals['_LISTFRONTENDSRESPONSE']._serialized_end=3275
-  _globals['_DISCOVERYSERVICE']._serialized_start=3628
-  _globals['_DISCOVERYSERVICE']._serialized_end=4657
+  _globals['_KEEPALIVEPOOLSRESPONSE'].fields_by_name['error']._loaded_options = None
+  _globals['_KEEPALIVEPOOLSRESPONSE'].fields_by_name['error']._serialized_options = b'\030\001'
+  _globals['_KEEPALIVEERROR']._loaded_options = None
+  _globals['_KEEPALIVEERROR']._serialized_options = b'\030\001'
+  _globals['_WATCHEVENTTYPE']._serialized_start=3347
+  _globals['_WATCHEVENTTYPE']._serialized_end=3521
+  _globals['_REMOVALREASON']._serialized_start=3524
+  _globals['_REMOVALREASON']._serialized_end=3694
+  _globals['_POOLCAPACITY']._serialized_start=175
+  _globals['_POOLCAPACITY']._serialized_end=279
+  _globals['_POOLLEASE']._serialized_start=282
+  _globals['_POOLLEASE']._serialized_end=418
+  _globals['_POOL']._serialized_start=421
+  _globals['_POOL']._serialized_end=752
+  _globals['_REGISTERPOOLREQUEST']._serialized_start=755
+  _globals['_REGISTERPOOLREQUEST']._serialized_end=1026
+  _globals['_REGISTERPOOLRESPONSE']._serialized_start=1029
+  _globals['_REGISTERPOOLRESPONSE']._serialized_end=1378
+  _globals['_KEEPALIVEPOOLSREQUEST']._serialized_start=1380
+  _globals['_KEEPALIVEPOOLSREQUEST']._serialized_end=1480
+  _globals['_KEEPALIVEPOOLSRESPONSE']._serialized_start=1483
+  _globals['_KEEPALIVEPOOLSRESPONSE']._serialized_end=1690
+  _globals['_KEEPALIVEERROR']._serialized_start=1692
+  _globals['_KEEPALIVEERROR']._serialized_end=1782
+  _globals['_UNREGISTERPOOLREQUEST']._serialized_start=1785
+  _globals['_UNREGISTERPOOLREQUEST']._serialized_end=1915
+  _globals['_UNREGISTERPOOLRESPONSE']._serialized_start=1917
+  _globals['_UNREGISTERPOOLRESPONSE']._serialized_end=1963
+  _globals['_LISTPOOLSREQUEST']._serialized_start=1965
+  _globals['_LISTPOOLSREQUEST']._serialized_end=2053
+  _globals['_LISTPOOLSRESPONSE']._serialized_start=2055
+  _globals['_LISTPOOLSRESPONSE']._serialized_end=2158
+  _globals['_WATCHPOOLSREQUEST']._serialized_start=2160
+  _globals['_WATCHPOOLSREQUEST']._serialized_end=2210
+  _globals['_WATCHPOOLSRESPONSE']._serialized_start=2213
+  _globals['_WATCHPOOLSRESPONSE']._serialized_end=2400
+  _globals['_DRAINPOOLREQUEST']._serialized_start=2402
+  _globals['_DRAINPOOLREQUEST']._serialized_end=2481
+  _globals['_DRAINPOOLRESPONSE']._serialized_start=2483
+  _globals['_DRAINPOOLRESPONSE']._serialized_end=2542
+  _globals['_REMOVEPOOLREQUEST']._serialized_start=2544
+  _globals['_REMOVEPOOLREQUEST']._serialized_end=2580
+  _globals['_REMOVEPOOLRESPONSE']._serialized_start=2582
+  _globals['_REMOVEPOOLRESPONSE']._serialized_end=2642
+  _globals['_FRONTEND']._serialized_start=2645
+  _globals['_FRONTEND']._serialized_end=2775
+  _globals['_REGISTERFRONTENDREQUEST']._serialized_start=2777
+  _globals['_REGISTERFRONTENDREQUEST']._serialized_end=2873
+  _globals['_REGISTERFRONTENDRESPONSE']._serialized_start=2876
+  _globals['_REGISTERFRONTENDRESPONSE']._serialized_end=3063
+  _globals['_UNREGISTERFRONTENDREQUEST']._serialized_start=3065
+  _globals['_UNREGISTERFRONTENDREQUEST']._serialized_end=3134
+  _globals['_UNREGISTERFRONTENDRESPONSE']._serialized_start=3136
+  _globals['_UNREGISTERFRONTENDRESPONSE']._serialized_end=3164
+  _globals['_LISTFRONTENDSREQUEST']._serialized_start=3166
+  _globals['_LISTFRONTENDSREQUEST']._serialized_end=3227
+  _globals['_LISTFRONTENDSRESPONSE']._serialized_start=3229
+  _globals['_LISTFRONTENDSRESPONSE']._serialized_end=3344
+  _globals['_DISCOVERYSERVICE']._serialized_start=3697
+  _globals['_DISCOVERYSERVICE']._serialized_end=4726
 # @@protoc_insertion_point(module_scope)

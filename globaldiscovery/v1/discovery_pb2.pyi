@@ -3,6 +3,7 @@ import datetime
 from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.rpc import status_pb2 as _status_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -139,14 +140,16 @@ class KeepAlivePoolsRequest(_message.Message):
     def __init__(self, register: _Optional[_Union[RegisterPoolRequest, _Mapping]] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class KeepAlivePoolsResponse(_message.Message):
-    __slots__ = ("sequence", "register", "error")
+    __slots__ = ("sequence", "register", "error", "status")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     register: RegisterPoolResponse
     error: KeepAliveError
-    def __init__(self, sequence: _Optional[int] = ..., register: _Optional[_Union[RegisterPoolResponse, _Mapping]] = ..., error: _Optional[_Union[KeepAliveError, _Mapping]] = ...) -> None: ...
+    status: _status_pb2.Status
+    def __init__(self, sequence: _Optional[int] = ..., register: _Optional[_Union[RegisterPoolResponse, _Mapping]] = ..., error: _Optional[_Union[KeepAliveError, _Mapping]] = ..., status: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class KeepAliveError(_message.Message):
     __slots__ = ("code", "message", "details")

@@ -121,8 +121,9 @@ class DiscoveryServiceServicer:
         request order; the server handles one request of a stream at a time, so a client may send
         ahead (pipeline) and should bound how many requests it has unanswered.
 
-        A request that RegisterPool would refuse is answered with `error` (the same code, message and
-        BadRequest details the unary call would return); it renews nothing and the stream stays
+        A request that RegisterPool would refuse is answered with `status` (a google.rpc.Status with
+        the same code, message and details the unary call would return; the deprecated `error`
+        repeats it); it renews nothing and the stream stays
         open. The stream itself ends only when the client half-closes it (OK) or cancels it, or with
         UNAVAILABLE when the server shuts down (grpcio clients whose write crosses that end may see
         INTERNAL instead); the client then reopens it (or falls back to RegisterPool, e.g. when this

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from globaldiscovery.directory import PoolRegistration
+from globaldiscovery.records import PoolRegistration
 from tests.support import command, free_port, wait_healthy
 
 

@@ -9,14 +9,8 @@ import time
 import grpc
 import pytest
 
-from globaldiscovery.directory import (
-    DrainCompleted,
-    EventKind,
-    ModelConflict,
-    NotFound,
-    Removal,
-    StaleIncarnation,
-)
+from globaldiscovery.lease_rules import DrainCompleted, ModelConflict, NotFound, StaleIncarnation
+from globaldiscovery.records import EventKind, Removal
 from globaldiscovery.store.base import StoreUnavailable
 from globaldiscovery.store.etcd import EtcdStore
 from globaldiscovery.v1 import discovery_pb2 as pb

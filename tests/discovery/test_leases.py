@@ -6,19 +6,11 @@ import random
 
 import pytest
 
-from globaldiscovery.directory import (
-    Directory,
-    DrainCompleted,
-    EventKind,
-    ModelConflict,
-    NotFound,
-    PoolEvent,
-    Removal,
-    StaleIncarnation,
-    Watcher,
-    WatcherClosed,
-)
-from globaldiscovery.leases import LeaseTable
+from globaldiscovery.lease_rules import DrainCompleted, ModelConflict, NotFound, StaleIncarnation
+from globaldiscovery.lease_state import Directory
+from globaldiscovery.lease_table import LeaseTable
+from globaldiscovery.records import EventKind, PoolEvent, Removal
+from globaldiscovery.watch_fanout import Watcher, WatcherClosed
 from meshkit.clock import FakeClock
 from tests.discovery.helpers import reg
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from globaldiscovery.directory import EventKind, Removal
+from globaldiscovery.records import EventKind, Removal
 from globaldiscovery.store import MemoryStore
 from meshkit.clock import FakeClock
 from tests.discovery.helpers import reg

@@ -1,10 +1,21 @@
-"""Validation of every field of every DiscoveryService request; each returns the Violations found."""
+"""Checks of every field of every DiscoveryService request; each returns the Violations found.
+
+(meshkit.validation holds the field rules shared by every service; this module applies them to
+this service's requests.)
+"""
 
 from __future__ import annotations
 
 from globaldiscovery.v1 import discovery_pb2 as pb
 from meshkit import pagination, timeconv
-from meshkit.validation import Violations, check_frontends, check_identifier, check_url
+from meshkit.validation import (
+    Violations,
+    check_duration,
+    check_frontends,
+    check_identifier,
+    check_timestamp,
+    check_url,
+)
 
 MAX_CAPABILITIES = 64
 MAX_DRAIN_SECONDS = 86_400.0
@@ -15,13 +26,8 @@ def _check_incarnation(v: Violations, field_path: str, incarnation: int) -> None
         v.add(field_path, "must be > 0 (e.g. the process start time in nanoseconds)")
 
 
-def _check_page_size(v: Violations, size: int) -> None:
-    if size < 0:
-        v.add("page_size", f"must not be negative (got {size})")
-
-
 def register_pool(req: pb.RegisterPoolRequest) -> Violations:
-    """pool_id, model, region, frontends, relay_id, incarnation, capabilities."""
+    """pool_id, model, region, frontends, relay_id, incarnation, capabilities, drain_deadline."""
     v = Violations()
     check_identifier(v, "pool_id", req.pool_id)
     check_identifier(v, "model", req.model)
@@ -34,6 +40,8 @@ def register_pool(req: pb.RegisterPoolRequest) -> Violations:
     else:
         for i, cap in enumerate(req.capabilities):
             check_identifier(v, f"capabilities[{i}]", cap)
+    if req.HasField("drain_deadline"):
+        check_timestamp(v, "drain_deadline", req.drain_deadline)
     return v
 
 
@@ -54,28 +62,18 @@ def filters(req: pb.ListPoolsRequest | pb.WatchPoolsRequest) -> Violations:
     return v
 
 
-def list_pools(req: pb.ListPoolsRequest) -> tuple[Violations, str | None]:
-    """Filters, page_size and page_token; also returns the pool id to resume after."""
+def list_pools(req: pb.ListPoolsRequest) -> tuple[Violations, pagination.PageRequest]:
+    """Filters, page_size and page_token; also returns the page asked for."""
     v = filters(req)
-    _check_page_size(v, req.page_size)
-    after = _page_after(v, req.page_token, ("pools", req.model, req.region))
-    return v, after
+    page = pagination.page_request(v, req.page_size, req.page_token, ("pools", req.model, req.region))
+    return v, page
 
 
-def list_frontends(req: pb.ListFrontendsRequest) -> tuple[Violations, str | None]:
-    """page_size and page_token; also returns the frontend id to resume after."""
+def list_frontends(req: pb.ListFrontendsRequest) -> tuple[Violations, pagination.PageRequest]:
+    """page_size and page_token; also returns the page asked for."""
     v = Violations()
-    _check_page_size(v, req.page_size)
-    after = _page_after(v, req.page_token, ("frontends",))
-    return v, after
-
-
-def _page_after(v: Violations, token: str, filters: tuple[str, ...]) -> str | None:
-    try:
-        return pagination.decode_page_token(token, filters)
-    except pagination.PageTokenError as exc:
-        v.add("page_token", str(exc))
-        return None
+    page = pagination.page_request(v, req.page_size, req.page_token, ("frontends",))
+    return v, page
 
 
 def drain_pool(req: pb.DrainPoolRequest) -> Violations:
@@ -84,6 +82,8 @@ def drain_pool(req: pb.DrainPoolRequest) -> Violations:
     check_identifier(v, "pool_id", req.pool_id)
     if not req.HasField("timeout"):
         v.add("timeout", "is required (how long accepted work may run)")
+    elif timeconv.duration_problem(req.timeout) is not None:
+        check_duration(v, "timeout", req.timeout)
     else:
         timeout = timeconv.seconds(req.timeout)
         if not 0 < timeout <= MAX_DRAIN_SECONDS:

@@ -7,6 +7,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from globaldiscovery.lease_rules import check_incarnation
+
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
@@ -19,16 +21,6 @@ class Lease(Generic[K, V]):
     incarnation: int
     value: V
     expires_at: float
-
-
-class StaleIncarnation(Exception):
-    """The lease is held by a newer incarnation than the caller's."""
-
-    def __init__(self, key: Hashable, held: int, offered: int) -> None:
-        super().__init__(f"lease {key!r} is held by incarnation {held}, newer than {offered}")
-        self.key = key
-        self.held = held
-        self.offered = offered
 
 
 class LeaseTable(Generic[K, V]):
@@ -53,8 +45,7 @@ class LeaseTable(Generic[K, V]):
     def check(self, key: K, incarnation: int) -> None:
         """Raises StaleIncarnation when `key` is held by an incarnation newer than `incarnation`."""
         held = self._leases.get(key)
-        if held is not None and held.incarnation > incarnation:
-            raise StaleIncarnation(key, held.incarnation, incarnation)
+        check_incarnation(key, held.incarnation if held is not None else None, incarnation)
 
     def grant(self, key: K, incarnation: int, value: V, now: float) -> Lease[K, V]:
         """Grants or renews the lease of `key` until `now + duration`.

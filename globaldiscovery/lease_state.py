@@ -1,166 +1,33 @@
-"""The pool and frontend directory: pool records merged from live leases, drains, and watchers.
+"""Lease state: pools (leases per (pool_id, relay_id)), frontend leases, drains, and their timing.
 
 Pure and synchronous: every operation takes the monotonic time `now` as an argument and first
 applies whatever expired by then, so a caller never sees a lease past its end, and events reach
-watchers in the order things happened. The gRPC layer (server.py) maps messages to it and back.
+watchers (watch_fanout) in the order things happened. What is allowed is decided by lease_rules;
+this module keeps the state. The gRPC layer (server.py) reaches it through a Store.
 """
 
 from __future__ import annotations
 
-import asyncio
 import bisect
-import enum
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from globaldiscovery.leases import Lease, LeaseTable, StaleIncarnation
+from globaldiscovery import lease_rules
+from globaldiscovery.lease_table import Lease, LeaseTable
+from globaldiscovery.records import (
+    Capacity,
+    EventKind,
+    FrontendView,
+    LeaseView,
+    PoolRegistration,
+    PoolView,
+    RegisterResult,
+    Removal,
+)
+from globaldiscovery.watch_fanout import Watcher, WatchFanout, selected
+from meshkit import pagination
 
-__all__ = [
-    "Capacity",
-    "Directory",
-    "DrainCompleted",
-    "EventKind",
-    "FrontendView",
-    "ModelConflict",
-    "NotFound",
-    "PoolEvent",
-    "PoolRegistration",
-    "PoolView",
-    "Removal",
-    "StaleIncarnation",
-    "Watcher",
-]
-
-
-class EventKind(enum.Enum):
-    """What a watcher is told."""
-
-    ADDED = 1
-    UPDATED = 2
-    REMOVED = 3
-    SNAPSHOT_DONE = 4
-
-
-class Removal(enum.Enum):
-    """Why a pool left (mirrors globaldiscovery.v1.RemovalReason)."""
-
-    UNSPECIFIED = 0
-    LEASE_EXPIRED = 1
-    UNREGISTERED = 2
-    REMOVED = 3
-    DRAINED = 4
-
-
-class ModelConflict(Exception):
-    """Another live lease of the pool names a different model or region."""
-
-    def __init__(self, holder: PoolRegistration) -> None:
-        super().__init__(
-            f"pool {holder.pool_id!r} is registered by relay {holder.relay_id!r} with model {holder.model!r} in "
-            f"region {holder.region!r}; a pool serves one model in one region (this relay's earlier "
-            f"lease, if any, was ended)"
-        )
-
-
-class DrainCompleted(Exception):
-    """A discovery-side drain of the pool completed for this relay incarnation."""
-
-    def __init__(self, reg: PoolRegistration) -> None:
-        super().__init__(
-            f"pool {reg.pool_id!r} was drained; relay {reg.relay_id!r} incarnation {reg.incarnation} "
-            f"may not register it again (a restarted relay, with a higher incarnation, may)"
-        )
-
-
-class NotFound(Exception):
-    """The pool is not listed."""
-
-
-@dataclass(frozen=True, slots=True)
-class Capacity:
-    """What a pool says it can hold (zero: not stated)."""
-
-    max_running_requests: int = 0
-    kv_cache_blocks: int = 0
-    prefill_tokens_per_second: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class PoolRegistration:
-    """One relay replica's registration of a pool (already validated)."""
-
-    pool_id: str
-    model: str
-    region: str
-    frontends: tuple[str, ...]
-    relay_id: str
-    incarnation: int
-    capacity: Capacity | None = None
-    capabilities: tuple[str, ...] = ()
-    draining: bool = False
-    drain_deadline_wall: float | None = None
-    expire_wall: float | None = None  # set when a shared store (etcd) keeps the lease's time
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseView:
-    """One live lease as listed."""
-
-    relay_id: str
-    incarnation: int
-    frontends: tuple[str, ...]
-    expire_wall: float
-    draining: bool
-
-
-@dataclass(frozen=True, slots=True)
-class PoolView:
-    """One pool as listed: the merge of its live leases."""
-
-    pool_id: str
-    model: str
-    region: str
-    frontends: tuple[str, ...]
-    draining: bool
-    drain_deadline_wall: float | None
-    capacity: Capacity | None
-    capabilities: tuple[str, ...]
-    leases: tuple[LeaseView, ...]
-    create_wall: float
-    revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class FrontendView:
-    """One live global frontend."""
-
-    frontend_id: str
-    url: str
-    region: str
-    incarnation: int
-    expire_wall: float
-
-
-@dataclass(slots=True)
-class PoolEvent:
-    """One directory event; `encoded` lets the gRPC layer convert it once for every watcher."""
-
-    kind: EventKind
-    pool: PoolView | None = None
-    reason: Removal = Removal.UNSPECIFIED
-    complete: bool = False
-    encoded: object = None
-
-
-@dataclass(frozen=True, slots=True)
-class RegisterResult:
-    """What a relay learns from a registration."""
-
-    lease_expire_wall: float
-    pool: PoolView
-    drain_requested: bool
-    drain_deadline_wall: float | None
+__all__ = ["Directory"]
 
 
 @dataclass(slots=True)
@@ -172,73 +39,6 @@ class _Pool:
     revision: int = 1
     signature: tuple = ()
     last_view: PoolView | None = None  # as watchers last saw it; a REMOVED event repeats it
-
-
-def _selected(pool: PoolView | PoolRegistration, model: str, region: str) -> bool:
-    """Whether `pool` passes the model and region filters (an empty filter passes everything)."""
-    return (not model or pool.model == model) and (not region or pool.region == region)
-
-
-class WatcherClosed(enum.Enum):
-    """Why a watcher ended."""
-
-    OVERFLOW = 1
-    SHUTDOWN = 2
-
-
-class Watcher:
-    """A bounded queue of events for one WatchPools stream; it never blocks the directory.
-
-    When the reader falls `limit` events behind, the watcher is closed with OVERFLOW (the stream
-    then ends with RESOURCE_EXHAUSTED and the client re-watches) instead of holding memory or
-    slowing down everyone else.
-    """
-
-    def __init__(self, model: str, region: str, limit: int) -> None:
-        self.model = model
-        self.region = region
-        self.limit = limit
-        self.closed: WatcherClosed | None = None
-        self.seen: set[str] = set()
-        self._events: deque[PoolEvent] = deque()
-        self._ready = asyncio.Event()
-
-    def matches(self, pool: PoolView) -> bool:
-        """Whether `pool` passes this watcher's filter."""
-        return _selected(pool, self.model, self.region)
-
-    def push(self, event: PoolEvent) -> bool:
-        """Queues `event`; False (and closed) when the queue is full."""
-        if self.closed is not None:
-            return False
-        if len(self._events) >= self.limit:
-            self.close(WatcherClosed.OVERFLOW)
-            return False
-        self._events.append(event)
-        self._ready.set()
-        return True
-
-    def close(self, why: WatcherClosed) -> None:
-        """Ends the watcher; its reader gets None next."""
-        if self.closed is None:
-            self.closed = why
-            self._events.clear()
-            self._ready.set()
-
-    async def next(self) -> PoolEvent | None:
-        """The next event, waiting for one; None once the watcher is closed."""
-        while not self._events:
-            if self.closed is not None:
-                return None
-            self._ready.clear()
-            await self._ready.wait()
-        if self.closed is not None:
-            return None
-        return self._events.popleft()
-
-    def pending(self) -> int:
-        """How many events wait to be read."""
-        return len(self._events)
 
 
 class Directory:
@@ -257,15 +57,14 @@ class Directory:
         self.lease_duration = lease_duration
         self._wall_offset = wall_offset  # wall = monotonic + offset, fixed so timestamps agree
         self._complete_at = started_at if complete_at_start else started_at + lease_duration
-        self._watch_limit = watch_queue_limit
         self._leases: LeaseTable[tuple[str, str], PoolRegistration] = LeaseTable(lease_duration)
         self._frontends: LeaseTable[str, tuple[str, str]] = LeaseTable(lease_duration)
         self.frontends_version = 0  # grows on every frontend change, so callers can cache the list
         self._pools: dict[str, _Pool] = {}
         self._order: list[str] = []  # pool ids, sorted, for ordered pages
         self._drains: dict[str, float] = {}  # pool_id -> monotonic deadline of an operator drain
-        self._drained: dict[tuple[str, str], int] = {}  # (pool, relay) -> highest refused incarnation
-        self._watchers: set[Watcher] = set()
+        self._drained: dict[str, dict[str, int]] = {}  # pool -> relay -> highest refused incarnation
+        self._fanout = WatchFanout(watch_queue_limit)
         self._on_drained = on_drained  # told (pool_id, [(relay_id, incarnation)]) when a drain completes
 
     # ----- time -----
@@ -322,20 +121,22 @@ class Directory:
         """
         self.advance(now)
         key = (reg.pool_id, reg.relay_id)
+        record = self._pools.get(reg.pool_id)
         if trusted:
             self._leases.end(key)  # a mirror follows the store, whatever the incarnation
-        refused = None if trusted else self._drained.get(key)
-        if refused is not None and reg.incarnation <= refused:
-            raise DrainCompleted(reg)
-        self._leases.check(key, reg.incarnation)
-        record = self._pools.get(reg.pool_id)
-        if record is not None and not trusted:
-            for relay_id, other in record.relays.items():
-                if relay_id == reg.relay_id:
-                    continue
-                if other.value.model != reg.model or other.value.region != reg.region:
+        else:
+            lease_rules.check_not_drained(reg, self._drained.get(reg.pool_id, {}).get(reg.relay_id))
+            held = self._leases.get(key)
+            lease_rules.check_incarnation(
+                key, held.incarnation if held is not None else None, reg.incarnation
+            )
+            if record is not None:
+                holder = lease_rules.conflicting_holder(
+                    reg, (lease.value for lease in record.relays.values())
+                )
+                if holder is not None:
                     self._end_lease(reg.pool_id, reg.relay_id, Removal.UNREGISTERED)
-                    raise ModelConflict(other.value)
+                    raise lease_rules.ModelConflict(holder)
         lease = self._leases.grant(key, reg.incarnation, reg, now)
         if record is None:
             record = _Pool(pool_id=reg.pool_id, create_wall=self.wall(now))
@@ -368,15 +169,18 @@ class Directory:
         Raises StaleIncarnation when a newer incarnation holds the lease. Idempotent.
         """
         self.advance(now)
-        self._leases.check((pool_id, relay_id), incarnation)
+        held = self._leases.get((pool_id, relay_id))
+        lease_rules.check_incarnation(
+            (pool_id, relay_id), held.incarnation if held is not None else None, incarnation
+        )
         return self._end_lease(pool_id, relay_id, reason)
 
     def remove_pool(self, pool_id: str, now: float) -> PoolView:
         """Removes a pool and every lease of it (an operator's action). Raises NotFound."""
         self.advance(now)
         record = self._pools.get(pool_id)
-        if record is None:
-            raise NotFound(f"pool {pool_id!r} is not listed")
+        lease_rules.require_listed(pool_id, record)
+        assert record is not None
         view = self._view(record)
         self._drop(record, Removal.REMOVED)
         return view
@@ -385,10 +189,10 @@ class Directory:
         """Marks the pool draining until `now + timeout` (an earlier deadline is kept). Raises NotFound."""
         self.advance(now)
         record = self._pools.get(pool_id)
-        if record is None:
-            raise NotFound(f"pool {pool_id!r} is not listed")
+        lease_rules.require_listed(pool_id, record)
+        assert record is not None
         if pool_id not in self._drains:
-            self._drains[pool_id] = now + timeout
+            self._drains[pool_id] = lease_rules.drain_deadline(None, now, timeout)
             self._settle(pool_id, Removal.UNSPECIFIED)
         return self._view(record)
 
@@ -409,15 +213,14 @@ class Directory:
         """Up to `limit` pools after `after`, ordered by pool_id, filtered; and whether more follow."""
         self.advance(now)
         start = bisect.bisect_right(self._order, after) if after is not None else 0
-        page: list[PoolView] = []
-        for pool_id in self._order[start:]:
-            record = self._pools[pool_id]
-            if not _selected(next(iter(record.relays.values())).value, model, region):
-                continue
-            if len(page) == limit:
-                return page, True
-            page.append(self._view(record))
-        return page, False
+
+        def listed() -> Iterator[PoolView]:
+            for pool_id in self._order[start:]:
+                record = self._pools[pool_id]
+                if selected(next(iter(record.relays.values())).value, model, region):
+                    yield self._view(record)
+
+        return pagination.take(listed(), limit)
 
     # ----- frontends -----
 
@@ -426,6 +229,10 @@ class Directory:
     ) -> FrontendView:
         """Registers or renews a frontend's lease. Raises StaleIncarnation."""
         self.advance(now)
+        held = self._frontends.get(frontend_id)
+        lease_rules.check_incarnation(
+            frontend_id, held.incarnation if held is not None else None, incarnation
+        )
         lease = self._frontends.grant(frontend_id, incarnation, (url, region), now)
         self.frontends_version += 1
         return self._frontend_view(lease)
@@ -433,7 +240,11 @@ class Directory:
     def unregister_frontend(self, frontend_id: str, incarnation: int, now: float) -> bool:
         """Ends a frontend's lease at once. Raises StaleIncarnation. Idempotent."""
         self.advance(now)
-        ended = self._frontends.end(frontend_id, incarnation) is not None
+        held = self._frontends.get(frontend_id)
+        lease_rules.check_incarnation(
+            frontend_id, held.incarnation if held is not None else None, incarnation
+        )
+        ended = self._frontends.end(frontend_id) is not None
         self.frontends_version += 1
         return ended
 
@@ -448,33 +259,20 @@ class Directory:
     def watch(self, now: float, *, model: str = "", region: str = "") -> Watcher:
         """A watcher already holding the snapshot (one ADDED per matching pool) and SNAPSHOT_DONE."""
         self.advance(now)
-        snapshot = []
-        for pool_id in self._order:
-            view = self._view(self._pools[pool_id])
-            if _selected(view, model, region):
-                snapshot.append(view)
-        # The bound applies to changes; the snapshot itself always fits.
-        watcher = Watcher(model, region, self._watch_limit + len(snapshot) + 1)
-        for view in snapshot:
-            watcher.seen.add(view.pool_id)
-            watcher.push(PoolEvent(EventKind.ADDED, view))
-        watcher.push(PoolEvent(EventKind.SNAPSHOT_DONE, complete=self.complete(now)))
-        self._watchers.add(watcher)
-        return watcher
+        snapshot = [self._view(self._pools[pool_id]) for pool_id in self._order]
+        return self._fanout.open(model, region, snapshot, self.complete(now))
 
     def unwatch(self, watcher: Watcher) -> None:
         """Forgets a watcher (its stream ended)."""
-        self._watchers.discard(watcher)
+        self._fanout.forget(watcher)
 
     def close_watchers(self) -> None:
         """Ends every watcher (the server shuts down)."""
-        for watcher in list(self._watchers):
-            watcher.close(WatcherClosed.SHUTDOWN)
-        self._watchers.clear()
+        self._fanout.close_all()
 
     @property
     def watchers(self) -> Iterable[Watcher]:
-        return tuple(self._watchers)
+        return self._fanout.watchers
 
     # ----- internals -----
 
@@ -516,11 +314,10 @@ class Directory:
         if record is None:
             self._drains.pop(pool_id, None)
             return
-        refused = []
-        for relay_id, lease in record.relays.items():
-            key = (pool_id, relay_id)
-            self._drained[key] = max(self._drained.get(key, 0), lease.incarnation)
-            refused.append((relay_id, lease.incarnation))
+        holders = [(relay_id, lease.incarnation) for relay_id, lease in record.relays.items()]
+        merged = lease_rules.drained_incarnations(self._drained.get(pool_id, {}), holders)
+        self._drained.setdefault(pool_id, {}).update(merged)
+        refused = list(merged.items())
         self._drop(record, Removal.DRAINED)
         if self._on_drained is not None:
             self._on_drained(pool_id, refused)
@@ -592,27 +389,4 @@ class Directory:
         )
 
     def _publish(self, kind: EventKind, view: PoolView, reason: Removal = Removal.UNSPECIFIED) -> None:
-        shared: dict[EventKind, PoolEvent] = {}
-
-        def event(k: EventKind) -> PoolEvent:
-            # One event object per kind, shared by every watcher, so it is encoded once.
-            if k not in shared:
-                shared[k] = PoolEvent(k, view, reason if k is EventKind.REMOVED else Removal.UNSPECIFIED)
-            return shared[k]
-
-        for watcher in list(self._watchers):
-            was = view.pool_id in watcher.seen
-            now_matches = kind is not EventKind.REMOVED and watcher.matches(view)
-            if now_matches and not was:
-                watcher.seen.add(view.pool_id)
-                ok = watcher.push(event(EventKind.ADDED))
-            elif now_matches:
-                ok = watcher.push(event(EventKind.UPDATED))
-            elif was:
-                # Removed, or changed so that it no longer matches this watcher's filter.
-                watcher.seen.discard(view.pool_id)
-                ok = watcher.push(event(EventKind.REMOVED))
-            else:
-                continue
-            if not ok:
-                self._watchers.discard(watcher)
+        self._fanout.publish(kind, view, reason)

@@ -1,0 +1,126 @@
+"""The directory's value types: registrations, pools and frontends as listed, and watch events.
+
+Plain frozen values with no transport and no storage; convert.py maps them to and from messages.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = [
+    "Capacity",
+    "EventKind",
+    "FrontendView",
+    "LeaseView",
+    "PoolEvent",
+    "PoolRegistration",
+    "PoolView",
+    "RegisterResult",
+    "Removal",
+]
+
+
+class EventKind(enum.Enum):
+    """What a watcher is told (mirrors globaldiscovery.v1.WatchEventType; a test keeps them in step)."""
+
+    ADDED = 1
+    UPDATED = 2
+    REMOVED = 3
+    SNAPSHOT_DONE = 4
+
+
+class Removal(enum.Enum):
+    """Why a pool left (mirrors globaldiscovery.v1.RemovalReason; a test keeps them in step)."""
+
+    UNSPECIFIED = 0
+    LEASE_EXPIRED = 1
+    UNREGISTERED = 2
+    REMOVED = 3
+    DRAINED = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What a pool says it can hold (zero: not stated)."""
+
+    max_running_requests: int = 0
+    kv_cache_blocks: int = 0
+    prefill_tokens_per_second: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRegistration:
+    """One relay replica's registration of a pool (already validated)."""
+
+    pool_id: str
+    model: str
+    region: str
+    frontends: tuple[str, ...]
+    relay_id: str
+    incarnation: int
+    capacity: Capacity | None = None
+    capabilities: tuple[str, ...] = ()
+    draining: bool = False
+    drain_deadline_wall: float | None = None
+    expire_wall: float | None = None  # set when a shared store (etcd) keeps the lease's time
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseView:
+    """One live lease as listed."""
+
+    relay_id: str
+    incarnation: int
+    frontends: tuple[str, ...]
+    expire_wall: float
+    draining: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """One pool as listed: the merge of its live leases."""
+
+    pool_id: str
+    model: str
+    region: str
+    frontends: tuple[str, ...]
+    draining: bool
+    drain_deadline_wall: float | None
+    capacity: Capacity | None
+    capabilities: tuple[str, ...]
+    leases: tuple[LeaseView, ...]
+    create_wall: float
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendView:
+    """One live global frontend."""
+
+    frontend_id: str
+    url: str
+    region: str
+    incarnation: int
+    expire_wall: float
+
+
+@dataclass(slots=True)
+class PoolEvent:
+    """One directory event; `encoded` lets the gRPC layer convert it once for every watcher."""
+
+    kind: EventKind
+    pool: PoolView | None = None
+    reason: Removal = Removal.UNSPECIFIED
+    complete: bool = False
+    encoded: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterResult:
+    """What a relay learns from a registration."""
+
+    lease_expire_wall: float
+    pool: PoolView
+    drain_requested: bool
+    drain_deadline_wall: float | None
