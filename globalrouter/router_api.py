@@ -164,30 +164,15 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     # ---- ListPools --------------------------------------------------------------------------
     async def ListPools(self, request: router_pb2.ListPoolsRequest, context: grpc.aio.ServicerContext):
         v = Violations()
-        size = 0
-        after: str | None = None
-        filters = (request.model,)
-        try:
-            size = pagination.page_size(request.page_size)
-        except ValueError as exc:
-            v.add("page_size", str(exc))
-        try:
-            after = pagination.decode_page_token(request.page_token, filters)
-        except pagination.PageTokenError as exc:
-            v.add("page_token", str(exc))
+        page_request = pagination.page_request(v, request.page_size, request.page_token, (request.model,))
         await v.abort_if_any(context)
         pools = sorted(
             (p for p in self._core.table.pools.values() if not request.model or p.model == request.model),
             key=lambda p: p.pool_id,
         )
-        if after is not None:
-            pools = [p for p in pools if p.pool_id > after]
-        page, rest = pools[:size], pools[size:]
+        page, token = pagination.paginate(pools, lambda p: p.pool_id, page_request)
         now = self._core.clock.monotonic()
-        return router_pb2.ListPoolsResponse(
-            pools=[self._view(p, now) for p in page],
-            next_page_token=pagination.encode_page_token(page[-1].pool_id, filters) if rest else "",
-        )
+        return router_pb2.ListPoolsResponse(pools=[self._view(p, now) for p in page], next_page_token=token)
 
     def _view(self, pool: PoolState, now: float) -> router_pb2.PoolView:
         limits = self._core.selector_limits

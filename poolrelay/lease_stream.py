@@ -3,8 +3,8 @@
 Each registration is one stream message answered by one reply (in order, echoing the sequence).
 A reply that does not come within the caller's timeout, or a stream that breaks, fails that call
 and drops the stream; the next call opens a new one. A refused request fails only that call (the
-stream stays open), with an AioRpcError carrying the code and message RegisterPool would have
-ended with, so callers treat both paths alike. A server that does not implement the stream
+stream stays open), with an AioRpcError carrying the code, message and details (ErrorInfo reason,
+BadRequest) RegisterPool would have ended with, so callers treat both paths alike. A server that does not implement the stream
 (UNIMPLEMENTED, an older discovery) is called with unary RegisterPool from then on.
 """
 
@@ -15,6 +15,7 @@ import collections
 import contextlib
 
 import grpc
+from google.rpc import status_pb2
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
@@ -23,6 +24,7 @@ from meshkit.logs import get_logger
 log = get_logger(module="poolrelay.lease_stream")
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"  # where grpc carries a google.rpc.Status
 
 
 class StreamBroken(Exception):
@@ -105,11 +107,16 @@ class KeepAliveClient:
             log.info("discovery has no KeepAlivePools; renewing with unary RegisterPool")
             self.unary = True
             return await self._stub.RegisterPool(request, timeout=self._unary_timeout)
-        if reply.WhichOneof("result") == "error":
-            error = reply.error
-            code = _CODES.get(error.code, grpc.StatusCode.UNKNOWN)
-            raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=error.message)
-        return reply.register
+        if reply.HasField("status"):
+            status = reply.status
+        elif reply.WhichOneof("result") == "error":  # an older discovery: same fields as a Status
+            status = status_pb2.Status.FromString(reply.error.SerializeToString())
+        else:
+            return reply.register
+        code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
+        # The Status rides in the trailers, as on a unary refusal, so meshkit.errors.reason_of reads it.
+        trailers = grpc.aio.Metadata((_STATUS_DETAILS_KEY, status.SerializeToString()))
+        raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailers, details=status.message)
 
     async def _over_stream(
         self, request: dpb.RegisterPoolRequest, within: float
