@@ -275,8 +275,8 @@ class EtcdStore:
         ]
         holder = lease_rules.conflicting_holder(reg, others)
         if holder is not None:
-            if held is not None:
-                await self._end(key, held[0], held[1], Removal.UNREGISTERED)
+            if held is not None:  # the refusal shows the ended lease, as every reply shows its write
+                await self._caught_up(await self._end(key, held[0], held[1], Removal.UNREGISTERED))
             raise lease_rules.ModelConflict(holder)
         # Taken before etcd renews the lease, so etcd's own expiry is never earlier than this.
         expire_wall = self.clock.wall() + self._ttl

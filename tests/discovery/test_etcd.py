@@ -12,29 +12,21 @@ import pytest
 from globaldiscovery.lease_rules import DrainCompleted, ModelConflict, NotFound, StaleIncarnation
 from globaldiscovery.records import EventKind, Removal
 from globaldiscovery.store.base import StoreUnavailable
-from globaldiscovery.store.etcd import EtcdStore
+from globaldiscovery.store.etcd import EtcdStore, _decode, _lease_key
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit.clock import SystemClock
-from tests.discovery.etcd_support import etcd_available, running_etcd
+from tests.discovery.etcd_support import wipe_discovery_keys
 from tests.discovery.helpers import reg, run_pools, start_discovery
 from tests.support import wait_until
 
-pytestmark = [
-    pytest.mark.timeout(90),
-    pytest.mark.skipif(not etcd_available(), reason="/usr/bin/etcd is not installed"),
-]
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    with running_etcd() as address:
-        yield address
+pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture
 async def replicas(etcd):
     """Two discovery replicas sharing one etcd."""
+    await wipe_discovery_keys(etcd)
     stores = [
         EtcdStore(SystemClock(), endpoint=etcd, heartbeat_interval=0.5, lease_duration=2.0) for _ in range(2)
     ]
@@ -92,10 +84,36 @@ async def test_incarnations_conflicts_and_renewal(replicas):
     await b.register_pool(reg("inc-1", inc=6))  # a restarted relay takes over, through the other replica
     with pytest.raises(ModelConflict):
         await a.register_pool(reg("inc-1", relay="r2", model="other"))
-    for _ in range(6):  # renewals through either replica keep it past several lease lengths
-        await asyncio.sleep(0.5)
-        await (a if _ % 2 else b).register_pool(reg("inc-1", inc=6))
     assert (await a.list_pools(model="m", region="", after="inc-0", limit=1))[0][0].pool_id == "inc-1"
+
+
+async def test_a_renewal_through_the_other_replica_refreshes_the_same_etcd_lease(etcd):
+    a, b = (
+        EtcdStore(SystemClock(), endpoint=etcd, heartbeat_interval=1.0, lease_duration=4.0) for _ in range(2)
+    )
+    for store in (a, b):
+        await store.start()
+    try:
+        await a.register_pool(reg("renew-1", inc=2))
+        key = _lease_key("renew-1", "r1")
+        lease_id = _decode((await a._client.get(key)).value)[1]
+
+        async def seconds_left() -> int:  # etcd reports whole seconds, rounded down
+            return (await a._client.get_lease_info(lease_id)).TTL
+
+        deadline = time.monotonic() + 15
+        while await seconds_left() > 1:  # wait until over half the lease has run down
+            assert time.monotonic() < deadline, "the etcd lease never counted down"
+            await asyncio.sleep(0.05)  # poll interval of a wait on state
+        await b.register_pool(reg("renew-1", inc=2))
+        assert await seconds_left() >= 3  # renewed to the full length again
+        assert _decode((await a._client.get(key)).value)[1] == lease_id  # the same etcd lease
+        assert "renew-1" in [
+            p.pool_id for p in (await a.list_pools(model="", region="", after=None, limit=10))[0]
+        ]
+    finally:
+        for store in (a, b):
+            await store.close()
 
 
 async def test_drain_through_one_replica_completes_everywhere(replicas):

@@ -11,6 +11,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from globaldiscovery.v1 import discovery_pb2 as pb
 from meshkit import timeconv
+from meshkit.clock import FakeClock
 from meshkit.validation import bad_request_fields
 from tests.discovery.test_server import BAD_REGISTRATIONS, expect_code, register_request
 
@@ -40,12 +41,13 @@ async def exchange(stub, requests: list[pb.KeepAlivePoolsRequest]) -> list[pb.Ke
     return replies
 
 
-async def test_each_message_renews_like_register_pool(discovery):
+@pytest.mark.parametrize("discovery_clock", [FakeClock()], ids=["fake_clock"])
+async def test_each_message_renews_like_register_pool(discovery, discovery_clock):
     stub, _, _, store = discovery
     call = stub.KeepAlivePools()
     await call.write(keepalive(1))
     first = await call.read()
-    await asyncio.sleep(0.05)
+    await discovery_clock.advance(0.05)  # so the renewal's expiry is visibly later
     await call.write(keepalive(2))
     second = await call.read()
     await call.done_writing()

@@ -105,18 +105,23 @@ def test_pools_json_and_table(procs):
     _, address = start_discovery(procs)
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.DiscoveryServiceStub(channel)
-        for pool, model in (("pool-b", "m2"), ("pool-a", "m1")):
-            stub.RegisterPool(
-                pb.RegisterPoolRequest(
-                    pool_id=pool,
-                    model=model,
-                    region="eu",
-                    frontends=["http://h:1"],
-                    relay_id="r",
-                    incarnation=1,
-                ),
-                timeout=10,
-            )
+
+        def register_both() -> None:
+            # Renewed before each listing: the 1.5 s leases could lapse while a CLI process starts.
+            for pool, model in (("pool-b", "m2"), ("pool-a", "m1")):
+                stub.RegisterPool(
+                    pb.RegisterPoolRequest(
+                        pool_id=pool,
+                        model=model,
+                        region="eu",
+                        frontends=["http://h:1"],
+                        relay_id="r",
+                        incarnation=1,
+                    ),
+                    timeout=10,
+                )
+
+        register_both()
         done = run_pools(address, "--json")
         assert done.returncode == 0, done.stderr
         lines = [json.loads(line) for line in done.stdout.splitlines()]
@@ -124,6 +129,7 @@ def test_pools_json_and_table(procs):
             ("pool-a", "m1", "eu", ["http://h:1"], False),
             ("pool-b", "m2", "eu", ["http://h:1"], False),
         ]
+        register_both()
         table = run_pools(address)
         assert table.returncode == 0 and "POOL" in table.stdout and "pool-a" in table.stdout
     # Leases lapse without renewals: the listing empties.
