@@ -12,6 +12,7 @@ from google.rpc import error_details_pb2, status_pb2
 from globaldiscovery.v1 import discovery_pb2 as pb
 from meshkit import timeconv
 from meshkit.clock import FakeClock
+from meshkit.errors import Reason, reason_of, reason_of_status
 from meshkit.validation import bad_request_fields
 from tests.discovery.test_server import BAD_REGISTRATIONS, expect_code, register_request
 
@@ -22,8 +23,8 @@ def keepalive(sequence: int, **overrides) -> pb.KeepAlivePoolsRequest:
     return pb.KeepAlivePoolsRequest(register=register_request(**overrides), sequence=sequence)
 
 
-def error_fields(error: pb.KeepAliveError) -> list[str]:
-    """The BadRequest field names of a stream error (decoded as the google.rpc.Status it mirrors)."""
+def error_fields(error: pb.KeepAliveError | status_pb2.Status) -> list[str]:
+    """The BadRequest field names of a stream error (the deprecated KeepAliveError read as the Status it mirrors)."""
     status = status_pb2.Status.FromString(error.SerializeToString())
     names: list[str] = []
     for detail in status.details:
@@ -91,9 +92,9 @@ async def test_invalid_messages_get_the_unary_error_and_the_stream_goes_on(disco
         unary = await expect_code(
             stub.RegisterPool(register_request(**overrides)), grpc.StatusCode.INVALID_ARGUMENT
         )
-        assert reply.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-        assert reply.error.message == unary.details()
-        assert error_fields(reply.error) == bad_request_fields(unary) == [field]
+        assert reply.status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert reply.status.message == unary.details()
+        assert error_fields(reply.status) == error_fields(reply.error) == bad_request_fields(unary) == [field]
 
 
 async def test_a_message_without_a_registration_is_refused_naming_the_fields(discovery):
@@ -113,11 +114,15 @@ async def test_stale_incarnation_is_refused_per_message(discovery):
     )
     assert [r.sequence for r in replies] == [1, 2, 3]
     assert [r.WhichOneof("result") for r in replies] == ["error", "register", "error"]
+    assert [r.HasField("status") for r in replies] == [True, False, True]
     unary = await expect_code(
         stub.RegisterPool(register_request(incarnation=4)), grpc.StatusCode.PERMISSION_DENIED
     )
-    assert replies[0].error.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
-    assert replies[0].error.message == unary.details()
+    assert replies[0].status.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+    assert replies[0].status.message == unary.details()
+    assert reason_of_status(replies[0].status) == reason_of(unary) == Reason.STALE_INCARNATION
+    # The deprecated field still carries the same status, byte for byte, for older clients.
+    assert replies[0].error.SerializeToString() == replies[0].status.SerializeToString()
     assert replies[1].register.pool.leases[0].incarnation == 5
 
 
@@ -125,8 +130,9 @@ async def test_model_conflict_is_refused_per_message(discovery):
     stub, _, _, _ = discovery
     await stub.RegisterPool(register_request(relay_id="relay-2"))
     [reply] = await exchange(stub, [keepalive(1, model="other")])
-    assert reply.error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
-    assert "one model" in reply.error.message
+    assert reply.status.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert reason_of_status(reply.status) == Reason.MODEL_CONFLICT
+    assert reply.error.SerializeToString() == reply.status.SerializeToString()
 
 
 async def test_responses_keep_request_order_and_echo_any_sequence(discovery):
@@ -189,3 +195,27 @@ async def test_closing_busy_streams_ends_every_one(discovery_servicer):
     # A stream whose client was sending while the server ended it may see INTERNAL ("Internal
     # error from Core") instead of the UNAVAILABLE the server sent; either way it ends at once.
     assert set(codes) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL}, codes
+
+
+async def test_the_relays_stream_client_surfaces_the_refusal_reason(discovery):
+    """poolrelay's KeepAliveClient raises what a unary refusal would: code, message and ErrorInfo."""
+    from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
+    from poolrelay.lease_stream import KeepAliveClient
+
+    stub, address, _, _ = discovery
+    await stub.RegisterPool(register_request(incarnation=5))
+    async with grpc.aio.insecure_channel(address) as channel:
+        client = KeepAliveClient(pb_grpc.DiscoveryServiceStub(channel), unary_timeout=10)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await client.register(register_request(incarnation=4), within=10)
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert reason_of(info.value) == Reason.STALE_INCARNATION
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await client.register(register_request(pool_id=" bad"), within=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert bad_request_fields(info.value) == ["pool_id"]
+            ok = await client.register(register_request(incarnation=5), within=10)
+            assert ok.pool.leases[0].incarnation == 5
+        finally:
+            await client.close()

@@ -7,11 +7,13 @@ import time
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2, timestamp_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit import timeconv
+from meshkit.errors import Reason, reason_of
 from meshkit.validation import bad_request_fields
 
 pytestmark = pytest.mark.timeout(60)
@@ -57,6 +59,11 @@ BAD_REGISTRATIONS = [
     ("frontends[1]", {"frontends": ["http://h:1", "http://h:1"]}),
     ("capabilities", {"capabilities": [f"c{i}" for i in range(65)]}),
     ("capabilities[0]", {"capabilities": [""]}),
+    # Times the protobuf runtime cannot hold (issue 8: this one was once stored, then broke every listing).
+    ("drain_deadline", {"draining": True, "drain_deadline": timestamp_pb2.Timestamp(seconds=253402300800)}),
+    ("drain_deadline", {"draining": True, "drain_deadline": timestamp_pb2.Timestamp(seconds=-62135596801)}),
+    ("drain_deadline", {"draining": True, "drain_deadline": timestamp_pb2.Timestamp(seconds=1, nanos=-1)}),
+    ("drain_deadline", {"drain_deadline": timestamp_pb2.Timestamp(seconds=1, nanos=1_000_000_000)}),
 ]
 
 
@@ -89,6 +96,21 @@ BAD_OTHER = [
     ("DrainPool", pb.DrainPoolRequest(pool_id="p", timeout=timeconv.duration(0)), ["timeout"]),
     ("DrainPool", pb.DrainPoolRequest(pool_id="p", timeout=timeconv.duration(86_401)), ["timeout"]),
     ("DrainPool", pb.DrainPoolRequest(pool_id="", timeout=timeconv.duration(5)), ["pool_id"]),
+    (
+        "DrainPool",
+        pb.DrainPoolRequest(pool_id="p", timeout=duration_pb2.Duration(seconds=315_576_000_001)),
+        ["timeout"],
+    ),
+    (
+        "DrainPool",
+        pb.DrainPoolRequest(pool_id="p", timeout=duration_pb2.Duration(seconds=5, nanos=-1)),
+        ["timeout"],
+    ),
+    (
+        "DrainPool",
+        pb.DrainPoolRequest(pool_id="p", timeout=duration_pb2.Duration(seconds=5, nanos=1_000_000_000)),
+        ["timeout"],
+    ),
     ("RemovePool", pb.RemovePoolRequest(pool_id=""), ["pool_id"]),
     (
         "RegisterFrontend",
@@ -155,23 +177,47 @@ async def test_register_reply_carries_timing_expiry_and_frontends(discovery):
     assert again.pool.capacity.max_running_requests == 8  # kept from the last registration that stated one
 
 
-async def test_errors_map_to_contract_codes(discovery):
+async def expect_refusal(call, code: grpc.StatusCode, reason: Reason) -> grpc.aio.AioRpcError:
+    """The call fails with `code` and an ErrorInfo naming `reason` (what callers decide on)."""
+    error = await expect_code(call, code)
+    assert reason_of(error) == reason, error.details()
+    return error
+
+
+async def test_errors_map_to_contract_codes_and_reasons(discovery):
     stub, _, _, _ = discovery
     await stub.RegisterPool(register_request(incarnation=5))
-    await expect_code(stub.RegisterPool(register_request(incarnation=4)), grpc.StatusCode.PERMISSION_DENIED)
-    await expect_code(
+    await expect_refusal(
+        stub.RegisterPool(register_request(incarnation=4)),
+        grpc.StatusCode.PERMISSION_DENIED,
+        Reason.STALE_INCARNATION,
+    )
+    await expect_refusal(
         stub.UnregisterPool(pb.UnregisterPoolRequest(pool_id="pool-a", relay_id="relay-1", incarnation=4)),
         grpc.StatusCode.PERMISSION_DENIED,
+        Reason.STALE_INCARNATION,
     )
-    await expect_code(
+    await expect_refusal(
         stub.RegisterPool(register_request(relay_id="relay-2", model="other")),
         grpc.StatusCode.FAILED_PRECONDITION,
+        Reason.MODEL_CONFLICT,
     )
-    await expect_code(
+    await expect_refusal(
         stub.DrainPool(pb.DrainPoolRequest(pool_id="nope", timeout=timeconv.duration(1))),
         grpc.StatusCode.NOT_FOUND,
+        Reason.POOL_NOT_FOUND,
     )
-    await expect_code(stub.RemovePool(pb.RemovePoolRequest(pool_id="nope")), grpc.StatusCode.NOT_FOUND)
+    await expect_refusal(
+        stub.RemovePool(pb.RemovePoolRequest(pool_id="nope")),
+        grpc.StatusCode.NOT_FOUND,
+        Reason.POOL_NOT_FOUND,
+    )
+    await stub.RegisterFrontend(pb.RegisterFrontendRequest(frontend_id="f", url="http://f:1", incarnation=3))
+    for call in (
+        stub.RegisterFrontend(pb.RegisterFrontendRequest(frontend_id="f", url="http://f:1", incarnation=2)),
+        stub.UnregisterFrontend(pb.UnregisterFrontendRequest(frontend_id="f", incarnation=2)),
+    ):
+        await expect_refusal(call, grpc.StatusCode.PERMISSION_DENIED, Reason.STALE_INCARNATION)
     reply = await stub.UnregisterPool(
         pb.UnregisterPoolRequest(pool_id="pool-a", relay_id="relay-1", incarnation=5)
     )
@@ -290,7 +336,11 @@ async def test_drain_marks_then_removes_and_refuses_that_incarnation(discovery):
     assert updated.type == pb.WATCH_EVENT_TYPE_UPDATED and updated.pool.draining
     assert removed.type == pb.WATCH_EVENT_TYPE_REMOVED
     assert removed.removal_reason == pb.REMOVAL_REASON_DRAINED
-    await expect_code(stub.RegisterPool(register_request(incarnation=7)), grpc.StatusCode.FAILED_PRECONDITION)
+    await expect_refusal(
+        stub.RegisterPool(register_request(incarnation=7)),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        Reason.DRAIN_COMPLETED,
+    )
     await stub.RegisterPool(register_request(incarnation=8))
     call.cancel()
 
@@ -303,6 +353,7 @@ async def test_shutdown_ends_watch_with_unavailable(discovery):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await asyncio.wait_for(call.read(), 10)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert reason_of(info.value) == Reason.SHUTTING_DOWN
 
 
 @pytest.mark.parametrize("watch_queue_limit", [5])
@@ -329,6 +380,7 @@ async def test_watcher_that_does_not_read_is_ended_with_resource_exhausted(disco
         for _ in range(10_000):  # what was already in flight, then the status
             await asyncio.wait_for(slow.read(), 10)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert reason_of(info.value) == Reason.SLOW_CONSUMER
     # The server is unaffected: the fast watcher keeps receiving.
     await stub.RegisterPool(register_request(pool_id="after"))
     assert not fast.done()
