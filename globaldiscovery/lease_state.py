@@ -126,10 +126,7 @@ class Directory:
             self._leases.end(key)  # a mirror follows the store, whatever the incarnation
         else:
             lease_rules.check_not_drained(reg, self._drained.get(reg.pool_id, {}).get(reg.relay_id))
-            held = self._leases.get(key)
-            lease_rules.check_incarnation(
-                key, held.incarnation if held is not None else None, reg.incarnation
-            )
+            self._leases.check(key, reg.incarnation)  # lease_rules.check_incarnation on what it holds
             if record is not None:
                 holder = lease_rules.conflicting_holder(
                     reg, (lease.value for lease in record.relays.values())
@@ -169,10 +166,7 @@ class Directory:
         Raises StaleIncarnation when a newer incarnation holds the lease. Idempotent.
         """
         self.advance(now)
-        held = self._leases.get((pool_id, relay_id))
-        lease_rules.check_incarnation(
-            (pool_id, relay_id), held.incarnation if held is not None else None, incarnation
-        )
+        self._leases.check((pool_id, relay_id), incarnation)
         return self._end_lease(pool_id, relay_id, reason)
 
     def remove_pool(self, pool_id: str, now: float) -> PoolView:
@@ -229,10 +223,6 @@ class Directory:
     ) -> FrontendView:
         """Registers or renews a frontend's lease. Raises StaleIncarnation."""
         self.advance(now)
-        held = self._frontends.get(frontend_id)
-        lease_rules.check_incarnation(
-            frontend_id, held.incarnation if held is not None else None, incarnation
-        )
         lease = self._frontends.grant(frontend_id, incarnation, (url, region), now)
         self.frontends_version += 1
         return self._frontend_view(lease)
@@ -240,11 +230,7 @@ class Directory:
     def unregister_frontend(self, frontend_id: str, incarnation: int, now: float) -> bool:
         """Ends a frontend's lease at once. Raises StaleIncarnation. Idempotent."""
         self.advance(now)
-        held = self._frontends.get(frontend_id)
-        lease_rules.check_incarnation(
-            frontend_id, held.incarnation if held is not None else None, incarnation
-        )
-        ended = self._frontends.end(frontend_id) is not None
+        ended = self._frontends.end(frontend_id, incarnation) is not None
         self.frontends_version += 1
         return ended
 
