@@ -125,7 +125,8 @@ class Directory:
         if trusted:
             self._leases.end(key)  # a mirror follows the store, whatever the incarnation
         else:
-            lease_rules.check_not_drained(reg, self._drained.get(reg.pool_id, {}).get(reg.relay_id))
+            refused = self._drained.get(reg.pool_id)
+            lease_rules.check_not_drained(reg, refused.get(reg.relay_id) if refused else None)
             self._leases.check(key, reg.incarnation)  # lease_rules.check_incarnation on what it holds
             if record is not None:
                 holder = lease_rules.conflicting_holder(
