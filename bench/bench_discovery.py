@@ -176,7 +176,7 @@ async def _stream_renewals(stub, requests: list[pb.RegisterPoolRequest], window:
     done = errors = 0
     while (reply := await call.read()) is not grpc.aio.EOF:
         slots.release()
-        if reply.WhichOneof("result") == "error":
+        if reply.HasField("status"):  # a refusal (the deprecated `error` repeats it)
             errors += 1
         elif time.time() <= end:
             done += 1
