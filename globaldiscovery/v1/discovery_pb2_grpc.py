@@ -100,11 +100,13 @@ class DiscoveryServiceServicer:
         - INVALID_ARGUMENT with a BadRequest naming the field for any malformed field.
         - PERMISSION_DENIED when the lease of (pool_id, relay_id) is held by a newer incarnation: only
         the relay incarnation that holds a lease may renew it (a restarted relay, with a higher
-        incarnation, takes the lease over).
+        incarnation, takes the lease over). Reason STALE_INCARNATION.
         - FAILED_PRECONDITION when another live lease of the pool names a different model or region
-        (a pool serves one model in one region). The caller's own earlier lease of the pool, if any,
-        is ended, so replicas that all move to a new model converge within one heartbeat. Also when
-        a discovery-side drain of the pool has completed for this relay incarnation.
+        (a pool serves one model in one region), reason MODEL_CONFLICT. The caller's own earlier
+        lease of the pool, if any, is ended, so replicas that all move to a new model converge
+        within one heartbeat. Also, with reason DRAIN_COMPLETED, when a discovery-side drain of the
+        pool has completed for this relay incarnation.
+        - UNAVAILABLE, reason STORE_UNAVAILABLE, when a shared store (etcd) did not answer; retry.
 
         A renewal that changes nothing a watcher sees (only the lease's expiry moves) sends no
         UPDATED event and keeps the pool's revision; ListPools always shows current expiries.

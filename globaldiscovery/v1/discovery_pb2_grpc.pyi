@@ -7,7 +7,11 @@ Pools are registered by their PoolRelay replicas under leases; global frontends 
 under leases of the same kind so that relays can find them. Liveness is judged on the
 discovery server's monotonic clock, and the server dictates the heartbeat interval and the
 lease duration. Every validation failure is INVALID_ARGUMENT with a google.rpc.BadRequest
-detail naming the field at fault.
+detail naming the field at fault (including a Timestamp or Duration outside the range
+google.protobuf allows). Every other refusal carries a google.rpc.ErrorInfo (domain
+"globalrouter.mesh") whose reason callers act on, never the message text: STALE_INCARNATION,
+MODEL_CONFLICT, DRAIN_COMPLETED, POOL_NOT_FOUND, STORE_UNAVAILABLE, SHUTTING_DOWN,
+SLOW_CONSUMER.
 """
 
 from collections import abc as _abc
@@ -49,11 +53,13 @@ class DiscoveryServiceStub:
     - INVALID_ARGUMENT with a BadRequest naming the field for any malformed field.
     - PERMISSION_DENIED when the lease of (pool_id, relay_id) is held by a newer incarnation: only
       the relay incarnation that holds a lease may renew it (a restarted relay, with a higher
-      incarnation, takes the lease over).
+      incarnation, takes the lease over). Reason STALE_INCARNATION.
     - FAILED_PRECONDITION when another live lease of the pool names a different model or region
-      (a pool serves one model in one region). The caller's own earlier lease of the pool, if any,
-      is ended, so replicas that all move to a new model converge within one heartbeat. Also when
-      a discovery-side drain of the pool has completed for this relay incarnation.
+      (a pool serves one model in one region), reason MODEL_CONFLICT. The caller's own earlier
+      lease of the pool, if any, is ended, so replicas that all move to a new model converge
+      within one heartbeat. Also, with reason DRAIN_COMPLETED, when a discovery-side drain of the
+      pool has completed for this relay incarnation.
+    - UNAVAILABLE, reason STORE_UNAVAILABLE, when a shared store (etcd) did not answer; retry.
 
     A renewal that changes nothing a watcher sees (only the lease's expiry moves) sends no
     UPDATED event and keeps the pool's revision; ListPools always shows current expiries.
@@ -131,11 +137,13 @@ class DiscoveryServiceAsyncStub(DiscoveryServiceStub):
     - INVALID_ARGUMENT with a BadRequest naming the field for any malformed field.
     - PERMISSION_DENIED when the lease of (pool_id, relay_id) is held by a newer incarnation: only
       the relay incarnation that holds a lease may renew it (a restarted relay, with a higher
-      incarnation, takes the lease over).
+      incarnation, takes the lease over). Reason STALE_INCARNATION.
     - FAILED_PRECONDITION when another live lease of the pool names a different model or region
-      (a pool serves one model in one region). The caller's own earlier lease of the pool, if any,
-      is ended, so replicas that all move to a new model converge within one heartbeat. Also when
-      a discovery-side drain of the pool has completed for this relay incarnation.
+      (a pool serves one model in one region), reason MODEL_CONFLICT. The caller's own earlier
+      lease of the pool, if any, is ended, so replicas that all move to a new model converge
+      within one heartbeat. Also, with reason DRAIN_COMPLETED, when a discovery-side drain of the
+      pool has completed for this relay incarnation.
+    - UNAVAILABLE, reason STORE_UNAVAILABLE, when a shared store (etcd) did not answer; retry.
 
     A renewal that changes nothing a watcher sees (only the lease's expiry moves) sends no
     UPDATED event and keeps the pool's revision; ListPools always shows current expiries.
@@ -216,11 +224,13 @@ class DiscoveryServiceServicer(metaclass=_abc_1.ABCMeta):
         - INVALID_ARGUMENT with a BadRequest naming the field for any malformed field.
         - PERMISSION_DENIED when the lease of (pool_id, relay_id) is held by a newer incarnation: only
           the relay incarnation that holds a lease may renew it (a restarted relay, with a higher
-          incarnation, takes the lease over).
+          incarnation, takes the lease over). Reason STALE_INCARNATION.
         - FAILED_PRECONDITION when another live lease of the pool names a different model or region
-          (a pool serves one model in one region). The caller's own earlier lease of the pool, if any,
-          is ended, so replicas that all move to a new model converge within one heartbeat. Also when
-          a discovery-side drain of the pool has completed for this relay incarnation.
+          (a pool serves one model in one region), reason MODEL_CONFLICT. The caller's own earlier
+          lease of the pool, if any, is ended, so replicas that all move to a new model converge
+          within one heartbeat. Also, with reason DRAIN_COMPLETED, when a discovery-side drain of the
+          pool has completed for this relay incarnation.
+        - UNAVAILABLE, reason STORE_UNAVAILABLE, when a shared store (etcd) did not answer; retry.
 
         A renewal that changes nothing a watcher sees (only the lease's expiry moves) sends no
         UPDATED event and keeps the pool's revision; ListPools always shows current expiries.
