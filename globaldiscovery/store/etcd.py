@@ -87,6 +87,17 @@ def _decode(value: bytes) -> tuple[PoolRegistration, int, Removal | None]:
     return PoolRegistration(**record), lease_id, Removal(end_reason) if end_reason is not None else None
 
 
+def _readable(kvs) -> list[PoolRegistration]:
+    """The registrations among `kvs` that decode; one unreadable record is logged, never fatal."""
+    out = []
+    for kv in kvs:
+        try:
+            out.append(_decode(kv.value)[0])
+        except Exception:
+            log.warning("unreadable lease record in etcd; ignored", key=kv.key)
+    return out
+
+
 class EtcdStore:
     """The directory shared through etcd; listings are complete at once."""
 
@@ -139,11 +150,11 @@ class EtcdStore:
         snapshot = await self._client.get_prefix(PREFIX)
         present = {kv.key for kv in snapshot}
         for key in [k for k in self._known if k not in present]:
-            self._apply("DELETE", key, b"", self._known[key])  # ended while we were not watching
+            self._apply_safely("DELETE", key, b"", self._known[key])  # ended while we were not watching
         kvs = sorted(snapshot, key=lambda kv: not kv.key.startswith(LEASES))  # pools before their drains
         for kv in kvs:
             if self._known.get(kv.key) != kv.value:
-                self._apply("PUT", kv.key, kv.value, None)
+                self._apply_safely("PUT", kv.key, kv.value, None)
         self._applied = max(self._applied, snapshot.header.revision)
         self._advanced.set()
         self._watch = await self._client.watch_prefix(
@@ -179,13 +190,17 @@ class EtcdStore:
 
     async def _follow(self) -> None:
         async for event in self._watch:
-            try:
-                prev = event.prev_kv.value if event.prev_kv is not None else None
-                self._apply(event.kind, event.kv.key, event.kv.value, prev)
-            except Exception:  # one bad record must not stop the mirror
-                log.exception("cannot apply etcd event", key=event.kv.key)
+            prev = event.prev_kv.value if event.prev_kv is not None else None
+            self._apply_safely(event.kind, event.kv.key, event.kv.value, prev)
             self._applied = max(self._applied, event.kv.mod_revision)
             self._advanced.set()
+
+    def _apply_safely(self, kind: str, key: bytes, value: bytes, prev: bytes | None) -> None:
+        """_apply, logging instead of raising: one bad record must not stop the mirror or its start."""
+        try:
+            self._apply(kind, key, value, prev)
+        except Exception:
+            log.exception("cannot apply an etcd record; skipped", key=key, kind=kind)
 
     def _apply(self, kind: str, key: bytes, value: bytes, prev: bytes | None) -> None:
         now = self.clock.monotonic()
@@ -202,7 +217,8 @@ class EtcdStore:
                 pool_id, relay_id = (part.decode() for part in key[len(LEASES) :].split(SEP, 1))
                 reason = Removal.LEASE_EXPIRED
                 if prev is not None:
-                    reason = _decode(prev)[2] or Removal.LEASE_EXPIRED
+                    with contextlib.suppress(Exception):  # an unreadable record still leaves
+                        reason = _decode(prev)[2] or Removal.LEASE_EXPIRED
                 self.directory.unregister_pool(pool_id, relay_id, 2**64, reason, now)
         elif key.startswith(DRAINS) and kind == "PUT":
             pool_id = key[len(DRAINS) :].decode()
@@ -270,9 +286,7 @@ class EtcdStore:
         lease_rules.check_incarnation(
             (reg.pool_id, reg.relay_id), held[0].incarnation if held is not None else None, reg.incarnation
         )
-        others = [
-            _decode(kv.value)[0] for kv in await self._client.get_prefix(LEASES + reg.pool_id.encode() + SEP)
-        ]
+        others = _readable(await self._client.get_prefix(LEASES + reg.pool_id.encode() + SEP))
         holder = lease_rules.conflicting_holder(reg, others)
         if holder is not None:
             if held is not None:  # the refusal shows the ended lease, as every reply shows its write

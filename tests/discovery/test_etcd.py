@@ -228,3 +228,59 @@ async def test_keepalive_stream_renews_through_the_etcd_store(etcd):
     finally:
         await store.close()
         await handle.server.stop(0)
+
+
+async def test_unreadable_or_out_of_range_records_in_etcd_never_make_the_directory_unreadable(etcd):
+    """Records written past the server (an older version, a hand edit) are skipped or clamped, not fatal."""
+    import dataclasses
+
+    import aetcd
+
+    from globaldiscovery.config import DiscoveryConfig
+    from globaldiscovery.server import build_server
+    from globaldiscovery.store.etcd import LEASES, SEP, _encode
+
+    await wipe_discovery_keys(etcd)
+    host, _, port = etcd.rpartition(":")
+    client = aetcd.Client(host=host, port=int(port))
+    await client.connect()
+    try:
+        await client.put(LEASES + b"junk" + SEP + b"r1", b"{not json")
+        far = dataclasses.replace(
+            reg("far", draining=True), drain_deadline_wall=1e13, expire_wall=time.time() + 60
+        )
+        await client.put(LEASES + b"far" + SEP + b"r1", _encode(far, 0))
+    finally:
+        await client.close()
+    store = EtcdStore(SystemClock(), endpoint=etcd, heartbeat_interval=0.5, lease_duration=5.0)
+    handle = build_server(DiscoveryConfig(listen="127.0.0.1:0"), store)
+    await store.start()  # the bad record does not stop the start
+    await handle.server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{handle.port}") as channel:
+            stub = pb_grpc.DiscoveryServiceStub(channel)
+            # A registration into the pool with the unreadable record still goes through.
+            await stub.RegisterPool(
+                pb.RegisterPoolRequest(
+                    pool_id="junk",
+                    model="m",
+                    region="eu",
+                    frontends=["http://h:1"],
+                    relay_id="r2",
+                    incarnation=1,
+                )
+            )
+            listed = await stub.ListPools(pb.ListPoolsRequest())
+            assert [p.pool_id for p in listed.pools] == ["far", "junk"]
+            assert listed.pools[0].drain_deadline.seconds == 253402300799  # clamped, not an error
+            watch = stub.WatchPools(pb.WatchPoolsRequest())
+            ids = []
+            async for event in watch:
+                if event.type == pb.WATCH_EVENT_TYPE_SNAPSHOT_DONE:
+                    break
+                ids.append(event.pool.pool_id)
+            watch.cancel()
+            assert ids == ["far", "junk"]
+    finally:
+        await store.close()
+        await handle.server.stop(0)
