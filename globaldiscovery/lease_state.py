@@ -126,9 +126,11 @@ class Directory:
             self._leases.end(key)  # a mirror follows the store, whatever the incarnation
         else:
             refused = self._drained.get(reg.pool_id)
-            lease_rules.check_not_drained(reg, refused.get(reg.relay_id) if refused else None)
+            if refused:
+                lease_rules.check_not_drained(reg, refused.get(reg.relay_id))
             self._leases.check(key, reg.incarnation)  # lease_rules.check_incarnation on what it holds
-            if record is not None:
+            # Only another relay's lease can conflict; most pools have one relay (renewals skip this).
+            if record is not None and (len(record.relays) > 1 or reg.relay_id not in record.relays):
                 holder = lease_rules.conflicting_holder(
                     reg, (lease.value for lease in record.relays.values())
                 )

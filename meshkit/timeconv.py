@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from google.protobuf import duration_pb2, timestamp_pb2
 
 # The ranges google/protobuf/timestamp.proto and duration.proto allow; the protobuf runtime
@@ -12,6 +10,8 @@ MIN_TIMESTAMP_SECONDS = -62_135_596_800  # 0001-01-01T00:00:00Z
 MAX_TIMESTAMP_SECONDS = 253_402_300_799  # 9999-12-31T23:59:59Z
 MAX_DURATION_SECONDS = 315_576_000_000  # about 10,000 years, either sign
 MAX_NANOS = 999_999_999
+_LOWEST = float(MIN_TIMESTAMP_SECONDS)
+_HIGHEST = MAX_TIMESTAMP_SECONDS + MAX_NANOS / 1e9
 
 
 def duration(seconds: float) -> duration_pb2.Duration:
@@ -39,16 +39,14 @@ def clamped_timestamp(wall_seconds: float) -> timestamp_pb2.Timestamp:
     For values already stored: one out-of-range record must not make a listing that includes it
     fail (the record keeps its place; its time reads as the nearest representable one).
     """
-    if math.isnan(wall_seconds):
-        wall_seconds = 0.0
-    low, high = float(MIN_TIMESTAMP_SECONDS), MAX_TIMESTAMP_SECONDS + MAX_NANOS / 1e9
     t = timestamp_pb2.Timestamp()
-    if wall_seconds <= low:
-        t.seconds = MIN_TIMESTAMP_SECONDS
-    elif wall_seconds >= high:
-        t.seconds, t.nanos = MAX_TIMESTAMP_SECONDS, MAX_NANOS
-    else:
+    if _LOWEST < wall_seconds < _HIGHEST:  # the common case first (renewal replies use it)
         t.FromNanoseconds(round(wall_seconds * 1e9))
+    elif wall_seconds >= _HIGHEST:
+        t.seconds, t.nanos = MAX_TIMESTAMP_SECONDS, MAX_NANOS
+    elif wall_seconds <= _LOWEST:
+        t.seconds = MIN_TIMESTAMP_SECONDS
+    # else NaN (it fails every comparison): the epoch, which t already is
     return t
 
 
