@@ -56,6 +56,8 @@ class Reason(StrEnum):
     TELEMETRY_SUPERSEDED = "TELEMETRY_SUPERSEDED"
     # A shared store (discovery's etcd) did not answer in time; the call may be retried.
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+    # A request field is wrong: INVALID_ARGUMENT, with a BadRequest naming each field beside it.
+    INVALID_FIELDS = "INVALID_FIELDS"
 
 
 def error_info(reason: Reason, metadata: Mapping[str, str] | None = None) -> error_details_pb2.ErrorInfo:

@@ -16,6 +16,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from meshkit import timeconv
+from meshkit.errors import Reason, error_info
 
 MAX_ID_LENGTH = 128
 MAX_FRONTENDS = 64
@@ -39,7 +40,8 @@ class Violations:
         return "invalid request: " + "; ".join(f"{f}: {d}" for f, d in self.items)
 
     def to_rpc_status(self) -> status_pb2.Status:
-        """The INVALID_ARGUMENT google.rpc.Status with a BadRequest detail listing each violation."""
+        """The INVALID_ARGUMENT google.rpc.Status: a BadRequest listing each violation, and an ErrorInfo
+        (reason INVALID_FIELDS, metadata `fields`) so callers can branch on a reason like any other refusal."""
         bad = error_details_pb2.BadRequest(
             field_violations=[
                 error_details_pb2.BadRequest.FieldViolation(field=f, description=d) for f, d in self.items
@@ -47,7 +49,12 @@ class Violations:
         )
         detail = any_pb2.Any()
         detail.Pack(bad)
-        return status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=self.message(), details=[detail])
+        fields = ",".join(dict.fromkeys(f for f, _d in self.items))
+        info = any_pb2.Any()
+        info.Pack(error_info(Reason.INVALID_FIELDS, {"fields": fields[:1024]}))
+        return status_pb2.Status(
+            code=code_pb2.INVALID_ARGUMENT, message=self.message(), details=[detail, info]
+        )
 
     def to_status(self) -> grpc.Status:
         """to_rpc_status() as the grpc.Status a call aborts with."""

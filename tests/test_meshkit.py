@@ -187,3 +187,15 @@ async def test_health_and_reflection_answer_on_a_meshkit_server():
         ]
     finally:
         await handle.server.stop(0)
+
+
+def test_invalid_argument_carries_invalid_fields_reason_and_names_the_fields() -> None:
+    from meshkit.errors import Reason, reason_of_status
+    from meshkit.validation import Violations
+
+    v = Violations()
+    v.add("model", "must not be empty")
+    v.add("prompt.text", "must not be empty")
+    status = v.to_rpc_status()
+    assert reason_of_status(status) == Reason.INVALID_FIELDS
+    assert "model,prompt.text" in str(status.details[1].value)
