@@ -54,6 +54,7 @@ def registration(req: pb.RegisterPoolRequest) -> PoolRegistration:
         capabilities=tuple(req.capabilities),
         draining=req.draining,
         drain_deadline_wall=deadline,
+        frontend_protocol=req.frontend_protocol,
     )
 
 
@@ -77,6 +78,7 @@ def pool(view: PoolView) -> pb.Pool:
         capabilities=view.capabilities,
         create_time=timeconv.clamped_timestamp(view.create_wall),
         revision=view.revision,
+        frontend_protocol=view.frontend_protocol,  # type: ignore[arg-type]
         leases=[
             pb.PoolLease(
                 relay_id=lease.relay_id,

@@ -334,6 +334,7 @@ class Directory:
         return (
             newest.model,
             newest.region,
+            newest.frontend_protocol,
             frontends,
             capabilities,
             draining,
@@ -353,6 +354,7 @@ class Directory:
             drain_deadline_wall=deadline,
             capacity=record.capacity,
             capabilities=capabilities,
+            frontend_protocol=newest.frontend_protocol,
             leases=tuple(
                 LeaseView(
                     relay_id=lease.key[1],

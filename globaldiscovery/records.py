@@ -64,6 +64,7 @@ class PoolRegistration:
     draining: bool = False
     drain_deadline_wall: float | None = None
     expire_wall: float | None = None  # set when a shared store (etcd) keeps the lease's time
+    frontend_protocol: int = 0  # FrontendProtocol number; 0: the mesh's gRPC pool frontend
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,7 @@ class PoolView:
     leases: tuple[LeaseView, ...]
     create_wall: float
     revision: int
+    frontend_protocol: int = 0
 
 
 @dataclass(frozen=True, slots=True)

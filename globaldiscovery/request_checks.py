@@ -32,7 +32,11 @@ def register_pool(req: pb.RegisterPoolRequest) -> Violations:
     check_identifier(v, "pool_id", req.pool_id)
     check_identifier(v, "model", req.model)
     check_identifier(v, "region", req.region)
-    check_frontends(v, "frontends", list(req.frontends))
+    if req.frontend_protocol not in pb.FrontendProtocol.values():
+        v.add("frontend_protocol", f"must be a FrontendProtocol value (got {req.frontend_protocol})")
+    # A base path is an OpenAI HTTP notion; a gRPC target has none.
+    openai = req.frontend_protocol == pb.FRONTEND_PROTOCOL_OPENAI_HTTP
+    check_frontends(v, "frontends", list(req.frontends), allow_path=openai)
     check_identifier(v, "relay_id", req.relay_id)
     _check_incarnation(v, "incarnation", req.incarnation)
     if len(req.capabilities) > MAX_CAPABILITIES:
@@ -102,7 +106,7 @@ def register_frontend(req: pb.RegisterFrontendRequest) -> Violations:
     """frontend_id, url, region (optional), incarnation."""
     v = Violations()
     check_identifier(v, "frontend_id", req.frontend_id)
-    check_url(v, "url", req.url)
+    check_url(v, "url", req.url, allow_path=False)
     check_identifier(v, "region", req.region, required=False)
     _check_incarnation(v, "incarnation", req.incarnation)
     return v

@@ -10,13 +10,15 @@ from meshkit.keepalive import CLIENT_OPTIONS
 
 
 def url_to_target(url: str) -> tuple[str, bool]:
-    """Maps `http://host:port` / `https://host:port` / `host:port` to (gRPC target, use TLS)."""
+    """Maps `http://host[:port]` / `https://host[:port]` / `host:port` to (gRPC target, use TLS)."""
     if "://" in url:
         parts = urlsplit(url)
         host = parts.hostname or ""
         if ":" in host:  # IPv6 literal
             host = f"[{host}]"
-        return f"{host}:{parts.port}", parts.scheme == "https"
+        tls = parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)  # a URL without a port means the scheme's default
+        return f"{host}:{port}", tls
     return url, False
 
 

@@ -103,38 +103,46 @@ def check_identifier(v: Violations, field_path: str, value: str, *, required: bo
         v.add(field_path, "must not contain control characters")
 
 
-def url_problem(url: str) -> str | None:
-    """Why `url` is not an http:// or https:// URL with host and port and nothing else; None when it is."""
+def url_problem(url: str, *, allow_path: bool = True) -> str | None:
+    """Why `url` is not an http:// or https:// frontend URL; None when it is.
+
+    A URL names a host; its port may be left out (80 for http, 443 for https, as deployments
+    write them), and it may carry a base path (an OpenAI base URL such as http://h:8000/v1)
+    unless `allow_path` is False. Credentials, a query and a fragment are refused: they do not
+    belong in a frontend's address (credentials would leak into the directory).
+    """
     if not url:
         return "must not be empty"
     if url != url.strip() or _has_control(url) or any(ch.isspace() for ch in url):
         return "must not contain white space or control characters"
     try:
         parts = urlsplit(url)
-        port = parts.port
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
     except ValueError as exc:
         return f"is not a valid URL ({exc})"
     if parts.scheme not in ("http", "https"):
         return f"must be an http:// or https:// URL (got {url!r})"
-    if parts.username is not None or parts.password is not None:
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
         return "must not contain credentials"
     if not parts.hostname:
         return "must name a host"
-    if port is None:
-        return "must name a port (e.g. http://host:8000)"
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        return "must not have a path, query or fragment"
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        return "must not have a query or fragment"
+    if parts.path not in ("", "/") and not allow_path:
+        return "must not have a path (only OpenAI HTTP frontends take a base path)"
     return None
 
 
-def check_url(v: Violations, field_path: str, url: str) -> None:
-    """Records a violation when `url` is not an http(s) URL with host and port only."""
-    problem = url_problem(url)
+def check_url(v: Violations, field_path: str, url: str, *, allow_path: bool = True) -> None:
+    """Records a violation when `url` is not an http(s) frontend URL (see url_problem)."""
+    problem = url_problem(url, allow_path=allow_path)
     if problem:
         v.add(field_path, problem)
 
 
-def check_frontends(v: Violations, field_path: str, urls: list[str], *, required: bool = True) -> None:
+def check_frontends(
+    v: Violations, field_path: str, urls: list[str], *, required: bool = True, allow_path: bool = True
+) -> None:
     """A list of 1..64 frontend URLs, each checked, no duplicates."""
     if not urls:
         if required:
@@ -145,7 +153,7 @@ def check_frontends(v: Violations, field_path: str, urls: list[str], *, required
         return
     seen: set[str] = set()
     for i, url in enumerate(urls):
-        check_url(v, f"{field_path}[{i}]", url)
+        check_url(v, f"{field_path}[{i}]", url, allow_path=allow_path)
         if url in seen:
             v.add(f"{field_path}[{i}]", f"duplicates {url!r}")
         seen.add(url)

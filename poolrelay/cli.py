@@ -14,12 +14,15 @@ from datetime import UTC, datetime
 import grpc
 from google.protobuf import json_format
 
+from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.channels import sync_channel
-from meshkit.cli import host_port, positive_seconds, url_list
+from meshkit.cli import host_port, int_at_least, positive_seconds, url_list
 from meshkit.ids import new_incarnation
 from meshkit.logs import configure_logging
 from meshkit.server import create_server, serve_until_signalled
 from meshkit.timeconv import wall_seconds
+from poolrelay.engine.config import ENGINES, EngineConfig, parse_workers
+from poolrelay.engine.translate import check_block_sizes
 from poolrelay.relay import Relay, RelayConfig
 from poolrelay.status import register
 from poolrelay.v1 import status_pb2, status_pb2_grpc
@@ -32,15 +35,33 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the relay beside a pool")
-    serve.add_argument("--pool", required=True, type=host_port, help="the pool's event API, HOST:PORT")
+    serve.add_argument(
+        "--engine",
+        choices=("mocker", *ENGINES),
+        default="mocker",
+        help="what the pool runs: the mesh's pool event API (mocker, the default) or vLLM / SGLang servers",
+    )
+    serve.add_argument("--pool", type=host_port, help="the pool's event API, HOST:PORT (--engine mocker)")
+    serve.add_argument(
+        "--engine-worker",
+        action="append",
+        default=[],
+        metavar="url=URL,events=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,id=ID][,topic=T]",
+        help="one engine instance or data-parallel rank (repeat per worker); events-bind= instead of "
+        "events= when the engine connects to the relay",
+    )
+    serve.add_argument(
+        "--engine-block-size",
+        type=int_at_least(1),
+        help="the engine's KV block size in tokens, a whole multiple of the mesh's 16 (vLLM --block-size)",
+    )
     serve.add_argument("--discovery", required=True, type=host_port, help="globaldiscovery, HOST:PORT")
     serve.add_argument("--routing-pool", required=True, help="the pool id to register")
     serve.add_argument("--routing-pool-region", help="the pool's region (required with --routing-pool)")
     serve.add_argument(
         "--routing-pool-frontends",
-        required=True,
         type=url_list,
-        help="the pool's frontends, http(s)://HOST:PORT[,...]",
+        help="the pool's frontends, http(s)://HOST[:PORT][/BASE][,...] (engines: default every worker's url)",
     )
     serve.add_argument("--relay-id", help="this replica's id (default: hostname-pid)")
     serve.add_argument(
@@ -67,8 +88,29 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     """Checks the flags that depend on each other; exits 2 with a message naming the problem."""
     if args.routing_pool and not args.routing_pool_region:
         parser.error("--routing-pool requires --routing-pool-region")
+    engine = None
+    if args.engine == "mocker":
+        if not args.pool:
+            parser.error("--pool is required with --engine mocker")
+        if args.engine_worker or args.engine_block_size:
+            parser.error("--engine-worker and --engine-block-size need --engine vllm or sglang")
+        if not args.routing_pool_frontends:
+            parser.error("--routing-pool-frontends is required with --engine mocker")
+    else:
+        if not args.engine_worker:
+            parser.error(f"--engine {args.engine} needs at least one --engine-worker")
+        if not args.engine_block_size:
+            parser.error(f"--engine {args.engine} needs --engine-block-size (the engine's KV block size)")
+        try:
+            workers = parse_workers(args.engine_worker)
+            check_block_sizes(args.engine_block_size, DEFAULT_BLOCK_SIZE)
+        except ValueError as exc:
+            parser.error(str(exc))
+        engine = EngineConfig(kind=args.engine, workers=workers, block_size=args.engine_block_size)
+        if not args.routing_pool_frontends:
+            args.routing_pool_frontends = list(dict.fromkeys(w.url for w in workers))
     return RelayConfig(
-        pool=args.pool,
+        pool=args.pool or "",
         discovery=args.discovery,
         pool_id=args.routing_pool,
         region=args.routing_pool_region,
@@ -77,6 +119,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         incarnation=new_incarnation(),
         global_frontends=tuple(args.global_frontends),
         report_interval=args.report_interval,
+        engine=engine,
     )
 
 

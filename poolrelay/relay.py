@@ -14,6 +14,8 @@ from meshkit.channels import aio_channel
 from meshkit.clock import Clock, SystemClock
 from meshkit.logs import get_logger
 from meshkit.timeconv import seconds, timestamp, wall_seconds
+from poolrelay.engine.config import EngineConfig
+from poolrelay.engine.source import EngineSource
 from poolrelay.heartbeat import HeartbeatLoop, Renewal
 from poolrelay.lease_stream import KeepAliveClient
 from poolrelay.model_choice import Choice, ModelView, Reason, choose_model
@@ -52,6 +54,8 @@ class RelayConfig:
     """Global frontends to stream telemetry to in addition to those discovery lists."""
     report_interval: float = 1.0
     """Seconds between periodic telemetry reports."""
+    engine: EngineConfig | None = None
+    """An engine pool (vLLM, SGLang) read over ZMQ and HTTP instead of the pool event API at `pool`."""
 
 
 @dataclass(frozen=True)
@@ -82,12 +86,13 @@ class Relay:
             self.blocks,
             self.clock,
         )
-        self.source = PoolSource(
-            config.pool,
-            self.blocks,
-            on_status=self._on_status,
-            on_reachable=self._on_reachable,
-            on_blocks=self.hub.blocks_changed,
+        callbacks = dict(
+            on_status=self._on_status, on_reachable=self._on_reachable, on_blocks=self.hub.blocks_changed
+        )
+        self.source: PoolSource | EngineSource = (
+            EngineSource(config.engine, self.blocks, clock=self.clock, **callbacks)
+            if config.engine is not None
+            else PoolSource(config.pool, self.blocks, **callbacks)
         )
         self._discovery_channel = aio_channel(config.discovery)
         self._discovery = dpb_grpc.DiscoveryServiceStub(self._discovery_channel)
@@ -173,6 +178,9 @@ class Relay:
                 prefill_tokens_per_second=want.capacity[2],
             ),
             draining=want.draining,
+            frontend_protocol=(
+                dpb.FRONTEND_PROTOCOL_OPENAI_HTTP if c.engine is not None else dpb.FRONTEND_PROTOCOL_MESH_GRPC
+            ),
         )
         if want.drain_deadline is not None:
             req.drain_deadline.CopyFrom(timestamp(want.drain_deadline))

@@ -88,16 +88,35 @@ def test_token_bytes_are_little_endian_u32_whatever_the_input_type():
         ("https://pool.example:443", True),
         ("http://[::1]:80", True),
         ("grpc://h:1", False),
-        ("http://h", False),
-        ("http://h:1/path", False),
+        ("http://h", True),
+        ("https://pool.example.com", True),
+        ("http://h:8000/v1", True),
+        ("https://gw.example.com/llm/v1/", True),
         ("http://u:p@h:1", False),
+        ("http://u@h:1/v1", False),
         ("http://h:1?x=1", False),
+        ("http://h:1/v1?", False),
+        ("http://h:1/v1#frag", False),
+        ("http://h:99999", False),
+        ("http://:80", False),
         ("h:1", False),
         ("", False),
     ],
 )
 def test_url_rules(url, ok):
     assert (validation.url_problem(url) is None) == ok
+
+
+def test_url_path_refused_where_a_grpc_target_is_meant():
+    assert validation.url_problem("http://h:1/v1", allow_path=False) is not None
+    assert validation.url_problem("https://h", allow_path=False) is None
+
+
+def test_url_without_port_dials_the_scheme_default():
+    from meshkit.channels import url_to_target
+
+    assert url_to_target("https://pool.example.com") == ("pool.example.com:443", True)
+    assert url_to_target("http://h") == ("h:80", False)
 
 
 def test_identifier_rules_name_the_field():

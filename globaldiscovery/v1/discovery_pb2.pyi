@@ -28,6 +28,12 @@ class RemovalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REMOVAL_REASON_UNREGISTERED: _ClassVar[RemovalReason]
     REMOVAL_REASON_REMOVED: _ClassVar[RemovalReason]
     REMOVAL_REASON_DRAINED: _ClassVar[RemovalReason]
+
+class FrontendProtocol(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FRONTEND_PROTOCOL_UNSPECIFIED: _ClassVar[FrontendProtocol]
+    FRONTEND_PROTOCOL_MESH_GRPC: _ClassVar[FrontendProtocol]
+    FRONTEND_PROTOCOL_OPENAI_HTTP: _ClassVar[FrontendProtocol]
 WATCH_EVENT_TYPE_UNSPECIFIED: WatchEventType
 WATCH_EVENT_TYPE_ADDED: WatchEventType
 WATCH_EVENT_TYPE_UPDATED: WatchEventType
@@ -38,6 +44,9 @@ REMOVAL_REASON_LEASE_EXPIRED: RemovalReason
 REMOVAL_REASON_UNREGISTERED: RemovalReason
 REMOVAL_REASON_REMOVED: RemovalReason
 REMOVAL_REASON_DRAINED: RemovalReason
+FRONTEND_PROTOCOL_UNSPECIFIED: FrontendProtocol
+FRONTEND_PROTOCOL_MESH_GRPC: FrontendProtocol
+FRONTEND_PROTOCOL_OPENAI_HTTP: FrontendProtocol
 
 class PoolCapacity(_message.Message):
     __slots__ = ("max_running_requests", "kv_cache_blocks", "prefill_tokens_per_second")
@@ -64,7 +73,7 @@ class PoolLease(_message.Message):
     def __init__(self, relay_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., frontends: _Optional[_Iterable[str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class Pool(_message.Message):
-    __slots__ = ("pool_id", "model", "region", "frontends", "draining", "drain_deadline", "capacity", "capabilities", "leases", "create_time", "revision")
+    __slots__ = ("pool_id", "model", "region", "frontends", "draining", "drain_deadline", "capacity", "capabilities", "leases", "create_time", "revision", "frontend_protocol")
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +85,7 @@ class Pool(_message.Message):
     LEASES_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    FRONTEND_PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     pool_id: str
     model: str
     region: str
@@ -87,10 +97,11 @@ class Pool(_message.Message):
     leases: _containers.RepeatedCompositeFieldContainer[PoolLease]
     create_time: _timestamp_pb2.Timestamp
     revision: int
-    def __init__(self, pool_id: _Optional[str] = ..., model: _Optional[str] = ..., region: _Optional[str] = ..., frontends: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., drain_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., capacity: _Optional[_Union[PoolCapacity, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., leases: _Optional[_Iterable[_Union[PoolLease, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+    frontend_protocol: FrontendProtocol
+    def __init__(self, pool_id: _Optional[str] = ..., model: _Optional[str] = ..., region: _Optional[str] = ..., frontends: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., drain_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., capacity: _Optional[_Union[PoolCapacity, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., leases: _Optional[_Iterable[_Union[PoolLease, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ..., frontend_protocol: _Optional[_Union[FrontendProtocol, str]] = ...) -> None: ...
 
 class RegisterPoolRequest(_message.Message):
-    __slots__ = ("pool_id", "model", "region", "frontends", "relay_id", "incarnation", "capacity", "capabilities", "draining", "drain_deadline")
+    __slots__ = ("pool_id", "model", "region", "frontends", "relay_id", "incarnation", "capacity", "capabilities", "draining", "drain_deadline", "frontend_protocol")
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +112,7 @@ class RegisterPoolRequest(_message.Message):
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     DRAIN_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    FRONTEND_PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     pool_id: str
     model: str
     region: str
@@ -111,7 +123,8 @@ class RegisterPoolRequest(_message.Message):
     capabilities: _containers.RepeatedScalarFieldContainer[str]
     draining: bool
     drain_deadline: _timestamp_pb2.Timestamp
-    def __init__(self, pool_id: _Optional[str] = ..., model: _Optional[str] = ..., region: _Optional[str] = ..., frontends: _Optional[_Iterable[str]] = ..., relay_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., capacity: _Optional[_Union[PoolCapacity, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., drain_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    frontend_protocol: FrontendProtocol
+    def __init__(self, pool_id: _Optional[str] = ..., model: _Optional[str] = ..., region: _Optional[str] = ..., frontends: _Optional[_Iterable[str]] = ..., relay_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., capacity: _Optional[_Union[PoolCapacity, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., drain_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., frontend_protocol: _Optional[_Union[FrontendProtocol, str]] = ...) -> None: ...
 
 class RegisterPoolResponse(_message.Message):
     __slots__ = ("heartbeat_interval", "lease_duration", "lease_expire_time", "frontends", "drain_requested", "drain_deadline", "pool")

@@ -82,7 +82,9 @@ def parse_worker(value: str, index: int) -> EngineWorker:
     if problem:
         raise ValueError(f"url {problem}")
     if ("events" in fields) == ("events-bind" in fields):
-        raise ValueError("exactly one of events= (the engine binds) or events-bind= (the relay binds) is required")
+        raise ValueError(
+            "exactly one of events= (the engine binds) or events-bind= (the relay binds) is required"
+        )
     bind = "events-bind" in fields
     events = fields["events-bind" if bind else "events"]
     for name, endpoint in (("events", events), ("replay", fields.get("replay"))):

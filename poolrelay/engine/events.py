@@ -19,7 +19,17 @@ import msgspec
 EngineHash = int | bytes
 
 # Positional field order of the array forms, as the structs declare them (tag first for events).
-_STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx")
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+)
 _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 # Bounds on what one batch may carry (outside input: a hostile or broken publisher must not make
 # the relay allocate without limit).

@@ -130,8 +130,13 @@ class WorkerFeed:
             log.info("kv event gap; asking for replay", worker=self.worker.worker_id, want=want, got=seq)
         await self._recover(want, seq, payload)
 
-    async def _recover(self, want: int, seq: int, payload: bytes) -> None:
-        """Replays from `want`; applies a contiguous run ending at the present either way."""
+    async def catch_up(self) -> None:
+        """With nothing applied yet, takes what the engine still buffers (its recent history)."""
+        if self.last is None and self._replay is not None:
+            await self._recover(0, None, b"")
+
+    async def _recover(self, want: int, seq: int | None, payload: bytes) -> None:
+        """Replays from `want`, then applies a contiguous run ending at the present either way."""
         epoch = self.epoch
         replayed = None
         if self._replay is not None:
@@ -140,21 +145,22 @@ class WorkerFeed:
         if self.epoch != epoch:
             return  # reset meanwhile (worker down): what arrives next starts afresh
         run = [(s, p) for s, p in (replayed or ()) if s >= want]
-        if not run or run[0][0] != want:
-            if self.last is not None:
-                self.reset(f"replay could not close the gap from {want} (first replayed: {run[0][0] if run else None})")
-            if not run or run[-1][0] < seq:
-                self._apply(seq, payload)
-                return
+        if (not run or run[0][0] != want) and self.last is not None:
+            first = run[0][0] if run else None
+            self.reset(f"replay could not close the gap from {want} (first replayed: {first})")
         self.counts.replayed_batches += len(run)
-        low = run[0][0]
         for s, p in run:
             if self.last is not None and s != self.last + 1:
                 self.reset(f"replay skipped from {self.last} to {s}")
             self._apply(s, p)
-        self._dup_low, self._dup_high = low, self.last if self.last is not None else -1
-        if self.last is not None and seq > self.last:
-            await self.on_message(seq, payload)
+        if run:
+            self._dup_low, self._dup_high = run[0][0], run[-1][0]
+        if seq is None or (self.last is not None and seq <= self.last):
+            return  # the live message was replayed too
+        if self.last is not None and seq != self.last + 1:
+            self.reset(f"replay ended at {self.last}, before live batch {seq}")
+        # The live message follows the replayed run, or (nothing replayed) starts a fresh run.
+        self._apply(seq, payload)
 
 
 class ZmqWorkerTransport:
@@ -214,6 +220,7 @@ class ZmqWorkerTransport:
         else:
             sub.connect(self.worker.events)
         try:
+            await feed.catch_up()
             while True:
                 frames = await sub.recv_multipart()
                 try:
@@ -222,7 +229,12 @@ class ZmqWorkerTransport:
                     self.malformed += 1
                     feed.counts.malformed += 1
                     if self.malformed <= 10 or self.malformed % 1000 == 0:
-                        log.warning("malformed kv event message", worker=self.worker.worker_id, error=str(exc), count=self.malformed)
+                        log.warning(
+                            "malformed kv event message",
+                            worker=self.worker.worker_id,
+                            error=str(exc),
+                            count=self.malformed,
+                        )
                     continue
                 await feed.on_message(seq, payload)
         finally:

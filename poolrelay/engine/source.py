@@ -119,8 +119,11 @@ class EngineSource:
                 # It may be restarting with an empty cache: its blocks can no longer be vouched for.
                 st.feed.reset(f"worker down: {st.last_error}")
             return
-        if st.load is not None and load.process_start and st.load.process_start and (
-            load.process_start != st.load.process_start
+        if (
+            st.load is not None
+            and load.process_start
+            and st.load.process_start
+            and (load.process_start != st.load.process_start)
         ):
             st.feed.reset("the engine process restarted (process_start_time_seconds changed)")
         if not st.healthy:
@@ -164,7 +167,9 @@ class EngineSource:
             )
         return pe.WatchPoolStatusResponse(
             models=[
-                pe.ModelStatus(model=m, state=pe.MODEL_STATE_READY if m in ready else pe.MODEL_STATE_NOT_READY)
+                pe.ModelStatus(
+                    model=m, state=pe.MODEL_STATE_READY if m in ready else pe.MODEL_STATE_NOT_READY
+                )
                 for m in sorted(known)
             ],
             workers=workers,

@@ -17,7 +17,14 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from meshkit.blocks import block_hashes
-from poolrelay.engine.events import AllBlocksCleared, Batch, BlockRemoved, BlockStored, EngineHash, UnknownEvent
+from poolrelay.engine.events import (
+    AllBlocksCleared,
+    Batch,
+    BlockRemoved,
+    BlockStored,
+    EngineHash,
+    UnknownEvent,
+)
 
 # Engine hash → the mesh hash at the end of that engine block (None: known, not routable). The
 # map is a pure function of the block's content, so it outlives eviction (a child stored after

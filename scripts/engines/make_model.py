@@ -59,7 +59,10 @@ def make_model(path: Path, seed: int) -> None:
         max_position_embeddings=4096,
         bos_token_id=1,
         eos_token_id=2,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
+        # Wide initial weights: a greedy continuation then wanders over the vocabulary instead of
+        # repeating the last token, so a lost or repeated token shows in the tests.
+        initializer_range=0.5,
         torch_dtype="float32",
     )
     model = LlamaForCausalLM(config)

@@ -1,0 +1,236 @@
+"""Serving links to OpenAI-compatible HTTP pools (vLLM, SGLang, Dynamo): `POST /v1/completions`, streamed.
+
+The request goes out as token ids (`prompt` is a list of ids, `return_token_ids` makes every
+server-sent event carry the ids it adds), greedy (`temperature: 0`), with the usage chunk at the
+end, so the answer is token ids like on the mesh's gRPC link and a migrated request continues
+exactly. The link maps HTTP onto the same Admitted / PoolStream the gRPC link gives, so one request
+loop serves both: an answer other than 200 before the stream starts is an admission failure (429
+and 503 are the pool's own 'no', 404 means it does not serve the model), a connection that cannot
+be made is an unreachable pool, and a stream that ends without a finish is StreamBroken.
+
+The client is aiohttp: asyncio-native, well kept, one ClientSession whose TCPConnector pools
+keep-alive connections per host (so a request does not pay a TCP/TLS handshake), reads a response
+body incrementally (what server-sent events need), and lets a cancelled stream close its
+connection (the engine then aborts the request).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from urllib.parse import urlsplit
+
+import aiohttp
+import grpc
+
+from globalrouter.v1 import pool_frontend_pb2 as pf
+from meshkit.blocks import DEFAULT_BLOCK_SIZE
+from meshkit.errors import Reason
+
+PoolRequest = pf.PoolFrontendServiceGenerateRequest
+PoolResponse = pf.PoolFrontendServiceGenerateResponse
+
+# Bounds on what a pool's answer may hold (outside input).
+MAX_EVENT_BYTES = 64 * 1024 * 1024
+MAX_ERROR_BODY = 4096
+CONNECT_TIMEOUT_S = 5.0
+# Seconds an admitted stream may go without a byte before it counts as broken.
+READ_TIMEOUT_S = 300.0
+
+_FINISH = {"length": pf.POOL_FINISH_REASON_LENGTH, "stop": pf.POOL_FINISH_REASON_STOP}
+
+
+def completions_url(frontend: str) -> str:
+    """Where a frontend takes completions: `{base}/completions` for a base path (OpenAI style,
+    e.g. http://h:8000/v1), else `/v1/completions` on the host."""
+    path = urlsplit(frontend).path.rstrip("/")
+    base = frontend.rstrip("/")
+    return f"{base}/completions" if path else f"{base}/v1/completions"
+
+
+def request_body(request: PoolRequest) -> dict:
+    """The JSON body of one completion request."""
+    return {
+        "model": request.model,
+        "prompt": list(request.token_ids),
+        "max_tokens": request.max_tokens,
+        "stream": True,
+        "temperature": 0,
+        "return_token_ids": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+class LinkError(Exception):
+    """A pool's answer before the stream: gRPC code, ErrorInfo reason, whether it is the pool's 'no'."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str | None, message: str, *, refused: bool) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.refused = refused
+
+
+def status_error(status: int, body: str) -> LinkError:
+    """What an HTTP status other than 200 before the stream means for admission."""
+    text = f"HTTP {status}: {body[:MAX_ERROR_BODY]}".strip()
+    if status == 429:
+        return LinkError(grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.QUEUE_FULL, text, refused=True)
+    if status == 503:
+        return LinkError(grpc.StatusCode.UNAVAILABLE, Reason.POOL_REFUSING, text, refused=True)
+    if status == 404:
+        return LinkError(grpc.StatusCode.NOT_FOUND, Reason.MODEL_NOT_SERVED, text, refused=True)
+    if status in (400, 413, 422):
+        return LinkError(grpc.StatusCode.INVALID_ARGUMENT, None, text, refused=False)
+    return LinkError(grpc.StatusCode.UNAVAILABLE, None, text, refused=False)
+
+
+class SseParser:
+    """Splits a server-sent event body into its `data:` payloads (bounded line length)."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buf = self._buf
+        buf += chunk
+        out: list[bytes] = []
+        start = 0
+        while (nl := buf.find(b"\n", start)) >= 0:
+            line = bytes(buf[start:nl]).rstrip(b"\r")
+            start = nl + 1
+            if line.startswith(b"data:"):
+                out.append(line[5:].lstrip(b" "))
+        del buf[:start]
+        if len(buf) > MAX_EVENT_BYTES:
+            raise ValueError(f"a server-sent event line exceeds {MAX_EVENT_BYTES} bytes")
+        return out
+
+
+class OpenAIPoolStream:
+    """PoolStream over one streamed `/v1/completions` response."""
+
+    def __init__(self, response: aiohttp.ClientResponse, broken: type[Exception]) -> None:
+        self._resp = response
+        self._broken = broken
+        self._parser = SseParser()
+        self._pending: deque[PoolResponse] = deque()
+        self._generated = 0
+        self._done = False
+
+    def _fail(self, detail: str) -> Exception:
+        self.cancel()
+        return self._broken(grpc.StatusCode.UNAVAILABLE, None, detail)
+
+    def _event(self, data: bytes) -> None:
+        if data == b"[DONE]":
+            if not self._done:
+                raise self._fail("the stream ended ([DONE]) without a finish reason")
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise self._fail("the pool sent an event that is not JSON") from None
+        if not isinstance(chunk, dict):
+            raise self._fail("the pool sent an event that is not a JSON object")
+        if "error" in chunk:
+            raise self._fail(f"the pool reported an error mid-stream: {str(chunk['error'])[:MAX_ERROR_BODY]}")
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise self._fail("the event's choices is not a list")
+        for choice in choices[:1]:
+            ids = choice.get("token_ids") if isinstance(choice, dict) else None
+            if ids:
+                if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < 2**32 for t in ids):
+                    raise self._fail("the event's token_ids are not token ids")
+                self._generated += len(ids)
+                self._pending.append(PoolResponse(tokens=pf.PoolTokens(token_ids=ids)))
+            reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+            if reason is not None and not self._done:
+                if reason not in _FINISH:
+                    raise self._fail(f"the pool ended the request with finish_reason {str(reason)[:64]!r}")
+                self._done = True
+                self._pending.append(
+                    PoolResponse(
+                        finish=pf.PoolFinish(reason=_FINISH[reason], tokens_generated=self._generated)
+                    )
+                )
+
+    async def read(self) -> PoolResponse | None:
+        """The next message; None after the finish. Raises the link's StreamBroken on a failure."""
+        while not self._pending:
+            if self._resp.closed and self._done:
+                return None
+            try:
+                chunk = await self._resp.content.readany()
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                raise self._fail(f"the stream broke: {exc!r}") from None
+            if not chunk:
+                self._resp.release()
+                if self._done:
+                    return None
+                raise self._fail("the pool closed the stream before a finish")
+            try:
+                events = self._parser.feed(chunk)
+            except ValueError as exc:
+                raise self._fail(str(exc)) from None
+            for data in events:
+                self._event(data)
+        return self._pending.popleft()
+
+    def cancel(self) -> None:
+        """Closes the connection (the engine aborts the request); idempotent."""
+        if not self._resp.closed:
+            self._resp.close()
+
+
+class OpenAIClient:
+    """The global frontend's HTTP client for every OpenAI pool: one session, pooled keep-alive connections."""
+
+    def __init__(self, max_connections: int = 1024) -> None:
+        self._max = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max, keepalive_timeout=60.0),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S
+                ),
+                raise_for_status=False,
+            )
+        return self._session
+
+    async def open(self, url: str, request: PoolRequest, broken: type[Exception]) -> OpenAIPoolStream:
+        """Starts the request on `url`; raises LinkError when the pool does not take it."""
+        try:
+            resp = await self.session().post(
+                completions_url(url),
+                json=request_body(request),
+                headers={"X-Request-Id": request.request_id, "Accept": "text/event-stream"},
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise LinkError(
+                grpc.StatusCode.UNAVAILABLE, None, f"cannot reach {url}: {exc!r}", refused=False
+            ) from None
+        if resp.status != 200:
+            try:
+                body = (await resp.content.read(MAX_ERROR_BODY)).decode("utf-8", "replace")
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                body = ""
+            resp.close()
+            raise status_error(resp.status, body)
+        return OpenAIPoolStream(resp, broken)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def admission(request: PoolRequest) -> pf.PoolAdmission:
+    """The admission an HTTP pool implies by answering 200 (it states no cached prefix)."""
+    return pf.PoolAdmission(prompt_blocks=len(request.token_ids) // DEFAULT_BLOCK_SIZE)
