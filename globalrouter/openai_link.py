@@ -120,6 +120,8 @@ class OpenAIPoolStream:
         self._pending: deque[PoolResponse] = deque()
         self._generated = 0
         self._done = False
+        self._error: Exception | None = None
+        """A failure seen after tokens that are still to be read: raised once they are."""
 
     def _fail(self, detail: str) -> Exception:
         self.cancel()
@@ -162,6 +164,8 @@ class OpenAIPoolStream:
     async def read(self) -> PoolResponse | None:
         """The next message; None after the finish. Raises the link's StreamBroken on a failure."""
         while not self._pending:
+            if self._error is not None:
+                raise self._error
             if self._resp.closed and self._done:
                 return None
             try:
@@ -177,8 +181,14 @@ class OpenAIPoolStream:
                 events = self._parser.feed(chunk)
             except ValueError as exc:
                 raise self._fail(str(exc)) from None
-            for data in events:
-                self._event(data)
+            try:
+                for data in events:
+                    self._event(data)
+            except self._broken as exc:
+                # Tokens that came before the failure are the client's: deliver them first.
+                if not self._pending:
+                    raise
+                self._error = exc
         return self._pending.popleft()
 
     def cancel(self) -> None:

@@ -62,6 +62,7 @@ class PoolTable:
         pool.model = msg.model
         pool.region = msg.region
         pool.frontends = tuple(msg.frontends)
+        pool.openai_http = msg.frontend_protocol == discovery_pb2.FRONTEND_PROTOCOL_OPENAI_HTTP
         pool.directory_draining = msg.draining
         cap = msg.capacity
         pool.capacity = PoolCapacityHint(

@@ -71,6 +71,8 @@ class PoolState:
     region: str = ""
     frontends: tuple[str, ...] = ()
     directory_draining: bool = False
+    openai_http: bool = False
+    """Whether the pool's frontends speak OpenAI HTTP (else the mesh's gRPC pool frontend)."""
     capacity: PoolCapacityHint = field(default_factory=PoolCapacityHint)
     # --- from telemetry ---
     block_size: int = 0

@@ -190,6 +190,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             telemetry_streams=self._core.table.stream_counts.get(pool.pool_id, 0),
             pending_requests=pool.pending_requests,
             listed=pool.listed,
+            frontend_protocol="openai_http" if pool.openai_http else "mesh_grpc",
         )
         if pool.load is not None:
             ld = pool.load

@@ -8,6 +8,8 @@ from typing import Protocol
 
 import grpc
 
+from globalrouter.openai_link import LinkError, OpenAIClient
+from globalrouter.openai_link import admission as openai_admission
 from globalrouter.pool_state import PoolState
 from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc
 from meshkit.channels import aio_channel
@@ -128,6 +130,8 @@ class ServingLinks:
         """URLs no listed pool names any more, closed when their last stream ends."""
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
+        self._openai = OpenAIClient()
+        """The one HTTP client (pooled keep-alive connections) for every OpenAI HTTP pool."""
 
     def stub(self, url: str) -> pool_frontend_pb2_grpc.PoolFrontendServiceStub:
         """The stub for `url`, its channel made on first use and kept (keepalive watches it)."""
@@ -186,6 +190,7 @@ class ServingLinks:
     async def close(self) -> None:
         for url in list(self._channels):
             await self._close(url)
+        await self._openai.close()
 
     async def admit(self, pool: PoolState, request: PoolRequest) -> Admitted:
         """Opens the request on one of the pool's frontends and waits for its admission.
@@ -193,6 +198,8 @@ class ServingLinks:
         Raises AdmissionFailed (refused or unreachable); an unreachable link goes into back-off.
         """
         url = self.next_frontend(pool)
+        if pool.openai_http:
+            return await self._admit_openai(pool, url, request)
         call = self.stub(url).Generate(request)
         self._in_flight[url] = self._in_flight.get(url, 0) + 1
         try:
@@ -218,3 +225,18 @@ class ServingLinks:
                 refused=False,
             )
         return Admitted(pool_id=pool.pool_id, url=url, stream=GrpcPoolStream(call), admission=first.admission)
+
+    async def _admit_openai(self, pool: PoolState, url: str, request: PoolRequest) -> Admitted:
+        """The same admission over OpenAI HTTP: a 200 admits, anything else before the stream fails it."""
+        self._in_flight[url] = self._in_flight.get(url, 0) + 1
+        try:
+            stream = await self._openai.open(url, request, StreamBroken)
+        except LinkError as exc:
+            await self._release_url(url)
+            raise AdmissionFailed(
+                pool.pool_id, exc.code, exc.reason, exc.message, refused=exc.refused
+            ) from None
+        except BaseException:
+            await self._release_url(url)
+            raise
+        return Admitted(pool_id=pool.pool_id, url=url, stream=stream, admission=openai_admission(request))

@@ -21,6 +21,7 @@ from meshkit.ids import new_incarnation
 from meshkit.logs import configure_logging
 from meshkit.server import create_server, serve_until_signalled
 from meshkit.timeconv import wall_seconds
+from meshkit.validation import url_problem
 from poolrelay.engine.config import ENGINES, EngineConfig, parse_workers
 from poolrelay.engine.translate import check_block_sizes
 from poolrelay.relay import Relay, RelayConfig
@@ -96,6 +97,10 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error("--engine-worker and --engine-block-size need --engine vllm or sglang")
         if not args.routing_pool_frontends:
             parser.error("--routing-pool-frontends is required with --engine mocker")
+        for url in args.routing_pool_frontends:
+            problem = url_problem(url, allow_path=False)
+            if problem:
+                parser.error(f"--routing-pool-frontends: frontend {url!r} {problem}")
     else:
         if not args.engine_worker:
             parser.error(f"--engine {args.engine} needs at least one --engine-worker")

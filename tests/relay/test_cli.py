@@ -20,7 +20,14 @@ def run(capsys, argv: list[str]) -> tuple[int, str]:
 
 @pytest.mark.parametrize(
     "bad",
-    ["ftp://fe:80", "http://fe", "fe:8000", "http://user:pw@fe:80", "http://fe:80/path"],
+    [
+        "ftp://fe:80",
+        "http://fe:99999",
+        "fe:8000",
+        "http://user:pw@fe:80",
+        "http://fe:80?q=1",
+        "http://fe:80/path",
+    ],
 )
 def test_bad_frontend_is_refused_naming_it(capsys, bad):
     code, err = run(
