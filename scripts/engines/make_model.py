@@ -22,7 +22,9 @@ def corpus(lines: int, seed: int) -> list[str]:
     out = []
     for _ in range(lines):
         n = rnd.randint(5, 30)
-        out.append(" ".join(rnd.choice(WORDS) if rnd.random() < 0.8 else str(rnd.randint(0, 9999)) for _ in range(n)))
+        out.append(
+            " ".join(rnd.choice(WORDS) if rnd.random() < 0.8 else str(rnd.randint(0, 9999)) for _ in range(n))
+        )
     return out
 
 
