@@ -53,7 +53,7 @@ BAD_REGISTRATIONS = [
     ("frontends", {"frontends": []}),
     ("frontends", {"frontends": [f"http://h{i}:1" for i in range(65)]}),
     ("frontends[0]", {"frontends": ["ftp://h:1"]}),
-    ("frontends[0]", {"frontends": ["http://h"]}),
+    ("frontends[0]", {"frontends": ["http://h:99999"]}),
     ("frontends[0]", {"frontends": ["http://h:1/path"]}),
     ("frontends[0]", {"frontends": ["http://h:1?q=1"]}),
     ("frontends[0]", {"frontends": ["http://user:pw@h:1"]}),
