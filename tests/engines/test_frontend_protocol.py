@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from globaldiscovery import convert, validation
-from globaldiscovery.directory import Directory
+from globaldiscovery import convert
+from globaldiscovery import request_checks as validation
+from globaldiscovery.lease_state import Directory
 from globaldiscovery.v1 import discovery_pb2 as pb
 
 
