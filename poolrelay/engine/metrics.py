@@ -41,8 +41,8 @@ SGLANG = MetricNames(
     waiting="sglang:num_queue_reqs",
     kv_usage="sglang:token_usage",
     kv_blocks_total=("sglang:cache_config_info", "max_total_num_tokens"),
-    prefix_hits="sglang:cache_hit_tokens",
-    prefix_queries="sglang:cache_query_tokens",
+    prefix_hits="sglang:cached_tokens",
+    prefix_queries="sglang:prompt_tokens",
 )
 NAMES = {"vllm": VLLM, "sglang": SGLANG}
 
