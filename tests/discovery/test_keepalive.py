@@ -29,8 +29,8 @@ def error_fields(error: pb.KeepAliveError | status_pb2.Status) -> list[str]:
     names: list[str] = []
     for detail in status.details:
         bad = error_details_pb2.BadRequest()
-        assert detail.Unpack(bad)
-        names.extend(v.field for v in bad.field_violations)
+        if detail.Unpack(bad):
+            names.extend(v.field for v in bad.field_violations)
     return names
 
 
