@@ -39,10 +39,10 @@ test: setup
 	$(PY) -m pytest -q tests
 
 demo: setup
-	$(PY) demo/run_demo.py
+	$(PY) -m demo
 
 bench: setup
-	$(PY) bench/run_all.py
+	$(PY) -m bench.run_all
 
 run-discovery: setup
 	$(BIN)/globaldiscovery serve --listen $(DISCOVERY_LISTEN)

@@ -23,16 +23,15 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from globaldiscovery.v1 import discovery_pb2 as pb
+from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
+from meshkit import timeconv
+from meshlaunch import command, free_port, wait_healthy
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import grpc  # noqa: E402
-from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-
-from globaldiscovery.v1 import discovery_pb2 as pb  # noqa: E402
-from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc  # noqa: E402
-from meshkit import timeconv  # noqa: E402
-from tests.support import command, free_port, wait_healthy  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "bench_discovery.md"
 

@@ -25,12 +25,10 @@ from pathlib import Path
 
 import grpc
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc, router_pb2, router_pb2_grpc
+from meshlaunch import MODEL, Mesh, process_group
 
-from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc, router_pb2, router_pb2_grpc  # noqa: E402
-from tests.router.mesh import MODEL, Mesh  # noqa: E402
-from tests.support import process_group  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULT = ROOT / "bench" / "results" / "bench_frontend.md"
 OUTPUT_TOKENS = 16

@@ -21,8 +21,6 @@ import timeit
 import tracemalloc
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from globalrouter.kv_index import KvIndex
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState

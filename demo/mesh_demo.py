@@ -4,21 +4,18 @@ a drain and a crash with migration — each step explained in plain sentences.""
 from __future__ import annotations
 
 import concurrent.futures
+import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
-from pathlib import Path
+from types import FrameType
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshlaunch import MODEL, LaunchError, Mesh, local_mesh, route, wait_until
 from mocker.tokens import continue_sequence
-from tests.router.mesh import MODEL, Mesh, route
-from tests.support import process_group, wait_until
 
 POOLS = (  # pool id, region, workers (pools differ in size)
     ("pool-eu-small", "eu-west", 1),
@@ -26,6 +23,10 @@ POOLS = (  # pool id, region, workers (pools differ in size)
     ("pool-us", "us-east", 2),
 )
 SPEEDUP = "10"
+
+
+class DemoFailed(Exception):
+    """The mesh did something the demo's story says it does not."""
 
 
 def say(text: str) -> None:
@@ -141,8 +142,11 @@ def drain(mesh: Mesh, apps: dict[str, list[int]], homes: dict[str, set[str]]) ->
     say(
         f"  Four new {app} requests went to: {', '.join(served)} — none to {victim}, even though it holds the prefix."
     )
-    assert victim not in served
+    if victim in served:
+        raise DemoFailed(f"a new request went to {victim} after it was drained")
     thread.join(30)
+    if "result" not in running:
+        raise DemoFailed("the long request started before the drain did not finish within 30 s")
     tokens, summary = running["result"]  # type: ignore[misc]
     if summary.pools[0] == victim:
         say(
@@ -186,17 +190,33 @@ def crash(mesh: Mesh, drained: str) -> None:
         if same
         else "  MISMATCH: the client's tokens differ from an uninterrupted run!"
     )
-    assert same and summary.migrations == 1
+    if not same or summary.migrations != 1:
+        raise DemoFailed(f"expected identical tokens after exactly 1 migration, got {summary.migrations}")
     migrations = mesh.routers[0].metric("globalrouter_migrations_total", from_pool=killed[0])
     say(
         f'  The router\'s metrics count it too: globalrouter_migrations_total{{from_pool="{killed[0]}"}} = {migrations:g}\n'
     )
 
 
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # SystemExit unwinds through local_mesh, which stops every process the demo started.
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="mesh-demo-") as tmp, process_group(Path(tmp)) as group:
-        mesh = Mesh(group)
+    try:
+        run()
+    except (LaunchError, DemoFailed, grpc.RpcError) as exc:
+        say(f"\nThe demo failed: {exc}")
+        return 1
+    say(f"All processes stopped. The demo took {time.monotonic() - started:.0f} s.")
+    return 0
+
+
+def run() -> None:
+    with local_mesh() as mesh:
         say("Step 1 — start the mesh on 127.0.0.1 (free ports; logs in a temporary directory).")
         mesh.start_discovery()
         say(f"  Discovery is up at {mesh.discovery} (heartbeat 0.5 s, lease 1.5 s).")
@@ -215,8 +235,6 @@ def main() -> int:
         drained = drain(mesh, apps, homes)
         crash(mesh, drained)
         say("Step 5 — stop everything.")
-    say(f"All processes stopped. The demo took {time.monotonic() - started:.0f} s.")
-    return 0
 
 
 if __name__ == "__main__":

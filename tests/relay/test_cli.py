@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
+from meshlaunch import command
 from poolrelay.cli import main
-from tests.support import command
 
 BASE = ["serve", "--pool", "127.0.0.1:1", "--discovery", "127.0.0.1:2", "--routing-pool", "p"]
 

@@ -7,8 +7,8 @@ import pytest
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.errors import Reason, reason_of
+from meshlaunch import MODEL, Mesh
 from mocker.tokens import continue_sequence
-from tests.router.mesh import MODEL, Mesh
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 PROMPT = [(11 * i + 5) % 30_000 for i in range(100)]

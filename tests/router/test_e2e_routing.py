@@ -12,10 +12,9 @@ import grpc
 import pytest
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshlaunch import MODEL, Mesh, generate_cli, process_group, route, wait_until
 from mocker.tokens import continue_sequence
 from mocker.v1 import admin_pb2, admin_pb2_grpc
-from tests.router.mesh import MODEL, Mesh, generate_cli, route
-from tests.support import process_group, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 PREFIX = [(7 * i + 3) % 30_000 for i in range(512)]  # 32 blocks of 16
