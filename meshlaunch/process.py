@@ -171,8 +171,9 @@ _LIVE_GROUPS: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
 class ProcessGroup:
     """Starts processes and stops every one of them at the end, whatever happened."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, stop_grace: float = STOP_GRACE) -> None:
         self.log_dir = Path(log_dir)
+        self.stop_grace = stop_grace
         self.procs: list[Proc] = []
         _LIVE_GROUPS.add(self)
 
@@ -187,7 +188,7 @@ class ProcessGroup:
         errors: list[str] = []
         for proc in reversed(self.procs):
             try:
-                proc.stop()
+                proc.stop(self.stop_grace)
             except Exception as exc:
                 errors.append(f"{proc.name}: {exc!r}")
         _LIVE_GROUPS.discard(self)
@@ -210,9 +211,11 @@ def _stop_live_groups() -> None:
 
 
 @contextlib.contextmanager
-def process_group(log_dir: Path, dump_logs_on_error: bool = True) -> Iterator[ProcessGroup]:
+def process_group(
+    log_dir: Path, dump_logs_on_error: bool = True, stop_grace: float = STOP_GRACE
+) -> Iterator[ProcessGroup]:
     """A ProcessGroup whose processes are stopped when the block ends; on an error their logs go to stderr."""
-    group = ProcessGroup(log_dir)
+    group = ProcessGroup(log_dir, stop_grace)
     try:
         yield group
     except BaseException:
