@@ -9,12 +9,14 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
 from types import FrameType
 
 import grpc
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
-from meshlaunch import MODEL, LaunchError, Mesh, local_mesh, route, wait_until
+from meshlaunch import MODEL, LaunchError, Mesh, RouterProc, local_mesh, route, wait_until
 from mocker.tokens import continue_sequence
 
 POOLS = (  # pool id, region, workers (pools differ in size)
@@ -38,10 +40,15 @@ def prefix(seed: int, length: int) -> list[int]:
     return [(seed * 7919 + i * 31) % 30_000 for i in range(length)]
 
 
-def generate(address: str, tokens: list[int], max_tokens: int, on_token=None):
+Result = tuple[list[int], router_pb2.GenerateSummary]
+
+
+def generate(
+    address: str, tokens: list[int], max_tokens: int, on_token: Callable[[int, str], object] | None = None
+) -> Result:
     """(tokens, summary) of one Generate; `on_token(count, pool)` is called as tokens arrive."""
     out: list[int] = []
-    summary = None
+    summary: router_pb2.GenerateSummary | None = None
     request = router_pb2.GenerateRequest(
         model=MODEL,
         prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=tokens)),
@@ -55,6 +62,8 @@ def generate(address: str, tokens: list[int], max_tokens: int, on_token=None):
                 out.extend(msg.tokens.token_ids)
                 if on_token is not None:
                     on_token(len(out), msg.tokens.pool_id)
+    if summary is None:
+        raise DemoFailed(f"a Generate at {address} ended without its summary")
     return out, summary
 
 
@@ -69,7 +78,7 @@ def workload(mesh: Mesh) -> tuple[dict[str, list[int]], dict[str, set[str]]]:
     jobs = [(app, i) for i in range(8) for app in apps]
     stats: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
-    def one(job):
+    def one(job: tuple[str, int]) -> tuple[str, router_pb2.GenerateSummary]:
         app, i = job
         router = mesh.routers[i % 2]
         time.sleep(0.05 * i)  # followers come a little later, like real traffic
@@ -110,7 +119,7 @@ def workload(mesh: Mesh) -> tuple[dict[str, list[int]], dict[str, set[str]]]:
     return apps, homes
 
 
-def table(stats) -> None:
+def table(stats: dict[str, dict[str, int]]) -> None:
     say(f"\n  {'pool':<15} {'requests':>8} {'cached prefix':>14} {'migrations':>10}")
     for pool_id, _region, _workers in POOLS:
         s = stats.get(pool_id, {})
@@ -124,19 +133,22 @@ def drain(mesh: Mesh, apps: dict[str, list[int]], homes: dict[str, set[str]]) ->
     victim = sorted(homes[app])[0]
     say(f"Step 3 — drain. {app}'s prefix lives at {victim}. A long {app} request (400 tokens) starts there;")
     say(f"then an operator asks discovery to drain {victim} (DrainPool, 3 s deadline).")
-    running: dict[str, object] = {}
+    started: list[str] = []  # the pool that sent the long request's first tokens
+    finished: list[Result] = []
+
+    def first_tokens(count: int, pool_id: str) -> None:
+        if not started:
+            started.append(pool_id)
 
     def long_request() -> None:
-        running["result"] = generate(
-            mesh.routers[0].address, [*apps[app], 3000], 400, lambda n, p: running.setdefault("pool", p)
-        )
+        finished.append(generate(mesh.routers[0].address, [*apps[app], 3000], 400, first_tokens))
 
     thread = threading.Thread(target=long_request)
     thread.start()
-    wait_until(lambda: "pool" in running, 10, message="the long request starts")
+    wait_until(lambda: started, 10, message="the long request starts")
     mesh.drain(victim, 3.0)
     for router in mesh.routers:
-        wait_until(lambda r=router: r.pools()[victim].draining, 10, message="routers learn of the drain")
+        wait_until(partial(draining, router, victim), 10, message="routers learn of the drain")
     say(f"  Both global frontends now list {victim} as draining and stop choosing it for new work.")
     served = [generate(mesh.routers[i % 2].address, [*apps[app], 2000 + i], 8)[1].pools[0] for i in range(4)]
     say(
@@ -145,9 +157,9 @@ def drain(mesh: Mesh, apps: dict[str, list[int]], homes: dict[str, set[str]]) ->
     if victim in served:
         raise DemoFailed(f"a new request went to {victim} after it was drained")
     thread.join(30)
-    if "result" not in running:
+    if not finished:
         raise DemoFailed("the long request started before the drain did not finish within 30 s")
-    tokens, summary = running["result"]  # type: ignore[misc]
+    tokens, summary = finished[0]
     if summary.pools[0] == victim:
         say(
             f"  The long request that {victim} had accepted before the drain ran to completion there: "
@@ -156,13 +168,18 @@ def drain(mesh: Mesh, apps: dict[str, list[int]], homes: dict[str, set[str]]) ->
     else:
         say(f"  (The long request had gone to {summary.pools[0]}; it finished with {len(tokens)} tokens.)")
     for router in mesh.routers:
-        wait_until(
-            lambda r=router: victim not in (v := r.pools()) or not v[victim].listed,
-            15,
-            message="drained pool leaves",
-        )
+        wait_until(partial(unlisted, router, victim), 15, message="drained pool leaves")
     say(f"  At its deadline the drain completed and {victim} left the directory of both frontends.\n")
     return victim
+
+
+def draining(router: RouterProc, pool_id: str) -> bool:
+    return router.pools()[pool_id].draining
+
+
+def unlisted(router: RouterProc, pool_id: str) -> bool:
+    views = router.pools()
+    return pool_id not in views or not views[pool_id].listed
 
 
 def crash(mesh: Mesh, drained: str) -> None:
