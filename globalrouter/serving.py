@@ -118,7 +118,7 @@ class ServingLinks:
 
     def __init__(self, backoff_initial: float, backoff_max: float) -> None:
         self._channels: dict[
-            str, tuple[grpc.aio.Channel, pool_frontend_pb2_grpc.PoolFrontendServiceStub]
+            str, tuple[grpc.aio.Channel, pool_frontend_pb2_grpc.PoolFrontendServiceAsyncStub]
         ] = {}
         self._round_robin: dict[str, itertools.count] = {}
         self._failures: dict[str, int] = {}
@@ -129,7 +129,7 @@ class ServingLinks:
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
 
-    def stub(self, url: str) -> pool_frontend_pb2_grpc.PoolFrontendServiceStub:
+    def stub(self, url: str) -> pool_frontend_pb2_grpc.PoolFrontendServiceAsyncStub:
         """The stub for `url`, its channel made on first use and kept (keepalive watches it)."""
         entry = self._channels.get(url)
         if entry is None:
@@ -207,7 +207,11 @@ class ServingLinks:
             call.cancel()
             await self._release_url(url)
             raise
-        if first is grpc.aio.EOF or first.WhichOneof("payload") != "admission":
+        # Anything but a response is grpc.aio.EOF (typeshed types read() as object).
+        if (
+            not isinstance(first, pool_frontend_pb2.PoolFrontendServiceGenerateResponse)
+            or first.WhichOneof("payload") != "admission"
+        ):
             call.cancel()
             await self._release_url(url)
             raise AdmissionFailed(

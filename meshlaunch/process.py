@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 T = TypeVar("T")
 
 # How much of a process's log an error message carries: enough to show a traceback.
 LOG_TAIL_CHARS = 3000
-HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 # Seconds a process gets between SIGTERM and SIGKILL when a group is cleaned up.
 STOP_GRACE = 5.0
 
@@ -236,17 +235,12 @@ def wait_healthy(address: str, timeout: float = 30.0, proc: Proc | None = None) 
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     with grpc.insecure_channel(address) as channel:
-        # The method by its path: the typeshed stub of HealthStub declares no methods.
-        check = channel.unary_unary(
-            HEALTH_CHECK,
-            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-            response_deserializer=health_pb2.HealthCheckResponse.FromString,
-        )
+        stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if proc is not None:
                 proc.check_alive()
             try:
-                reply: health_pb2.HealthCheckResponse = check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.RpcError as exc:
