@@ -60,4 +60,4 @@ run-router: setup
 	  --advertise http://$(ROUTER_LISTEN)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build *.egg-info

@@ -260,7 +260,7 @@ async def _expiry_lag(address: str, pools: int, concurrency: int):
         stub = pb_grpc.DiscoveryServiceStub(channel)
         watch = stub.WatchPools(pb.WatchPoolsRequest())
         first = await watch.read()
-        assert first.type == pb.WATCH_EVENT_TYPE_SNAPSHOT_DONE
+        assert isinstance(first, pb.WatchPoolsResponse) and first.type == pb.WATCH_EVENT_TYPE_SNAPSHOT_DONE
         expire: dict[str, float] = {}
         requests = [request(i) for i in range(pools)]
         for lo in range(0, pools, concurrency):
@@ -270,6 +270,7 @@ async def _expiry_lag(address: str, pools: int, concurrency: int):
         lags: list[float] = []
         while len(lags) < pools:
             event = await asyncio.wait_for(watch.read(), 30)
+            assert isinstance(event, pb.WatchPoolsResponse), "the watch ended"
             if event.type == pb.WATCH_EVENT_TYPE_REMOVED:
                 seen = time.time()
                 lags.append(seen - expire[event.pool.pool_id])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,7 @@ def test_cleanup_stops_every_process_and_its_children_even_those_ignoring_sigter
             child_pid = int(wait_until(lambda: rude.output().strip(), timeout=30, message="child started"))
             raise RuntimeError("the test body failed")
     for pid in (polite.pid, rude.pid, child_pid):
-        wait_until(lambda p=pid: gone(p), timeout=10, message=f"pid {pid} gone")
+        wait_until(partial(gone, pid), timeout=10, message=f"pid {pid} gone")
 
 
 def test_a_failed_block_prints_every_log_tail_to_stderr(

@@ -45,7 +45,8 @@ def request(tokens, max_tokens=8, model=MODEL):
 
 def run(address, tokens, max_tokens=8):
     """(tokens, summary) of one Generate."""
-    out, summary = [], None
+    out: list[int] = []
+    summary = None
     with grpc.insecure_channel(address) as ch:
         for msg in router_pb2_grpc.RouterServiceStub(ch).Generate(request(tokens, max_tokens), timeout=30):
             if msg.WhichOneof("payload") == "tokens":
