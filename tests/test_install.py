@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,17 +19,10 @@ from tests.support import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # What `[tool.setuptools.packages.find]` installs, plus the files the build reads.
-SOURCES = (
-    "pyproject.toml",
-    "README.md",
-    "meshkit",
-    "meshlaunch",
-    "globaldiscovery",
-    "poolrelay",
-    "globalrouter",
-    "mocker",
-)
+PACKAGES = [p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]]
+SOURCES = ("pyproject.toml", "README.md", *PACKAGES)
 # Every console script with the subcommands it has today: a script may gain subcommands, never lose these.
 SCRIPTS = {
     "globaldiscovery": {"serve", "pools"},
@@ -82,6 +76,7 @@ def clean_env() -> dict[str, str]:
 
 
 def test_every_console_script_and_subcommand_prints_help(venv: Path, tmp_path: Path) -> None:
+    assert set(SCRIPTS) == set(PYPROJECT["project"]["scripts"]), "SCRIPTS must name every console script"
     for script, known in SCRIPTS.items():
         exe = venv / "bin" / script
         assert exe.exists(), f"console script {script} was not installed"
