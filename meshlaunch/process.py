@@ -81,6 +81,7 @@ class Proc:
         self.args = args
         self.name = name or Path(args[0]).name
         self.log_path = log_path
+        self._stopped = False
         self._log: IO[bytes] = open(log_path, "wb")
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         try:
@@ -126,7 +127,10 @@ class Proc:
             ) from exc
 
     def stop(self, grace: float = STOP_GRACE) -> None:
-        """Ends the process and its group whatever their state (SIGTERM, SIGKILL after `grace`)."""
+        """Ends the process and its group if it still runs (SIGTERM, SIGKILL after `grace`); once."""
+        if self._stopped:
+            return
+        self._stopped = True
         try:
             if self.alive():
                 self._signal_group(signal.SIGTERM)
@@ -135,8 +139,9 @@ class Proc:
                 except subprocess.TimeoutExpired:
                     self._signal_group(signal.SIGKILL)
                     self.popen.wait(timeout=grace)
-            # Anything the process left behind in its group goes too.
-            self._signal_group(signal.SIGKILL)
+                # Anything it left behind in its group goes too. Only right after reaping it: a
+                # group id long gone could name someone else's group by now.
+                self._signal_group(signal.SIGKILL)
         finally:
             self._log.close()
 
