@@ -66,7 +66,10 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # No pip inside (faster); this interpreter's pip installs into it, from its cache where it can.
     run([sys.executable, "-m", "venv", "--without-pip", env_dir], timeout=120)
     python = env_dir / "bin" / "python"
-    run([sys.executable, "-m", "pip", "--python", python, "install", "--quiet", src], timeout=300)
+    run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-compile", src],
+        timeout=300,
+    )
     return env_dir
 
 
