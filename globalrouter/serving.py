@@ -72,7 +72,8 @@ class GrpcPoolStream:
             msg = await self._call.read()
         except grpc.aio.AioRpcError as exc:
             raise StreamBroken(exc.code(), reason_of(exc), exc.details() or "") from None
-        return None if msg is grpc.aio.EOF else msg
+        # Anything but a response is grpc.aio.EOF (typeshed types read() as object).
+        return msg if isinstance(msg, PoolResponse) else None
 
     def cancel(self) -> None:
         self._call.cancel()

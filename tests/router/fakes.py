@@ -68,7 +68,8 @@ class FakePool(pool_frontend_pb2_grpc.PoolFrontendServiceServicer):
 async def _abort(context, code: grpc.StatusCode, reason: Reason | None, message: str) -> None:
     if reason is None:
         await context.abort(code, message)
-    await abort_with_reason(context, code, reason, message)
+    else:
+        await abort_with_reason(context, code, reason, message)
 
 
 async def eventually(predicate, within: float = 5.0) -> None:
