@@ -57,10 +57,10 @@ test-engines: setup $(ENGINES_STAMP)
 	ENGINES_PYTHON=$(CURDIR)/$(ENGINES_PY) GR_TEST_ENGINES=1 $(PY) -m pytest -q tests/engines
 
 demo: setup
-	$(PY) demo/run_demo.py
+	$(PY) -m demo
 
 bench: setup
-	$(PY) bench/run_all.py
+	$(PY) -m bench.run_all
 
 run-discovery: setup
 	$(BIN)/globaldiscovery serve --listen $(DISCOVERY_LISTEN)
@@ -78,4 +78,4 @@ run-router: setup
 	  --advertise http://$(ROUTER_LISTEN)
 
 clean:
-	rm -rf $(VENV) $(ENGINES_VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(ENGINES_VENV) .pytest_cache .ruff_cache .mypy_cache build *.egg-info

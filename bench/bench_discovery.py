@@ -23,16 +23,15 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from globaldiscovery.v1 import discovery_pb2 as pb
+from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
+from meshkit import timeconv
+from meshlaunch import command, free_port, wait_healthy
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import grpc  # noqa: E402
-from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-
-from globaldiscovery.v1 import discovery_pb2 as pb  # noqa: E402
-from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc  # noqa: E402
-from meshkit import timeconv  # noqa: E402
-from tests.support import command, free_port, wait_healthy  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "bench_discovery.md"
 
@@ -261,7 +260,7 @@ async def _expiry_lag(address: str, pools: int, concurrency: int):
         stub = pb_grpc.DiscoveryServiceStub(channel)
         watch = stub.WatchPools(pb.WatchPoolsRequest())
         first = await watch.read()
-        assert first.type == pb.WATCH_EVENT_TYPE_SNAPSHOT_DONE
+        assert isinstance(first, pb.WatchPoolsResponse) and first.type == pb.WATCH_EVENT_TYPE_SNAPSHOT_DONE
         expire: dict[str, float] = {}
         requests = [request(i) for i in range(pools)]
         for lo in range(0, pools, concurrency):
@@ -271,6 +270,7 @@ async def _expiry_lag(address: str, pools: int, concurrency: int):
         lags: list[float] = []
         while len(lags) < pools:
             event = await asyncio.wait_for(watch.read(), 30)
+            assert isinstance(event, pb.WatchPoolsResponse), "the watch ended"
             if event.type == pb.WATCH_EVENT_TYPE_REMOVED:
                 seen = time.time()
                 lags.append(seen - expire[event.pool.pool_id])

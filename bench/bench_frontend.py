@@ -22,15 +22,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc, router_pb2, router_pb2_grpc
+from meshlaunch import MODEL, Mesh, process_group
 
-from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc, router_pb2, router_pb2_grpc  # noqa: E402
-from tests.router.mesh import MODEL, Mesh  # noqa: E402
-from tests.support import process_group  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULT = ROOT / "bench" / "results" / "bench_frontend.md"
 OUTPUT_TOKENS = 16
@@ -56,6 +55,7 @@ class Target:
         tokens = prompt(i)
         started = time.perf_counter()
         ttft = None
+        call: grpc.aio.UnaryStreamCall[Any, Any]
         count = 0
         if self.via_router:
             call = self._stub.Generate(
@@ -81,7 +81,7 @@ class Target:
         return ttft or float("nan"), count
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
@@ -123,7 +123,7 @@ async def measure(pool_address: str, router_address: str, args) -> dict:
     async with grpc.aio.insecure_channel(pool_address) as pc, grpc.aio.insecure_channel(router_address) as rc:
         direct, routed = Target("direct", pc, False), Target("router", rc, True)
         ttft = await ttft_run(direct, routed, args.ttft_requests)
-        rps = {}
+        rps: dict[str, tuple[float, int]] = {}
         for target in (direct, routed, direct, routed):  # twice each, alternating; keep the better
             rate, n = await throughput_run(target, args.seconds, args.concurrency, 100_000)
             rps[target.name] = max(rps.get(target.name, (0.0, 0)), (rate, n))

@@ -20,8 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -194,7 +192,7 @@ def compare_rows(rows: list[dict]) -> list[str]:
 
 
 def tally(rows: list[dict]) -> str:
-    counts = {}
+    counts: dict[tuple[str, str], int] = {}
     for c in rows:
         d, y = c["default"], c["dynamo"]
         for metric, sd, hib, digits in (("share", "share_sd", True, 4), ("p99", "p99_sd", False, 3)):
@@ -279,7 +277,7 @@ def main() -> int:
     print(f"held out: {tally(held)}; worse beyond noise: {worse_cases(held)}")
 
     # sensitivity to the telemetry cadence (the relay's load report interval; KV batch delay)
-    cadence = []
+    cadence: list[tuple[float, float, SimResult, SimResult]] = []
     for load_interval, kv_interval in ((0.2, 0.1), (0.5, 0.1), (2.0, 0.1), (1.0, 0.01), (1.0, 0.5)):
         config = SimConfig(
             pools=8,
@@ -289,7 +287,7 @@ def main() -> int:
             kv_interval=kv_interval,
         )
         pair = [simulate(trace, config, name) for name in ("default", "dynamo")]
-        cadence.append((load_interval, kv_interval, *pair))
+        cadence.append((load_interval, kv_interval, pair[0], pair[1]))
         print(
             f"load every {load_interval}s, KV every {kv_interval}s: default share={pair[0].share_of_ideal:.4f} "
             f"p99={pair[0].wait_p99:.3f} | dynamo share={pair[1].share_of_ideal:.4f} p99={pair[1].wait_p99:.3f}",

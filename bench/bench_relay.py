@@ -21,15 +21,14 @@ from pathlib import Path
 
 import grpc
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from meshkit.clock import SystemClock
+from meshkit.logs import configure_logging
+from poolrelay.pool_blocks import PoolBlocks
+from poolrelay.telemetry_publisher import TelemetryConfig, TelemetryHub
+from poolrelay.v1 import telemetry_pb2 as tm
+from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
 
-from meshkit.clock import SystemClock  # noqa: E402
-from meshkit.logs import configure_logging  # noqa: E402
-from poolrelay.pool_blocks import PoolBlocks  # noqa: E402
-from poolrelay.telemetry_publisher import TelemetryConfig, TelemetryHub  # noqa: E402
-from poolrelay.v1 import telemetry_pb2 as tm  # noqa: E402
-from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 WORKERS = 4
 BLOCKS_PER_EVENT = 4  # a KV event stores 4 blocks and evicts 4 (a short prompt on a full cache)

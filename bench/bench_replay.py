@@ -24,13 +24,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from globalrouter.trace import TRACE_BLOCK_SIZE
+from meshkit.blocks import DEFAULT_BLOCK_SIZE
+from meshlaunch import MODEL, Mesh, command, process_group
 
-from globalrouter.trace import TRACE_BLOCK_SIZE  # noqa: E402
-from meshkit.blocks import DEFAULT_BLOCK_SIZE  # noqa: E402
-from tests.router.mesh import MODEL, Mesh  # noqa: E402
-from tests.support import command, process_group  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULT = ROOT / "bench" / "results" / "bench_replay.md"
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"

@@ -21,8 +21,6 @@ import timeit
 import tracemalloc
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from globalrouter.kv_index import KvIndex
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
@@ -131,7 +129,7 @@ def index_memory_per_million() -> tuple[float, float]:
     return first / 1e6, (second - first) / 1e6
 
 
-def prompt_hashing(repeats: int) -> dict[str, tuple[float, float]]:
+def prompt_hashing(repeats: int) -> dict[str, float]:
     """Tokens → cached blocks per pool for a 15,000-token prompt (hashing included), 8 pools.
 
     `RoutingCore.overlaps` looks at the prompt's first block before hashing the rest; the baseline
@@ -152,7 +150,7 @@ def prompt_hashing(repeats: int) -> dict[str, tuple[float, float]]:
     def baseline(prompt: list[int]) -> dict[str, int]:
         return pool_overlaps(index, states, block_hashes(prompt, 16), 1.0, limits)
 
-    out = {}
+    out: dict[str, float] = {}
     for name, prompt in (("cached", tokens), ("uncached", uncached)):
         calls = {
             "first-block check": lambda p=prompt: core.overlaps(states, p, 1.0),

@@ -1,4 +1,4 @@
-"""Runs every benchmark (bench/bench_*.py) and assembles BENCHMARKS.md from their sections.
+"""Runs every benchmark (bench/bench_*.py) and assembles BENCHMARKS.md: `python -m bench.run_all`.
 
 Each benchmark prints its figures and writes a Markdown section to bench/results/<name>.md;
 sections from benchmarks that fail keep their previous text, marked as not refreshed.
@@ -18,7 +18,7 @@ RESULTS = HERE / "results"
 
 HEADER = """# Benchmarks
 
-Every figure here was printed by `make bench` (which runs `python bench/run_all.py`) on the
+Every figure here was printed by `make bench` (which runs `python -m bench.run_all`) on the
 machine named in each section; each section says the command that produced it, so it can be
 reproduced alone. Speeds are compared with a baseline measured in the same run and reported as
 ratios where a comparison makes sense: the machine is shared and noisy, so absolute numbers move
@@ -42,7 +42,10 @@ def main() -> int:
         print(f"== {name}", flush=True)
         started = time.monotonic()
         try:
-            rc = subprocess.run([sys.executable, str(script)], cwd=ROOT, timeout=args.timeout).returncode
+            # As a module of the bench package, from the repository root: no sys.path edits needed.
+            rc = subprocess.run(
+                [sys.executable, "-m", f"bench.{name}"], cwd=ROOT, timeout=args.timeout
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = -1
         print(f"== {name}: exit {rc} after {time.monotonic() - started:.0f}s", flush=True)

@@ -4,21 +4,20 @@ a drain and a crash with migration — each step explained in plain sentences.""
 from __future__ import annotations
 
 import concurrent.futures
+import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
-from pathlib import Path
+from collections.abc import Callable
+from functools import partial
+from types import FrameType
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshlaunch import MODEL, LaunchError, Mesh, RouterProc, local_mesh, route, wait_until
 from mocker.tokens import continue_sequence
-from tests.router.mesh import MODEL, Mesh, route
-from tests.support import process_group, wait_until
 
 POOLS = (  # pool id, region, workers (pools differ in size)
     ("pool-eu-small", "eu-west", 1),
@@ -26,6 +25,10 @@ POOLS = (  # pool id, region, workers (pools differ in size)
     ("pool-us", "us-east", 2),
 )
 SPEEDUP = "10"
+
+
+class DemoFailed(Exception):
+    """The mesh did something the demo's story says it does not."""
 
 
 def say(text: str) -> None:
@@ -37,10 +40,15 @@ def prefix(seed: int, length: int) -> list[int]:
     return [(seed * 7919 + i * 31) % 30_000 for i in range(length)]
 
 
-def generate(address: str, tokens: list[int], max_tokens: int, on_token=None):
+Result = tuple[list[int], router_pb2.GenerateSummary]
+
+
+def generate(
+    address: str, tokens: list[int], max_tokens: int, on_token: Callable[[int, str], object] | None = None
+) -> Result:
     """(tokens, summary) of one Generate; `on_token(count, pool)` is called as tokens arrive."""
     out: list[int] = []
-    summary = None
+    summary: router_pb2.GenerateSummary | None = None
     request = router_pb2.GenerateRequest(
         model=MODEL,
         prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=tokens)),
@@ -54,6 +62,8 @@ def generate(address: str, tokens: list[int], max_tokens: int, on_token=None):
                 out.extend(msg.tokens.token_ids)
                 if on_token is not None:
                     on_token(len(out), msg.tokens.pool_id)
+    if summary is None:
+        raise DemoFailed(f"a Generate at {address} ended without its summary")
     return out, summary
 
 
@@ -68,7 +78,7 @@ def workload(mesh: Mesh) -> tuple[dict[str, list[int]], dict[str, set[str]]]:
     jobs = [(app, i) for i in range(8) for app in apps]
     stats: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
-    def one(job):
+    def one(job: tuple[str, int]) -> tuple[str, router_pb2.GenerateSummary]:
         app, i = job
         router = mesh.routers[i % 2]
         time.sleep(0.05 * i)  # followers come a little later, like real traffic
@@ -109,7 +119,7 @@ def workload(mesh: Mesh) -> tuple[dict[str, list[int]], dict[str, set[str]]]:
     return apps, homes
 
 
-def table(stats) -> None:
+def table(stats: dict[str, dict[str, int]]) -> None:
     say(f"\n  {'pool':<15} {'requests':>8} {'cached prefix':>14} {'migrations':>10}")
     for pool_id, _region, _workers in POOLS:
         s = stats.get(pool_id, {})
@@ -123,27 +133,33 @@ def drain(mesh: Mesh, apps: dict[str, list[int]], homes: dict[str, set[str]]) ->
     victim = sorted(homes[app])[0]
     say(f"Step 3 — drain. {app}'s prefix lives at {victim}. A long {app} request (400 tokens) starts there;")
     say(f"then an operator asks discovery to drain {victim} (DrainPool, 3 s deadline).")
-    running: dict[str, object] = {}
+    started: list[str] = []  # the pool that sent the long request's first tokens
+    finished: list[Result] = []
+
+    def first_tokens(count: int, pool_id: str) -> None:
+        if not started:
+            started.append(pool_id)
 
     def long_request() -> None:
-        running["result"] = generate(
-            mesh.routers[0].address, [*apps[app], 3000], 400, lambda n, p: running.setdefault("pool", p)
-        )
+        finished.append(generate(mesh.routers[0].address, [*apps[app], 3000], 400, first_tokens))
 
     thread = threading.Thread(target=long_request)
     thread.start()
-    wait_until(lambda: "pool" in running, 10, message="the long request starts")
+    wait_until(lambda: started, 10, message="the long request starts")
     mesh.drain(victim, 3.0)
     for router in mesh.routers:
-        wait_until(lambda r=router: r.pools()[victim].draining, 10, message="routers learn of the drain")
+        wait_until(partial(draining, router, victim), 10, message="routers learn of the drain")
     say(f"  Both global frontends now list {victim} as draining and stop choosing it for new work.")
     served = [generate(mesh.routers[i % 2].address, [*apps[app], 2000 + i], 8)[1].pools[0] for i in range(4)]
     say(
         f"  Four new {app} requests went to: {', '.join(served)} — none to {victim}, even though it holds the prefix."
     )
-    assert victim not in served
+    if victim in served:
+        raise DemoFailed(f"a new request went to {victim} after it was drained")
     thread.join(30)
-    tokens, summary = running["result"]  # type: ignore[misc]
+    if not finished:
+        raise DemoFailed("the long request started before the drain did not finish within 30 s")
+    tokens, summary = finished[0]
     if summary.pools[0] == victim:
         say(
             f"  The long request that {victim} had accepted before the drain ran to completion there: "
@@ -152,13 +168,18 @@ def drain(mesh: Mesh, apps: dict[str, list[int]], homes: dict[str, set[str]]) ->
     else:
         say(f"  (The long request had gone to {summary.pools[0]}; it finished with {len(tokens)} tokens.)")
     for router in mesh.routers:
-        wait_until(
-            lambda r=router: victim not in (v := r.pools()) or not v[victim].listed,
-            15,
-            message="drained pool leaves",
-        )
+        wait_until(partial(unlisted, router, victim), 15, message="drained pool leaves")
     say(f"  At its deadline the drain completed and {victim} left the directory of both frontends.\n")
     return victim
+
+
+def draining(router: RouterProc, pool_id: str) -> bool:
+    return router.pools()[pool_id].draining
+
+
+def unlisted(router: RouterProc, pool_id: str) -> bool:
+    views = router.pools()
+    return pool_id not in views or not views[pool_id].listed
 
 
 def crash(mesh: Mesh, drained: str) -> None:
@@ -186,17 +207,33 @@ def crash(mesh: Mesh, drained: str) -> None:
         if same
         else "  MISMATCH: the client's tokens differ from an uninterrupted run!"
     )
-    assert same and summary.migrations == 1
+    if not same or summary.migrations != 1:
+        raise DemoFailed(f"expected identical tokens after exactly 1 migration, got {summary.migrations}")
     migrations = mesh.routers[0].metric("globalrouter_migrations_total", from_pool=killed[0])
     say(
         f'  The router\'s metrics count it too: globalrouter_migrations_total{{from_pool="{killed[0]}"}} = {migrations:g}\n'
     )
 
 
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # SystemExit unwinds through local_mesh, which stops every process the demo started.
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="mesh-demo-") as tmp, process_group(Path(tmp)) as group:
-        mesh = Mesh(group)
+    try:
+        run()
+    except (LaunchError, DemoFailed, grpc.RpcError) as exc:
+        say(f"\nThe demo failed: {exc}")
+        return 1
+    say(f"All processes stopped. The demo took {time.monotonic() - started:.0f} s.")
+    return 0
+
+
+def run() -> None:
+    with local_mesh() as mesh:
         say("Step 1 — start the mesh on 127.0.0.1 (free ports; logs in a temporary directory).")
         mesh.start_discovery()
         say(f"  Discovery is up at {mesh.discovery} (heartbeat 0.5 s, lease 1.5 s).")
@@ -215,8 +252,6 @@ def main() -> int:
         drained = drain(mesh, apps, homes)
         crash(mesh, drained)
         say("Step 5 — stop everything.")
-    say(f"All processes stopped. The demo took {time.monotonic() - started:.0f} s.")
-    return 0
 
 
 if __name__ == "__main__":

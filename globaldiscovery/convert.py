@@ -121,6 +121,6 @@ def watch_event(event: PoolEvent) -> pb.WatchPoolsResponse:
         if event.pool is not None:
             msg.pool.CopyFrom(pool(event.pool))
         if event.kind is EventKind.REMOVED:
-            msg.removal_reason = event.reason.value
+            msg.removal_reason = event.reason.value  # type: ignore[assignment]  # a proto enum field takes its number
         event.encoded = msg
     return event.encoded  # type: ignore[return-value]

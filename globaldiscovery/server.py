@@ -159,7 +159,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
             return pb.KeepAlivePoolsResponse(sequence=request.sequence, error=error, status=s)
         return pb.KeepAlivePoolsResponse(sequence=request.sequence, register=reply)
 
-    async def KeepAlivePools(
+    async def KeepAlivePools(  # type: ignore[override]  # writes with context.write instead of yielding
         self, request_iterator: AsyncIterator[pb.KeepAlivePoolsRequest], context: grpc.aio.ServicerContext
     ) -> None:
         # One request at a time, answered before the next is read: replies keep request order and

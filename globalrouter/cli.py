@@ -7,12 +7,13 @@ The one place that parses globalrouter flags. Each subcommand's module defines
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+from types import ModuleType
 
-# Subcommand modules, in the order `--help` lists them. Each is imported lazily so that a
-# missing or broken one does not take the others down.
-SUBCOMMANDS = ("serve_cli", "client", "simulate", "replay")
+from globalrouter import client, replay, serve_cli, simulate
+
+# Subcommand modules, in the order `--help` lists them. Imported plainly: a broken one fails loudly.
+SUBCOMMANDS: tuple[ModuleType, ...] = (serve_cli, client, simulate, replay)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,13 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="The global frontend: routes LLM inference requests across serving pools.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"globalrouter.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"globalrouter.{name}":
-                continue  # not built yet
-            raise
+    for module in SUBCOMMANDS:
         module.add_parser(subparsers)
     return parser
 

@@ -233,7 +233,7 @@ class GenerateRun:
     def _summary(self, reason: int) -> router_pb2.GenerateSummary:
         rec = self.record
         return router_pb2.GenerateSummary(
-            finish_reason=reason,
+            finish_reason=reason,  # type: ignore[arg-type]  # a proto enum field takes its number
             pools=rec.pools,
             cached_blocks=rec.cached_blocks,
             prompt_blocks=rec.prompt_blocks,

@@ -119,7 +119,7 @@ def prompt_tokens(request: TraceRequest) -> list[int]:
 
 
 async def _one(
-    stub: router_pb2_grpc.RouterServiceStub,
+    stub: router_pb2_grpc.RouterServiceAsyncStub,
     config: ReplayConfig,
     index: int,
     request: TraceRequest,

@@ -153,7 +153,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             filtered=[
                 router_pb2.FilteredPool(
                     pool_id=f.pool_id,
-                    reason=FILTER_REASONS[f.reason],
+                    reason=FILTER_REASONS[f.reason],  # type: ignore[arg-type]  # a proto enum field takes its number
                     detail=f.detail,
                 )
                 for f in decision.filtered  # ordered by pool_id

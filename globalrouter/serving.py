@@ -74,7 +74,8 @@ class GrpcPoolStream:
             msg = await self._call.read()
         except grpc.aio.AioRpcError as exc:
             raise StreamBroken(exc.code(), reason_of(exc), exc.details() or "") from None
-        return None if msg is grpc.aio.EOF else msg
+        # Anything but a response is grpc.aio.EOF (typeshed types read() as object).
+        return msg if isinstance(msg, PoolResponse) else None
 
     def cancel(self) -> None:
         self._call.cancel()
@@ -120,7 +121,7 @@ class ServingLinks:
 
     def __init__(self, backoff_initial: float, backoff_max: float) -> None:
         self._channels: dict[
-            str, tuple[grpc.aio.Channel, pool_frontend_pb2_grpc.PoolFrontendServiceStub]
+            str, tuple[grpc.aio.Channel, pool_frontend_pb2_grpc.PoolFrontendServiceAsyncStub]
         ] = {}
         self._round_robin: dict[str, itertools.count] = {}
         self._failures: dict[str, int] = {}
@@ -133,7 +134,7 @@ class ServingLinks:
         self._openai = OpenAIClient()
         """The one HTTP client (pooled keep-alive connections) for every OpenAI HTTP pool."""
 
-    def stub(self, url: str) -> pool_frontend_pb2_grpc.PoolFrontendServiceStub:
+    def stub(self, url: str) -> pool_frontend_pb2_grpc.PoolFrontendServiceAsyncStub:
         """The stub for `url`, its channel made on first use and kept (keepalive watches it)."""
         entry = self._channels.get(url)
         if entry is None:
@@ -214,7 +215,11 @@ class ServingLinks:
             call.cancel()
             await self._release_url(url)
             raise
-        if first is grpc.aio.EOF or first.WhichOneof("payload") != "admission":
+        # Anything but a response is grpc.aio.EOF (typeshed types read() as object).
+        if (
+            not isinstance(first, pool_frontend_pb2.PoolFrontendServiceGenerateResponse)
+            or first.WhichOneof("payload") != "admission"
+        ):
             call.cancel()
             await self._release_url(url)
             raise AdmissionFailed(

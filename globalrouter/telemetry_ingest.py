@@ -272,7 +272,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         must not hold the grace period that in-flight Generates need."""
         self.closing = True
 
-    async def PublishPoolTelemetry(self, request_iterator, context: grpc.aio.ServicerContext):
+    async def PublishPoolTelemetry(self, request_iterator, context: grpc.aio.ServicerContext):  # type: ignore[override]  # writes with context.write instead of yielding
         first = await context.read()
         if first is grpc.aio.EOF:
             return

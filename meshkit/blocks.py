@@ -9,6 +9,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
+from collections.abc import Sequence
 
 import xxhash
 
@@ -19,7 +20,7 @@ _xxh3 = xxhash.xxh3_64_intdigest
 _NATIVE_IS_U32LE = array("I").itemsize == 4 and sys.byteorder == "little"
 
 
-def u32le(tokens: list[int] | array) -> bytes:
+def u32le(tokens: Sequence[int]) -> bytes:
     """Token ids as the contract's bytes: each a little-endian unsigned 32-bit integer."""
     if _NATIVE_IS_U32LE:
         if isinstance(tokens, array) and tokens.typecode == "I":
@@ -28,7 +29,7 @@ def u32le(tokens: list[int] | array) -> bytes:
     return struct.pack(f"<{len(tokens)}I", *tokens)
 
 
-def block_hashes(tokens: list[int] | array, block_size: int, parent: int = 0) -> list[int]:
+def block_hashes(tokens: Sequence[int], block_size: int, parent: int = 0) -> list[int]:
     """Chained hashes of every full block of `tokens` (a partial last block is not hashed)."""
     if block_size <= 0:
         raise ValueError("block_size must be > 0")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from meshkit.validation import Violations, check_identifier, url_problem
 
@@ -38,7 +39,7 @@ def url_list(value: str) -> list[str]:
     return urls
 
 
-def int_at_least(minimum: int, maximum: int | None = None):
+def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """argparse type: a whole number >= `minimum` (and <= `maximum` when given)."""
 
     def parse(value: str) -> int:
@@ -55,7 +56,7 @@ def int_at_least(minimum: int, maximum: int | None = None):
     return parse
 
 
-def number_above(minimum: float, *, inclusive: bool):
+def number_above(minimum: float, *, inclusive: bool) -> Callable[[str], float]:
     """argparse type: a finite number > `minimum` (or >= it when `inclusive`)."""
     bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
 

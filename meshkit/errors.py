@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
 
 import grpc
 from google.protobuf import any_pb2
@@ -82,7 +83,7 @@ def grpc_status_for(
 
 
 async def abort_with_reason(
-    context: grpc.aio.ServicerContext,
+    context: grpc.aio.ServicerContext[Any, Any],
     code: grpc.StatusCode,
     reason: Reason,
     message: str,
@@ -97,9 +98,8 @@ def reason_of_status(status: status_pb2.Status | None) -> str | None:
     if status is None:
         return None
     for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):  # False for a detail of another type
             return info.reason
     return None
 

@@ -37,7 +37,8 @@ def configure_logging(service: str, level: str = "info") -> structlog.stdlib.Bou
             cache_logger_on_first_use=True,
         )
         _configured = True
-    return structlog.get_logger().bind(service=service)
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger().bind(service=service)
+    return logger
 
 
 def get_logger(**context: object) -> structlog.stdlib.BoundLogger:
@@ -46,4 +47,5 @@ def get_logger(**context: object) -> structlog.stdlib.BoundLogger:
     Lazy: a module-level logger created at import time, before `configure_logging`, still uses
     the configuration (renderer, level) set later (`.bind()` here would freeze the defaults).
     """
-    return structlog.get_logger(**context)
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(**context)
+    return logger

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
@@ -60,7 +61,7 @@ class Violations:
         """to_rpc_status() as the grpc.Status a call aborts with."""
         return rpc_status.to_status(self.to_rpc_status())
 
-    async def abort_if_any(self, context: grpc.aio.ServicerContext) -> None:
+    async def abort_if_any(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """Aborts the RPC with INVALID_ARGUMENT + BadRequest when anything was recorded."""
         if self.items:
             await context.abort_with_status(self.to_status())

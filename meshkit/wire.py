@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
+
+if TYPE_CHECKING:  # what a generated message's DESCRIPTOR is (C implementation)
+    from google._upb._message import Descriptor as UpbDescriptor
 
 from meshkit.validation import Violations
 
@@ -34,7 +38,9 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
             raise ValueError("varint too long")
 
 
-def bad_utf8_field(descriptor: Descriptor, data: bytes, prefix: str = "", depth: int = 0) -> str | None:
+def bad_utf8_field(
+    descriptor: Descriptor | UpbDescriptor, data: bytes, prefix: str = "", depth: int = 0
+) -> str | None:
     """The path (e.g. `prompt.text`) of the first string field in `data` that is not valid UTF-8.
 
     None when there is none or the bytes are malformed in some other way.
@@ -62,7 +68,11 @@ def bad_utf8_field(descriptor: Descriptor, data: bytes, prefix: str = "", depth:
                         chunk.decode("utf-8")
                     except UnicodeDecodeError:
                         return path
-                elif field.type == FieldDescriptor.TYPE_MESSAGE and depth < _MAX_DEPTH:
+                elif (
+                    field.type == FieldDescriptor.TYPE_MESSAGE
+                    and field.message_type is not None
+                    and depth < _MAX_DEPTH
+                ):
                     found = bad_utf8_field(field.message_type, chunk, path + ".", depth + 1)
                     if found is not None:
                         return found
@@ -179,9 +189,9 @@ class ParseRequests(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
@@ -196,12 +206,15 @@ class ParseRequests(grpc.aio.ServerInterceptor):
     def _wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         attribute, factory = _FACTORIES[(handler.request_streaming, handler.response_streaming)]
         behavior = getattr(handler, attribute)
-        if getattr(handler.request_deserializer, "__self__", None) is None or not (
-            inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)
+        deserializer = handler.request_deserializer
+        if (
+            deserializer is None
+            or getattr(deserializer, "__self__", None) is None
+            or not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior))
         ):
             return handler  # not a generated Message.FromString or not an aio handler: grpc's own way
         return factory(
-            _parsing(_Parser(handler.request_deserializer), behavior, handler.request_streaming),
+            _parsing(_Parser(deserializer), behavior, handler.request_streaming),
             request_deserializer=None,
             response_serializer=handler.response_serializer,
         )

@@ -78,7 +78,7 @@ class PoolEvents(pe_grpc.PoolEventsServiceServicer):
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
-    async def WatchPoolStatus(
+    async def WatchPoolStatus(  # type: ignore[override]  # writes with context.write instead of yielding
         self, request: pe.WatchPoolStatusRequest, context: grpc.aio.ServicerContext
     ) -> None:
         v = Violations()
@@ -102,7 +102,7 @@ class PoolEvents(pe_grpc.PoolEventsServiceServicer):
                 # Something changed: wait out the coalescing window so a burst becomes one message.
                 await asyncio.sleep(max(0.0, sent_at + STATUS_COALESCE_S - loop.time()))
 
-    async def WatchKvEvents(
+    async def WatchKvEvents(  # type: ignore[override]  # writes with context.write instead of yielding
         self, request: pe.WatchKvEventsRequest, context: grpc.aio.ServicerContext
     ) -> None:
         # Snapshot and subscription are taken in one synchronous step: no event can fall between.

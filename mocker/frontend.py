@@ -59,7 +59,7 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
         self.pool = pool
         self.exit_process = exit_process
 
-    async def Generate(
+    async def Generate(  # type: ignore[override]  # writes with context.write instead of yielding
         self, request: pf.PoolFrontendServiceGenerateRequest, context: grpc.aio.ServicerContext
     ) -> None:
         await validate_generate(request).abort_if_any(context)

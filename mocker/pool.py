@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from meshkit.blocks import block_hashes
@@ -187,7 +187,7 @@ class Pool:
 
     # --- running ---------------------------------------------------------------------------------
 
-    async def run(self, ticket: Ticket) -> AsyncIterator[list[int]]:
+    async def run(self, ticket: Ticket) -> AsyncGenerator[list[int], None]:
         """Runs an admitted request: waits for a slot, prefills, then yields output token batches."""
         worker = ticket.worker
         acquired = False

@@ -98,7 +98,7 @@ class HeartbeatLoop(Generic[W]):
         self.schedule = HeartbeatSchedule()
         self._last_sent: W | None = None
         self._changed = asyncio.Event()
-        self._sleeper: asyncio.Future | None = None
+        self._sleeper: asyncio.Future[None] | None = None
 
     def poke(self) -> None:
         """What to register may have changed: re-evaluate now."""

@@ -34,7 +34,7 @@ class StreamBroken(Exception):
 class _Stream:
     """One open KeepAlivePools call, its unanswered requests in order, and the task reading replies."""
 
-    def __init__(self, stub: dpb_grpc.DiscoveryServiceStub) -> None:
+    def __init__(self, stub: dpb_grpc.DiscoveryServiceAsyncStub) -> None:
         self.call = stub.KeepAlivePools()
         self.pending: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
         self.reader = asyncio.get_running_loop().create_task(self._read(), name="keepalive replies")
@@ -42,7 +42,8 @@ class _Stream:
     async def _read(self) -> None:
         error: BaseException = StreamBroken("discovery ended the KeepAlivePools stream")
         try:
-            while (reply := await self.call.read()) is not grpc.aio.EOF:
+            # Until grpc.aio.EOF (typeshed types read() as object, hence the isinstance).
+            while isinstance(reply := await self.call.read(), dpb.KeepAlivePoolsResponse):
                 sequence, waiter = self.pending.popleft()
                 if reply.sequence != sequence:
                     error = StreamBroken(f"reply for sequence {reply.sequence} while {sequence} was due")
@@ -84,7 +85,7 @@ class _Stream:
 class KeepAliveClient:
     """Registers pools over one KeepAlivePools stream; unary RegisterPool when the server lacks it."""
 
-    def __init__(self, stub: dpb_grpc.DiscoveryServiceStub, *, unary_timeout: float) -> None:
+    def __init__(self, stub: dpb_grpc.DiscoveryServiceAsyncStub, *, unary_timeout: float) -> None:
         self._stub = stub
         self._unary_timeout = unary_timeout
         self._stream: _Stream | None = None

@@ -58,7 +58,11 @@ class PoolSource:
     def _status_broken(self, state: RetryCallState) -> None:
         # A redial that failed means the stream stays broken: the relay cannot see its pool.
         self._set_reachable(False)
-        log.warning("pool status stream down", pool=self.pool, error=repr(state.outcome.exception()))
+        log.warning(
+            "pool status stream down",
+            pool=self.pool,
+            error=repr(state.outcome.exception() if state.outcome else None),
+        )
 
     async def _status_session(self) -> None:
         call = self._stub.WatchPoolStatus(pe.WatchPoolStatusRequest(interval=duration(STATUS_INTERVAL_S)))
@@ -67,7 +71,8 @@ class PoolSource:
             while True:
                 # The pool sends at least every interval: silence for several means a dead stream.
                 msg = await asyncio.wait_for(call.read(), timeout=max(3 * STATUS_INTERVAL_S, 2.0))
-                if msg is grpc.aio.EOF:
+                # Anything but a response is grpc.aio.EOF (typeshed types read() as object).
+                if not isinstance(msg, pe.WatchPoolStatusResponse):
                     break
                 got = True
                 self._set_reachable(True)

@@ -224,7 +224,7 @@ class Relay:
             pool_id=self.config.pool_id,
             relay_id=self.config.relay_id,
             incarnation=self.config.incarnation,
-            reason=reason,
+            reason=reason,  # type: ignore[arg-type]  # a proto enum field takes its number
         )
         try:
             await self._discovery.UnregisterPool(req, timeout=CALL_TIMEOUT_S)

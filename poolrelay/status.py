@@ -18,7 +18,7 @@ def relay_status(relay: Relay) -> status_pb2.GetRelayStatusResponse:
         relay_id=relay.config.relay_id,
         incarnation=relay.config.incarnation,
         registered_model=relay.registered_model,
-        routing_pool_unregistered_reason=int(reason),
+        routing_pool_unregistered_reason=int(reason),  # type: ignore[arg-type]  # a proto enum field takes its number
         routing_pool_unregistered_detail=detail,
         pool_blocks=len(relay.blocks),
         draining=relay.draining,

@@ -125,7 +125,7 @@ class Publisher:
 
     def _backing_off(self, state: RetryCallState) -> None:
         self.state = State.TELEMETRY_STREAM_STATE_BACKING_OFF
-        self.last_error = describe_error(state.outcome.exception())
+        self.last_error = describe_error(state.outcome.exception() if state.outcome else None)
 
     async def _run(self) -> None:
         await reconnect_forever(self._session, TELEMETRY_RECONNECT, self._backing_off)
@@ -194,8 +194,8 @@ class Publisher:
                 waiter = asyncio.ensure_future(self._wake.wait())
                 await asyncio.wait([waiter, reader], return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
-            if reader.done() and reader.exception() is not None:
-                raise reader.exception()
+            if reader.done() and (failure := reader.exception()) is not None:
+                raise failure
         except Exception as exc:
             self.last_error = describe_error(exc)
             if not productive:

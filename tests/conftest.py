@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meshkit.clock import FakeClock
-from tests.support import process_group
+from meshlaunch import process_group
 
 
 @pytest.fixture

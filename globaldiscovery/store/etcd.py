@@ -189,7 +189,7 @@ class EtcdStore:
             await self._client.close()
 
     async def _follow(self) -> None:
-        async for event in self._watch:
+        async for event in self._watch:  # type: ignore[attr-defined]  # set by _sync() before _follow()
             prev = event.prev_kv.value if event.prev_kv is not None else None
             self._apply_safely(event.kind, event.kv.key, event.kv.value, prev)
             self._applied = max(self._applied, event.kv.mod_revision)

@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.support import free_port
+from meshlaunch import free_port
 
 
 def etcd_binary() -> str | None:

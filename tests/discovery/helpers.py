@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from globaldiscovery.records import PoolRegistration
-from tests.support import command, free_port, wait_healthy
+from meshlaunch import command, free_port, wait_healthy
 
 
 def reg(pool="p1", relay="r1", inc=1, model="m", region="eu", frontends=("http://f1:80",), **kw):

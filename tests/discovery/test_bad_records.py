@@ -29,7 +29,7 @@ async def listed(stub) -> list[str]:
 async def snapshot(stub) -> list[str]:
     """The pool ids of a fresh WatchPools snapshot (read up to SNAPSHOT_DONE)."""
     call = stub.WatchPools(pb.WatchPoolsRequest())
-    ids = []
+    ids: list[str] = []
     while True:
         [event] = await read(call, 1)
         if event.type == pb.WATCH_EVENT_TYPE_SNAPSHOT_DONE:

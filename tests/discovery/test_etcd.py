@@ -16,9 +16,9 @@ from globaldiscovery.store.etcd import EtcdStore, _decode, _lease_key
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit.clock import SystemClock
+from meshlaunch import wait_until
 from tests.discovery.etcd_support import wipe_discovery_keys
 from tests.discovery.helpers import reg, run_pools, start_discovery
-from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -13,8 +13,9 @@ import pytest
 
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
+from meshlaunch import command, free_port, wait_until
 from tests.discovery.helpers import run_pools, start_discovery
-from tests.support import BIN, command, free_port, wait_until
+from tests.support import BIN
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import grpc
 import pytest
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def register_request(**overrides) -> pb.RegisterPoolRequest:
-    fields = dict(
+    fields: dict[str, Any] = dict(
         pool_id="pool-a",
         model="llama",
         region="eu-west",
@@ -40,7 +41,7 @@ async def expect_code(call, code: grpc.StatusCode) -> grpc.aio.AioRpcError:
     return info.value
 
 
-BAD_REGISTRATIONS = [
+BAD_REGISTRATIONS: list[tuple[str, dict[str, Any]]] = [
     ("pool_id", {"pool_id": ""}),
     ("pool_id", {"pool_id": " padded"}),
     ("pool_id", {"pool_id": "x" * 129}),

@@ -14,7 +14,7 @@ import pytest
 
 from globaldiscovery.lease_rules import DrainCompleted, ModelConflict, NotFound, StaleIncarnation
 from globaldiscovery.records import EventKind, Removal
-from globaldiscovery.store import MemoryStore, StoreUnavailable
+from globaldiscovery.store import MemoryStore, Store, StoreUnavailable
 from meshkit.clock import FakeClock
 from tests.discovery.etcd_support import wipe_discovery_keys
 from tests.discovery.helpers import reg
@@ -29,6 +29,7 @@ WAIT = 20.0  # the longest any awaited state may take (etcd under load), never s
 async def store(request):
     """A started store of each kind on a FakeClock (`store.clock`), closed at the end."""
     clock = FakeClock()
+    s: Store
     if request.param == "memory":
         s = MemoryStore(clock, heartbeat_interval=1.0, lease_duration=LEASE)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import pytest
@@ -23,7 +24,7 @@ class Served:
 
     pool: Pool
     channel: grpc.aio.Channel
-    frontend: pf_grpc.PoolFrontendServiceStub
+    frontend: pf_grpc.PoolFrontendServiceAsyncStub
     events: pool_events_pb2_grpc.PoolEventsServiceStub
     admin: admin_pb2_grpc.MockerAdminServiceStub
     exits: list[int] = field(default_factory=list)
@@ -35,7 +36,8 @@ class Served:
                 request_id=request_id, model=model, token_ids=tokens, max_tokens=max_tokens
             )
         )
-        admission, out, finish = None, [], None
+        out: list[int] = []
+        admission, finish = None, None
         async for msg in call:
             kind = msg.WhichOneof("payload")
             if kind == "admission":
@@ -53,7 +55,7 @@ async def serve_pool():
     started: list[tuple[grpc.aio.Server, grpc.aio.Channel]] = []
 
     async def make(faults: Faults | None = None, **overrides) -> Served:
-        settings = dict(pool_id="p", models=("m", "cold"), not_ready=("cold",), speedup=100.0)
+        settings: dict[str, Any] = dict(pool_id="p", models=("m", "cold"), not_ready=("cold",), speedup=100.0)
         settings.update(overrides)
         pool = Pool(PoolConfig(**settings), SystemClock(), faults)
         exits: list[int] = []

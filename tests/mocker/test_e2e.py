@@ -12,18 +12,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from globalrouter.v1 import pool_frontend_pb2 as pf
 from globalrouter.v1 import pool_frontend_pb2_grpc as pf_grpc
+from meshlaunch import Proc, command, free_port, wait_healthy, wait_until
 from mocker.tokens import continue_sequence
 from mocker.v1 import admin_pb2 as adm
 from mocker.v1 import admin_pb2_grpc as adm_grpc
 from poolrelay.v1 import pool_events_pb2 as pe
 from poolrelay.v1 import pool_events_pb2_grpc as pe_grpc
-from tests.support import command, free_port, wait_healthy, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 PROMPT = list(range(64))
 
 
-def start_mocker(procs, *extra: str) -> tuple[str, object]:
+def start_mocker(procs, *extra: str) -> tuple[str, Proc]:
     address = f"127.0.0.1:{free_port()}"
     proc = procs.start(
         "mocker",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ BS = 4
 
 
 def make_pool(clock: FakeClock, **overrides) -> Pool:
-    settings = dict(
+    settings: dict[str, Any] = dict(
         pool_id="p",
         models=("m", "cold"),
         workers=2,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def request(**fields) -> pf.PoolFrontendServiceGenerateRequest:
-    base = dict(request_id="r1", model="m", token_ids=list(range(40)), max_tokens=5)
+    base: dict[str, Any] = dict(request_id="r1", model="m", token_ids=list(range(40)), max_tokens=5)
     base.update(fields)
     return pf.PoolFrontendServiceGenerateRequest(**base)
 
@@ -281,7 +282,7 @@ async def test_drain_finishes_accepted_refuses_new_hands_back_at_deadline(serve_
     assert reason_of(error) == Reason.DRAIN_HANDED_BACK
     assert got == continue_sequence(list(range(40)), len(got))  # the caller can continue from here
 
-    states = []
+    states: list[int] = []
     while not states or states[-1] != pe.DRAIN_STATE_DRAINED:
         states.append((await asyncio.wait_for(status.read(), 5.0)).drain.state)
     assert pe.DRAIN_STATE_DRAINING in states

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
+from meshlaunch import command
 from poolrelay.cli import main
-from tests.support import command
 
 BASE = ["serve", "--pool", "127.0.0.1:1", "--discovery", "127.0.0.1:2", "--routing-pool", "p"]
 
@@ -15,6 +15,7 @@ BASE = ["serve", "--pool", "127.0.0.1:1", "--discovery", "127.0.0.1:2", "--routi
 def run(capsys, argv: list[str]) -> tuple[int, str]:
     with pytest.raises(SystemExit) as exc:
         main(argv)
+    assert isinstance(exc.value.code, int)
     return exc.value.code, capsys.readouterr().err
 
 

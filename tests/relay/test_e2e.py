@@ -13,11 +13,11 @@ from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
 from globalrouter.v1 import pool_frontend_pb2 as pf
 from globalrouter.v1 import pool_frontend_pb2_grpc as pf_grpc
 from meshkit.timeconv import duration
+from meshlaunch import command, free_port, wait_healthy, wait_until
 from mocker.v1 import admin_pb2, admin_pb2_grpc
 from poolrelay.v1 import status_pb2, status_pb2_grpc
 from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
 from tests.relay.fakes import TelemetryReceiver, start_server, wait_for
-from tests.support import command, free_port, wait_healthy, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -67,7 +68,8 @@ class FakePool(pool_frontend_pb2_grpc.PoolFrontendServiceServicer):
 async def _abort(context, code: grpc.StatusCode, reason: Reason | None, message: str) -> None:
     if reason is None:
         await context.abort(code, message)
-    await abort_with_reason(context, code, reason, message)
+    else:
+        await abort_with_reason(context, code, reason, message)
 
 
 async def eventually(predicate, within: float = 5.0) -> None:
@@ -99,7 +101,7 @@ def pool_msg(pool_id: str, url: str | list[str], model: str = "m", **kw) -> disc
     )
 
 
-async def start_router(**config) -> tuple[Router, router_pb2_grpc.RouterServiceStub, grpc.aio.Channel]:
+async def start_router(**config) -> tuple[Router, router_pb2_grpc.RouterServiceAsyncStub, grpc.aio.Channel]:
     """A started in-process global frontend with no discovery (tests fill its directory)."""
     router = create_server(RouterConfig(listen="127.0.0.1:0", **config))
     await router.handle.server.start()
@@ -116,7 +118,7 @@ def gen_request(tokens: list[int], max_tokens: int, model: str = "m") -> router_
 
 
 async def collect(
-    stub: router_pb2_grpc.RouterServiceStub, request
+    stub: router_pb2_grpc.RouterServiceAsyncStub, request
 ) -> tuple[list[int], router_pb2.GenerateSummary]:
     """Runs Generate; checks offsets are continuous; returns (tokens, summary)."""
     tokens: list[int] = []
@@ -138,7 +140,7 @@ class FakeRelay:
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = telemetry_pb2_grpc.TelemetryServiceStub(self._channel)
         self._queue: asyncio.Queue = asyncio.Queue()
-        self.call = None
+        self.call: grpc.aio.StreamStreamCall[Any, Any] | None = None
 
     async def _requests(self):
         while True:

@@ -9,10 +9,9 @@ import pytest
 
 from globaldiscovery.v1 import discovery_pb2, discovery_pb2_grpc
 from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshlaunch import MODEL, Mesh, generate_cli, wait_until
 from mocker.tokens import continue_sequence
 from mocker.v1 import admin_pb2, admin_pb2_grpc
-from tests.router.mesh import MODEL, Mesh, generate_cli
-from tests.support import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 PROMPT = [(13 * i + 1) % 30_000 for i in range(80)]

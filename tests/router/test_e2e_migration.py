@@ -7,8 +7,8 @@ import pytest
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.errors import Reason, reason_of
+from meshlaunch import MODEL, Mesh
 from mocker.tokens import continue_sequence
-from tests.router.mesh import MODEL, Mesh
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 PROMPT = [(11 * i + 5) % 30_000 for i in range(100)]
@@ -34,7 +34,9 @@ def test_kill_9_mid_stream_migrates_with_every_token_exactly_once(procs):
         mesh.start_pool(name, "eu", "--speedup", "1")  # 50 tokens/s: the stream lasts seconds
     router = mesh.start_router()
     mesh.wait_routable(router, mesh.pools)
-    got, chunk_pools, summary = [], [], None
+    got: list[int] = []
+    chunk_pools: list[str] = []
+    summary = None
     for msg in stream(router.address, PROMPT, 120):
         if msg.WhichOneof("payload") == "summary":
             summary = msg.summary
@@ -68,7 +70,8 @@ def test_migration_limit_ends_the_request_with_unavailable_and_its_reason(procs)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
     assert reason_of(err.value) == Reason.MIGRATION_LIMIT_REACHED
     assert "migration limit (1)" in err.value.details()
-    trailers = dict(err.value.trailing_metadata())
+    # At run time each item is a (key, value) tuple; the stub declares a class.
+    trailers: dict[str, str] = dict(err.value.trailing_metadata())  # type: ignore[arg-type]
     assert trailers["x-migrations"] == "1" and len(trailers["x-pools"].split(",")) == 2
     assert got == continue_sequence(PROMPT, len(got)) and 6 <= len(got) <= 12
     assert router.metric("globalrouter_migration_aborts_total") == 1

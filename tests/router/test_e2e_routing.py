@@ -12,10 +12,9 @@ import grpc
 import pytest
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshlaunch import MODEL, Mesh, generate_cli, process_group, route, wait_until
 from mocker.tokens import continue_sequence
 from mocker.v1 import admin_pb2, admin_pb2_grpc
-from tests.router.mesh import MODEL, Mesh, generate_cli, route
-from tests.support import process_group, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 PREFIX = [(7 * i + 3) % 30_000 for i in range(512)]  # 32 blocks of 16
@@ -46,7 +45,8 @@ def request(tokens, max_tokens=8, model=MODEL):
 
 def run(address, tokens, max_tokens=8):
     """(tokens, summary) of one Generate."""
-    out, summary = [], None
+    out: list[int] = []
+    summary = None
     with grpc.insecure_channel(address) as ch:
         for msg in router_pb2_grpc.RouterServiceStub(ch).Generate(request(tokens, max_tokens), timeout=30):
             if msg.WhichOneof("payload") == "tokens":

@@ -170,7 +170,7 @@ async def _trailers(err):
 
 def _error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
     info = error_details_pb2.ErrorInfo()
-    [detail] = rpc_status.from_call(error).details
+    [detail] = rpc_status.from_call(error).details  # type: ignore[arg-type]  # an aio error is a Call too
     assert detail.Unpack(info)
     return info
 
@@ -276,8 +276,8 @@ async def test_invalid_utf8_in_a_text_prompt_is_invalid_argument_naming_the_fiel
                 async for _ in call(raw, timeout=5):
                     pass
         else:
-            call = channel.unary_unary(path, request_serializer=bytes, response_deserializer=bytes)
+            unary = channel.unary_unary(path, request_serializer=bytes, response_deserializer=bytes)
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await call(raw, timeout=5)
+                await unary(raw, timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert bad_request_fields(err.value) == ["prompt.text"]

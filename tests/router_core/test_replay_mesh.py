@@ -8,8 +8,7 @@ import subprocess
 import pytest
 
 from globalrouter.trace import TraceRequest, write_trace
-from tests.router.mesh import MODEL, Mesh
-from tests.support import command
+from meshlaunch import MODEL, Mesh, command
 
 
 @pytest.mark.timeout(120)

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench.run_all` (what `make bench` runs) writes BENCHMARKS.md."""
