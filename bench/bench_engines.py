@@ -53,7 +53,7 @@ def workload(n: int) -> list[bytes]:
     for i in range(n):
         new = [f"b{i}-{k}".encode() for k in range(BLOCKS_PER_EVENT)]
         tokens = [(i * 131 + t) % 2048 for t in range(BLOCKS_PER_EVENT * ENGINE_BLOCK)]
-        events = [stored(new, parent, tokens, ENGINE_BLOCK)]
+        events: list[object] = [stored(new, parent, tokens, ENGINE_BLOCK)]
         names.append(new)  # type: ignore[arg-type]
         if i >= 64:
             events.append(removed(names[i - 64]))

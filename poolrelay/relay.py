@@ -86,13 +86,23 @@ class Relay:
             self.blocks,
             self.clock,
         )
-        callbacks = dict(
-            on_status=self._on_status, on_reachable=self._on_reachable, on_blocks=self.hub.blocks_changed
-        )
         self.source: PoolSource | EngineSource = (
-            EngineSource(config.engine, self.blocks, clock=self.clock, **callbacks)
+            EngineSource(
+                config.engine,
+                self.blocks,
+                clock=self.clock,
+                on_status=self._on_status,
+                on_reachable=self._on_reachable,
+                on_blocks=self.hub.blocks_changed,
+            )
             if config.engine is not None
-            else PoolSource(config.pool, self.blocks, **callbacks)
+            else PoolSource(
+                config.pool,
+                self.blocks,
+                on_status=self._on_status,
+                on_reachable=self._on_reachable,
+                on_blocks=self.hub.blocks_changed,
+            )
         )
         self._discovery_channel = aio_channel(config.discovery)
         self._discovery = dpb_grpc.DiscoveryServiceStub(self._discovery_channel)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import zmq
@@ -71,7 +71,7 @@ class WorkerFeed:
         worker: EngineWorker,
         blocks: WorkerBlocks,
         apply: Callable[[str, Transition], None],
-        replay: Callable[[int], asyncio.Future[list[tuple[int, bytes]] | None]] | None = None,
+        replay: Callable[[int], Awaitable[list[tuple[int, bytes]] | None]] | None = None,
     ) -> None:
         self.worker = worker
         self.blocks = blocks

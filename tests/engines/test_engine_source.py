@@ -87,7 +87,11 @@ async def test_status_follows_the_engine_and_a_down_or_restarted_engine_loses_it
     changed = asyncio.Event()
 
     def report(into):
-        return lambda value: (into.append(value), changed.set())
+        def record(value) -> None:
+            into.append(value)
+            changed.set()
+
+        return record
 
     source = EngineSource(
         config,

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from aiohttp import web
 
-from globalrouter.openai_link import OpenAIClient, SseParser, completions_url, request_body
+from globalrouter.openai_link import LinkError, OpenAIClient, SseParser, completions_url, request_body
 from globalrouter.serving import StreamBroken
 from globalrouter.v1 import pool_frontend_pb2 as pf
 from meshkit.errors import Reason
@@ -94,7 +94,7 @@ async def test_an_answer_before_the_stream_is_an_admission_failure(status, code,
     runner, url = await serve(handler)
     client = OpenAIClient()
     try:
-        with pytest.raises(Exception) as info:
+        with pytest.raises(LinkError) as info:
             await client.open(url, REQUEST, StreamBroken)
         err = info.value
         assert (err.code, err.reason, err.refused) == (code, reason, refused)
@@ -107,7 +107,7 @@ async def test_an_answer_before_the_stream_is_an_admission_failure(status, code,
 async def test_connection_refused_is_an_unreachable_pool():
     client = OpenAIClient()
     try:
-        with pytest.raises(Exception) as info:
+        with pytest.raises(LinkError) as info:
             await client.open(f"http://127.0.0.1:{free_port()}", REQUEST, StreamBroken)
         assert info.value.code == grpc.StatusCode.UNAVAILABLE and not info.value.refused
     finally:

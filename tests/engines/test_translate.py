@@ -126,15 +126,13 @@ class Harness:
         return seq, payload
 
     def blocks(self) -> set[int]:
-        return set(self.pool.snapshot_now())
+        return set(_snapshot(self.pool))
 
 
 def _snapshot(pool: PoolBlocks) -> list[int]:
     pool.take_delta()
     return pool.snapshot()[1]
 
-
-PoolBlocks.snapshot_now = _snapshot  # type: ignore[attr-defined]
 
 BATCHES = [
     encode(store_prompt(PROMPT, 0, [b"a"], None)),

@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from concurrent import futures
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -336,7 +337,7 @@ def test_relay_block_set_equals_what_vllm_reported(em):
         for j in range(3):
             em.engines[pool].complete(prompt_of(100 * i + j, 200 + 40 * j), 40)
     for pool in em.engines:
-        wait_until(lambda p=pool: blocks_match(em, p), 30, message=f"{pool}: relay blocks == vLLM's report")
+        wait_until(partial(blocks_match, em, pool), 30, message=f"{pool}: relay blocks == vLLM's report")
         assert len(em.sink.of(pool)) >= 3 * (200 // MESH_BLOCK)
 
 
