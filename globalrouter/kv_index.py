@@ -9,8 +9,8 @@ pool can reuse.
 
 Why this layout: a fleet holds tens of millions of blocks (64 pools x 1,000,000), and a Python
 dict of int -> int plus a set per source cost about 111 bytes per block. Here a block is one
-8-byte key plus one 8-byte mask word per 64 sources in two flat arrays (linear probing, load
-kept between 0.55 and 0.8), so about 20 to 29 bytes per distinct block with up to 64 sources.
+8-byte key plus one 8-byte mask word per 64 sources in two flat arrays (buckets of 8 slots,
+load kept between 0.55 and 0.8), so about 20 to 29 bytes per distinct block with up to 64 sources.
 A block no source holds any more stays as a tombstone (mask 0) that the next new key on its
 probe path reuses, and the table is rebuilt (live keys only) when used slots pass 0.8 of it.
 Lookups and batch updates are vectorised; a source's whole set is not kept apart, so replacing
@@ -36,7 +36,16 @@ MAX_LOAD = 0.8
 REBUILD_LOAD = 0.55
 """Live slots / capacity right after a rebuild (between the two, memory and probe length trade)."""
 MIN_CAPACITY = 1024
-FIRST_CHUNK = 64
+BUCKET = 8
+"""Slots per bucket (one 64-byte cache line of keys): a key lives in its home bucket or, when
+that is full, in the next one with room. Most lookups end in their home bucket; the few that
+go on are finished one key at a time (SCALAR_TAIL)."""
+SMALL = 64
+"""Deltas of at most this many keys and prompts of at most this many blocks go one key at a
+time through memoryviews: a vectorised batch costs dozens of numpy calls whatever its size."""
+SCALAR_TAIL = 16
+"""Keys left after vectorised rounds that are looked up one at a time (also whole small batches)."""
+FIRST_CHUNK = 1024
 """Blocks looked up in the first vectorised step of a prefix walk (then doubling): a long prompt
 whose cached prefix is short stops after a few small steps instead of looking up every block."""
 
@@ -58,8 +67,10 @@ class KvIndex:
         "_counts",
         "_free_numbers",
         "_keys",
+        "_kmv",
         "_live",
         "_masks",
+        "_mmv",
         "_names",
         "_number",
         "_special",
@@ -73,6 +84,7 @@ class KvIndex:
         self._cap = 0
         self._keys = np.empty(0, np.uint64)
         self._masks = np.empty((0, 1), np.uint64)
+        self._kmv = self._mmv = memoryview(b"")
         self._alloc(max(MIN_CAPACITY, capacity))
         self._used = 0
         """Slots whose key is set (live or tombstone)."""
@@ -89,73 +101,118 @@ class KvIndex:
         """Numbers of dropped sources, reused so masks stay narrow."""
 
     def _alloc(self, capacity: int) -> None:
-        if capacity >= 1 << 32:
-            raise ValueError(f"KvIndex capacity {capacity} exceeds 2^32 slots")
-        self._cap = capacity
-        self._keys = np.full(capacity, _EMPTY, np.uint64)
-        self._masks = np.zeros((capacity, self._words), np.uint64)
+        buckets = -(-capacity // BUCKET)
+        if buckets >= 1 << 32:
+            raise ValueError(f"KvIndex capacity {capacity} exceeds 2^32 buckets")
+        self._cap = buckets * BUCKET
+        self._keys = np.full(self._cap, _EMPTY, np.uint64)
+        self._masks = np.zeros((self._cap, self._words), np.uint64)
+        self._views()
+
+    def _views(self) -> None:
+        """Memoryviews of the arrays: one element of a memoryview reads and writes as a Python
+        int several times faster than numpy scalar indexing (the small-batch paths use them)."""
+        self._kmv = memoryview(self._keys)
+        self._mmv = memoryview(self._masks.reshape(-1))
 
     # ---- slots ---------------------------------------------------------------------------------
     def _home(self, keys: np.ndarray) -> np.ndarray:
-        """First probe slot of each key: the high bits of a multiplicative hash, scaled to the
-        capacity (keys may be small sequential ids, so they are mixed first)."""
+        """Home bucket of each key: the high bits of a multiplicative hash, scaled to the number
+        of buckets (keys may be small sequential ids, so they are mixed first)."""
         mixed = (keys * _GOLDEN) >> _SHIFT
-        return ((mixed * np.uint64(self._cap)) >> _SHIFT).astype(np.int64)
+        return ((mixed * np.uint64(self._cap // BUCKET)) >> _SHIFT).astype(np.int64)
 
     def _find(self, keys: np.ndarray) -> np.ndarray:
-        """Slot of each key, -1 where absent (keys equal to _EMPTY are reported absent)."""
-        slots = self._home(keys)
+        """Slot of each key, -1 where absent (keys equal to _EMPTY are reported absent).
+
+        A key sits in its home bucket or, when that was full, in a later one; a bucket with an
+        empty slot ends the search. Each round compares a whole bucket per key at once, so the
+        rounds are few even at a load of 0.8 (one slot at a time, the longest probe run of a
+        thousand keys took dozens of rounds)."""
+        buckets = self._home(keys)
         out = np.full(keys.size, -1, np.int64)
         todo = np.arange(keys.size)
-        table, last = self._keys, self._cap - 1
-        while todo.size:
-            s = slots[todo]
-            k = table[s]
-            hit = k == keys[todo]
-            out[todo[hit]] = s[hit]
-            go = ~hit & (k != _EMPTY)
+        table, nb = self._keys.reshape(-1, BUCKET), self._cap // BUCKET
+        while todo.size > SCALAR_TAIL:
+            b = buckets[todo]
+            rows = table[b]
+            # A bucket's 16 comparisons are 16 bytes: read as two uint64 per key, non-zero is a
+            # hit and the set byte's index is the slot (numpy reductions over a short axis cost
+            # more than the comparisons themselves).
+            eq = (rows == keys[todo, None]).view(np.uint64)
+            lo, hi = eq[:, 0], eq[:, -1]
+            hit = (lo | hi) != 0
+            lo, hi = lo[hit], hi[hit]
+            pos = np.where(lo != 0, np.log2(lo | (lo == 0)), 64 + np.log2(hi | (hi == 0)))
+            out[todo[hit]] = b[hit] * BUCKET + (pos.astype(np.int64) >> 3)
+            empty = (rows == _EMPTY).view(np.uint64)
+            go = ~hit & ((empty[:, 0] | empty[:, -1]) == 0)
             todo = todo[go]
-            s = s[go]
-            slots[todo] = np.where(s == last, 0, s + 1)
+            buckets[todo] = (b[go] + 1) % nb
+        for i in todo.tolist():  # the few keys whose buckets overflowed, one at a time
+            out[i] = self._slot_of(int(keys[i]), int(buckets[i]))
         out[keys == _EMPTY] = -1
         return out
 
+    def _slot_of(self, key: int, bucket: int) -> int:
+        """Slot of one key searched from `bucket` on, -1 when absent (scalar: a few keys cost
+        less this way than a vectorised round each)."""
+        table, nb = self._kmv, self._cap // BUCKET
+        while True:
+            keys = table[bucket * BUCKET : (bucket + 1) * BUCKET].tolist()
+            if key in keys:
+                return bucket * BUCKET + keys.index(key)
+            if _EMPTY_INT in keys:
+                return -1
+            bucket = bucket + 1 if bucket + 1 < nb else 0
+
     def _place(self, keys: np.ndarray, rows: np.ndarray, reuse: bool = True) -> None:
         """Puts absent, distinct keys into free slots with masks `rows` (one row for all, or one
-        per key). Free: empty, or with `reuse` a tombstone (the key was absent, so any free slot
-        on its probe path is one its lookups reach before an empty slot)."""
+        per key), each in the first bucket of its chain with a free slot: empty, or with `reuse`
+        a tombstone (the key was absent, so its lookups reach that bucket before stopping)."""
         per_key = rows.ndim == 2
-        slots = self._home(keys)
+        buckets = self._home(keys)
         todo = np.arange(keys.size)
-        table, masks, last = self._keys, self._masks, self._cap - 1
+        flat, masks, nb = self._keys, self._masks, self._cap // BUCKET
+        table = flat.reshape(-1, BUCKET)
         while todo.size:
-            s = slots[todo]
-            free = table[s] == _EMPTY
+            b = buckets[todo]
+            free = table[b] == _EMPTY
             if reuse:
-                free |= ~masks[s].any(axis=1)
-            at = np.flatnonzero(free)
-            if at.size:
-                at = at[self._first_claims(s[at])]
-                taken = s[at]
-                self._used += int(np.count_nonzero(table[taken] == _EMPTY))
-                table[taken] = keys[todo[at]]
-                masks[taken] = rows[todo[at]] if per_key else rows
-                placed = np.zeros(todo.size, bool)
-                placed[at] = True
-                todo = todo[~placed]
-                s = s[~placed]
-            slots[todo] = np.where(s == last, 0, s + 1)
+                free |= ~masks.reshape(-1, BUCKET, self._words)[b].any(axis=2)
+            at, pos = self._claims(b, free)
+            slots = b[at] * BUCKET + pos
+            self._used += int(np.count_nonzero(flat[slots] == _EMPTY))
+            flat[slots] = keys[todo[at]]
+            masks[slots] = rows[todo[at]] if per_key else rows
+            placed = np.zeros(todo.size, bool)
+            placed[at] = True
+            full = ~free[~placed].any(axis=1)
+            todo, b = todo[~placed], b[~placed]
+            buckets[todo[full]] = (b[full] + 1) % nb
 
-    def _first_claims(self, slots: np.ndarray) -> np.ndarray:
-        """Positions in `slots` that win their slot, one per distinct slot. Small batches sort;
-        a big one (a snapshot, a rebuild) scatters its positions into a table-sized scratch
-        array, where one write per slot survives, so no sort of millions of slots is needed."""
-        if slots.size < 65_536:
-            return np.unique(slots, return_index=True)[1]
-        scratch = np.empty(self._cap, np.int64)
-        positions = np.arange(slots.size)
-        scratch[slots] = positions
-        return np.flatnonzero(scratch[slots] == positions)
+    def _claims(self, buckets: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which keys take a slot this round, and where: (positions, slot within the bucket).
+
+        A small batch sorts its keys by bucket and gives the k-th key of a bucket the bucket's
+        k-th free slot, so several keys share a bucket in one round. A big one (a snapshot, a
+        rebuild) lets one key per bucket win per round by scattering positions into a scratch
+        array (one write per bucket survives), so millions of keys are never sorted."""
+        n = buckets.size
+        if n < 65_536:
+            order = np.argsort(buckets, kind="stable")
+            sb = buckets[order]
+            starts = np.flatnonzero(np.concatenate(([True], sb[1:] != sb[:-1])))
+            rank = np.empty(n, np.int64)
+            rank[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+            ok = np.flatnonzero(rank < free.sum(axis=1))
+            nth = np.cumsum(free[ok], axis=1) == (rank[ok] + 1)[:, None]
+            return ok, (nth & free[ok]).argmax(axis=1)
+        has = np.flatnonzero(free.any(axis=1))
+        scratch = np.empty(self._cap // BUCKET, np.int64)
+        scratch[buckets[has]] = has
+        at = has[scratch[buckets[has]] == has]
+        return at, free[at].argmax(axis=1)
 
     def _reserve(self, extra: int) -> None:
         """Rebuilds the table (live keys only) if `extra` new keys could push it past MAX_LOAD."""
@@ -185,6 +242,7 @@ class KvIndex:
         self._masks = np.hstack([self._masks, np.zeros((self._cap, extra), np.uint64)])
         self._special = np.concatenate([self._special, np.zeros(extra, np.uint64)])
         self._words = words
+        self._views()
 
     def _clear_bit(self, n: int) -> None:
         """Removes source `n` from every block (one pass over the table)."""
@@ -254,6 +312,72 @@ class KvIndex:
             self._live -= int(np.count_nonzero(~self._masks[s].any(axis=1)))
         self._counts[self._names[n]] -= removed + s.size
 
+    def _row_zero(self, slot: int) -> bool:
+        words = self._words
+        if words == 1:
+            return self._mmv[slot] == 0
+        return not any(self._mmv[slot * words : (slot + 1) * words].tolist())
+
+    def _add_small(self, n: int, keys: set[int]) -> None:
+        """`_add` one key at a time, for a delta's few keys (a vectorised batch costs dozens of
+        numpy calls whatever its size)."""
+        word, bit, words = n >> 6, 1 << (n & 63), self._words
+        added = 0
+        if _EMPTY_INT in keys:
+            keys.discard(_EMPTY_INT)
+            added = self._set_special(word, np.uint64(bit), True)
+        self._reserve(len(keys))
+        km, mm, nb = self._kmv, self._mmv, self._cap // BUCKET
+        for h in keys:
+            b = ((((h * _GOLDEN_INT) & _M64) >> 32) * nb) >> 32
+            free = -1
+            while True:
+                base = b * BUCKET
+                ks = km[base : base + BUCKET].tolist()
+                if h in ks:
+                    i = (base + ks.index(h)) * words + word
+                    m = mm[i]
+                    if not m & bit:
+                        self._live += self._row_zero(base + ks.index(h))
+                        mm[i] = m | bit
+                        added += 1
+                    break
+                if free < 0:  # the chain's first empty or tombstone slot (its mask is 0)
+                    ms = mm[base * words : (base + BUCKET) * words].tolist()
+                    if words > 1:
+                        ms = [any(ms[j * words : (j + 1) * words]) for j in range(BUCKET)]
+                    if 0 in ms:
+                        free = base + ms.index(0)
+                if _EMPTY_INT in ks:  # absent: it takes that slot
+                    self._used += km[free] == _EMPTY_INT
+                    km[free] = h
+                    mm[free * words + word] = bit
+                    self._live += 1
+                    added += 1
+                    break
+                b = b + 1 if b + 1 < nb else 0
+        self._counts[self._names[n]] += added
+
+    def _remove_small(self, n: int, keys: set[int]) -> None:
+        """`_remove` one key at a time (see `_add_small`)."""
+        word, bit, words = n >> 6, 1 << (n & 63), self._words
+        removed = 0
+        if _EMPTY_INT in keys:
+            keys.discard(_EMPTY_INT)
+            removed = self._set_special(word, np.uint64(bit), False)
+        mm, nb = self._mmv, self._cap // BUCKET
+        for h in keys:
+            slot = self._slot_of(h, ((((h * _GOLDEN_INT) & _M64) >> 32) * nb) >> 32)
+            if slot < 0:
+                continue
+            i = slot * words + word
+            m = mm[i]
+            if m & bit:
+                mm[i] = m ^ bit
+                removed += 1
+                self._live -= self._row_zero(slot)
+        self._counts[self._names[n]] -= removed
+
     def apply_snapshot(self, source: str, hashes: Iterable[int]) -> None:
         """Replaces the source's whole block set (a stream's snapshot, once its last chunk is in)."""
         n = self._number_for(source)
@@ -265,8 +389,16 @@ class KvIndex:
         """Applies one batch of 0<->1 transitions: `removed` first, then `stored`, so a block a
         batch both drops and re-adds ends up held."""
         n = self._number_for(source)
-        self._remove(n, _as_keys(removed))
-        self._add(n, _as_keys(stored))
+        if not isinstance(stored, (list, tuple, set)):
+            stored = list(stored)
+        if not isinstance(removed, (list, tuple, set)):
+            removed = list(removed)
+        if len(stored) + len(removed) <= SMALL:
+            self._remove_small(n, set(removed))
+            self._add_small(n, set(stored))
+        else:
+            self._remove(n, _as_keys(removed))
+            self._add(n, _as_keys(stored))
 
     def drop_source(self, source: str) -> None:
         """Forgets one source (its stream broke); other sources, even of the same pool, stay."""
@@ -300,19 +432,17 @@ class KvIndex:
         if block_hash == _EMPTY_INT:
             row = self._special
         else:
-            cap, table = self._cap, self._keys
-            slot = ((((block_hash * _GOLDEN_INT) & _M64) >> 32) * cap) >> 32
-            while True:
-                k = int(table[slot])
-                if k == block_hash:
-                    break
-                if k == _EMPTY_INT:
-                    return 0
-                slot = slot + 1 if slot + 1 < cap else 0
-            row = self._masks[slot]
+            nb = self._cap // BUCKET
+            slot = self._slot_of(block_hash, ((((block_hash * _GOLDEN_INT) & _M64) >> 32) * nb) >> 32)
+            if slot < 0:
+                return 0
+            words = self._words
+            if words == 1:
+                return self._mmv[slot]
+            row = self._mmv[slot * words : (slot + 1) * words].tolist()
         out = 0
-        for w in range(self._words):
-            out |= int(row[w]) << (64 * w)
+        for w, value in enumerate(row):
+            out |= int(value) << (64 * w)
         return out
 
     def holds(self, block_hash: int) -> bool:
@@ -330,20 +460,58 @@ class KvIndex:
             rows[special] = self._special
         return rows
 
+    def _walk(self, block_hashes: Sequence[int], alive: int, out: dict[str, int]) -> dict[str, int]:
+        """The prefix walk one block at a time, for a short prompt."""
+        names, mask_of = self._names, self._mask_of
+        km, mm, nb = self._kmv, self._mmv, self._cap // BUCKET
+        inline = self._words == 1  # the common case, inlined: a method call per block showed
+        for i in range(1, len(block_hashes)):
+            h = block_hashes[i]
+            if inline and h != _EMPTY_INT:
+                b = ((((h * _GOLDEN_INT) & _M64) >> 32) * nb) >> 32
+                while True:
+                    ks = km[b * BUCKET : b * BUCKET + BUCKET].tolist()
+                    if h in ks:
+                        held = mm[b * BUCKET + ks.index(h)]
+                        break
+                    if _EMPTY_INT in ks:
+                        held = 0
+                        break
+                    b = b + 1 if b + 1 < nb else 0
+            else:
+                held = mask_of(h)
+            mask = alive & held
+            if mask != alive:
+                gone = alive & ~mask
+                while gone:
+                    low = gone & -gone
+                    out[names[low.bit_length() - 1]] = i
+                    gone ^= low
+                alive = mask
+                if not alive:
+                    return out
+        while alive:
+            low = alive & -alive
+            out[names[low.bit_length() - 1]] = len(block_hashes)
+            alive ^= low
+        return out
+
     def prefix_overlaps(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """Source -> leading blocks of the prompt it holds (sources with 0 omitted).
 
         One pass over the prompt's blocks, whatever the number of sources, in vectorised steps
-        (64 blocks, then doubling) that stop once no source holds the prefix.
+        (1,024 blocks, then doubling) that stop once no source holds the prefix.
         """
         if not len(block_hashes):
             return {}
         alive = self._mask_of(block_hashes[0])
         if not alive:
             return {}
-        keys = _as_keys(block_hashes)
         out: dict[str, int] = {}
         names, words = self._names, self._words
+        if len(block_hashes) <= SMALL:
+            return self._walk(block_hashes, alive, out)
+        keys = _as_keys(block_hashes)
         start, step = 1, FIRST_CHUNK
         total = keys.size
         while start < total:

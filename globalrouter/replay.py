@@ -61,6 +61,9 @@ class ReplayConfig:
     """Seconds per request."""
     outcomes_path: str = ""
     """Writes one JSON line per request (index, pools, cached_blocks, ttft, ...) here, if set."""
+    explain: bool = False
+    """Asks Route (the dry run) right before each Generate and keeps its ranking in the outcome,
+    to see what the frontend believed when it chose (costs one more decision per request)."""
 
 
 @dataclass(slots=True)
@@ -77,6 +80,8 @@ class Outcome:
     pools: list[str] = field(default_factory=list)
     migrations: int = 0
     tokens: int = 0
+    ranking: list[tuple[str, int, float, float, float, float]] = field(default_factory=list)
+    """With `explain`: (pool, cached blocks, total, prefill, load, pending cost) best first."""
 
 
 @dataclass(slots=True)
@@ -144,6 +149,15 @@ async def _one(
     started = time.monotonic()
     out.lag = max(0.0, started - scheduled)
     try:
+        if config.explain:
+            route = await stub.Route(
+                router_pb2.RouteRequest(model=msg.model, prompt=msg.prompt, max_tokens=msg.max_tokens),
+                timeout=config.timeout,
+            )
+            out.ranking = [
+                (c.pool_id, c.cached_blocks, c.total_cost, c.prefill_cost, c.load_cost, c.pending_cost)
+                for c in route.candidates
+            ]
         async for response in stub.Generate(msg, timeout=config.timeout):
             if response.WhichOneof("payload") == "tokens":
                 if out.ttft is None and response.tokens.token_ids:
@@ -280,6 +294,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=positive_number, default=300.0, help="seconds per request")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--outcomes", default="", help="write each request's outcome as a JSON line to this file")
+    p.add_argument(
+        "--explain", action="store_true", help="dry-run Route before each request and keep its ranking (--outcomes)"
+    )
     p.set_defaults(func=run)
 
 
@@ -297,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
         ideal_capacity_blocks=args.ideal_capacity_blocks,
         timeout=args.timeout,
         outcomes_path=args.outcomes,
+        explain=args.explain,
     )
     result = asyncio.run(replay(trace, config))
     if args.json:
