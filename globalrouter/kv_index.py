@@ -59,6 +59,12 @@ def _as_keys(hashes: Iterable[int]) -> np.ndarray:
     return np.array(hashes, dtype=np.uint64)
 
 
+def _distinct(keys: np.ndarray) -> np.ndarray:
+    """The keys sorted, each once (np.unique hashes, which took a second per million here)."""
+    keys = np.sort(keys)
+    return keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if keys.size else keys
+
+
 class KvIndex:
     """Pool-level block sets keyed by source (one source = one relay telemetry stream)."""
 
@@ -191,28 +197,20 @@ class KvIndex:
             todo, b = todo[~placed], b[~placed]
             buckets[todo[full]] = (b[full] + 1) % nb
 
-    def _claims(self, buckets: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    @staticmethod
+    def _claims(buckets: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Which keys take a slot this round, and where: (positions, slot within the bucket).
-
-        A small batch sorts its keys by bucket and gives the k-th key of a bucket the bucket's
-        k-th free slot, so several keys share a bucket in one round. A big one (a snapshot, a
-        rebuild) lets one key per bucket win per round by scattering positions into a scratch
-        array (one write per bucket survives), so millions of keys are never sorted."""
+        Sorted by bucket, the k-th key of a bucket gets the bucket's k-th free slot, so a
+        bucket fills in one round however many keys it receives."""
         n = buckets.size
-        if n < 65_536:
-            order = np.argsort(buckets, kind="stable")
-            sb = buckets[order]
-            starts = np.flatnonzero(np.concatenate(([True], sb[1:] != sb[:-1])))
-            rank = np.empty(n, np.int64)
-            rank[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
-            ok = np.flatnonzero(rank < free.sum(axis=1))
-            nth = np.cumsum(free[ok], axis=1) == (rank[ok] + 1)[:, None]
-            return ok, (nth & free[ok]).argmax(axis=1)
-        has = np.flatnonzero(free.any(axis=1))
-        scratch = np.empty(self._cap // BUCKET, np.int64)
-        scratch[buckets[has]] = has
-        at = has[scratch[buckets[has]] == has]
-        return at, free[at].argmax(axis=1)
+        order = np.argsort(buckets, kind="stable")
+        sb = buckets[order]
+        starts = np.flatnonzero(np.concatenate(([True], sb[1:] != sb[:-1])))
+        rank = np.empty(n, np.int64)
+        rank[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+        ok = np.flatnonzero(rank < free.sum(axis=1))
+        nth = np.cumsum(free[ok], axis=1) == (rank[ok] + 1)[:, None]
+        return ok, (nth & free[ok]).argmax(axis=1)
 
     def _reserve(self, extra: int) -> None:
         """Rebuilds the table (live keys only) if `extra` new keys could push it past MAX_LOAD."""
@@ -223,7 +221,26 @@ class KvIndex:
         del live
         self._alloc(max(MIN_CAPACITY, math.ceil((keys.size + extra) / REBUILD_LOAD)))
         self._used = 0
-        self._place(keys, rows, reuse=False)
+        # The new table is empty: sorted by home bucket, the k-th key of a bucket takes its k-th
+        # slot directly (one sort instead of a round per key a bucket receives, each round
+        # reading every waiting key's bucket); only the few a full bucket overflows are probed.
+        buckets = self._home(keys)
+        order = np.argsort(buckets, kind="stable")
+        sb = buckets[order]
+        del buckets
+        n = sb.size
+        starts = np.flatnonzero(np.concatenate(([True], sb[1:] != sb[:-1])))
+        rank = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+        direct = rank < BUCKET
+        slots = sb[direct] * BUCKET + rank[direct]
+        placed = order[direct]
+        self._keys[slots] = keys[placed]
+        self._masks[slots] = rows[placed]
+        self._used = slots.size
+        rest = order[~direct]
+        del sb, rank, direct, slots, placed, order
+        if rest.size:
+            self._place(keys[rest], rows[rest], reuse=False)
 
     # ---- sources -------------------------------------------------------------------------------
     def _number_for(self, source: str) -> int:
@@ -273,7 +290,7 @@ class KvIndex:
         if not keys.size:
             return
         word, bit = n >> 6, np.uint64(1 << (n & 63))
-        keys = np.unique(keys)
+        keys = _distinct(keys)
         added = 0
         if keys[-1] == _EMPTY:  # sorted: the special key is last
             keys = keys[:-1]
@@ -299,7 +316,7 @@ class KvIndex:
         if not keys.size:
             return
         word, bit = n >> 6, np.uint64(1 << (n & 63))
-        keys = np.unique(keys)
+        keys = _distinct(keys)
         removed = 0
         if keys[-1] == _EMPTY:
             keys = keys[:-1]
