@@ -295,9 +295,13 @@ class KvIndex:
         if keys[-1] == _EMPTY:  # sorted: the special key is last
             keys = keys[:-1]
             added = self._set_special(word, bit, True)
-        self._reserve(keys.size)
         slots = self._find(keys)
         found = slots >= 0
+        absent = keys.size - int(np.count_nonzero(found))
+        if self._used + absent > MAX_LOAD * self._cap:  # only keys not in the table need room
+            self._reserve(absent)
+            slots = self._find(keys)
+            found = slots >= 0
         s = slots[found]
         rows = self._masks[s]
         fresh = (rows[:, word] & bit) == 0
