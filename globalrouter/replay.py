@@ -295,7 +295,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--outcomes", default="", help="write each request's outcome as a JSON line to this file")
     p.add_argument(
-        "--explain", action="store_true", help="dry-run Route before each request and keep its ranking (--outcomes)"
+        "--explain",
+        action="store_true",
+        help="dry-run Route before each request and keep its ranking (--outcomes)",
     )
     p.set_defaults(func=run)
 
