@@ -151,8 +151,13 @@ def main() -> int:
     parser.add_argument(
         "--capacity", type=int, default=4000, help="KV cache per pool, in 512-token trace blocks"
     )
-    parser.add_argument("--speedup", type=float, default=10.0, help="replay arrival times divided by this")
-    parser.add_argument("--rate", type=float, default=12_000.0, help="R: pool work tokens/s in trace time")
+    parser.add_argument("--speedup", type=float, default=4.0, help="replay arrival times divided by this")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=24_000.0,
+        help="R: pool work tokens/s in trace time (24,000: below saturation)",
+    )
     parser.add_argument("--max-output-tokens", type=int, default=16, help="cap on each request's output")
     parser.add_argument("--runs", type=int, default=2, help="live replays (their spread is the noise)")
     args = parser.parse_args()
