@@ -23,8 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from globalrouter.kv_index import KvIndex
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
 from globalrouter.selection import Selector, pool_overlaps
