@@ -1,135 +1,566 @@
-"""Pool-level KV block sets keyed by source, answering prefix overlaps in one pass over a prompt.
+"""Pool-level KV block sets keyed by source, in one open-addressing table over numpy arrays.
 
 One source is one relay telemetry stream (a pool may have several relay replicas, hence several
 sources). Each block hash maps to a bit mask of the sources holding it, so the leading-prefix
-overlap of every source comes out of a single walk over the prompt's block hashes: the walk
-keeps the mask of sources that held every block so far and stops when it becomes empty.
+overlap of every source comes out of one pass over the prompt's block hashes: the running AND
+of the masks keeps the sources that held every block so far, and the pass stops once it is 0.
 Block hashes are chained (a hash stands for its whole prefix), so the leading run is what a
 pool can reuse.
+
+Why this layout: a fleet holds tens of millions of blocks (64 pools x 1,000,000), and a Python
+dict of int -> int plus a set per source cost about 111 bytes per block. Here a block is one
+8-byte key plus one 8-byte mask word per 64 sources in two flat arrays (buckets of 8 slots,
+load kept between 0.55 and 0.8), so about 20 to 29 bytes per distinct block with up to 64 sources.
+A block no source holds any more stays as a tombstone (mask 0) that the next new key on its
+probe path reuses, and the table is rebuilt (live keys only) when used slots pass 0.8 of it.
+Lookups and batch updates are vectorised; a source's whole set is not kept apart, so replacing
+a non-empty source's snapshot or dropping a source clears its bit with one pass over the table.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+_EMPTY = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+"""Key of a never-used slot. The one block hash equal to it lives outside the table (_special)."""
+_EMPTY_INT = int(_EMPTY)
+_GOLDEN = np.uint64(0x9E37_79B9_7F4A_7C15)
+_GOLDEN_INT = int(_GOLDEN)
+_M64 = (1 << 64) - 1
+_SHIFT = np.uint64(32)
+MAX_LOAD = 0.8
+"""Used slots (live + tombstones) / capacity above which the table is rebuilt."""
+REBUILD_LOAD = 0.55
+"""Live slots / capacity right after a rebuild (between the two, memory and probe length trade)."""
+MIN_CAPACITY = 1024
+BUCKET = 8
+"""Slots per bucket (one 64-byte cache line of keys): a key lives in its home bucket or, when
+that is full, in the next one with room. Most lookups end in their home bucket; the few that
+go on are finished one key at a time (SCALAR_TAIL)."""
+SMALL = 64
+"""Deltas of at most this many keys and prompts of at most this many blocks go one key at a
+time through memoryviews: a vectorised batch costs dozens of numpy calls whatever its size."""
+SCALAR_TAIL = 16
+"""Keys left after vectorised rounds that are looked up one at a time (also whole small batches)."""
+FIRST_CHUNK = 1024
+"""Blocks looked up in the first vectorised step of a prefix walk (then doubling): a long prompt
+whose cached prefix is short stops after a few small steps instead of looking up every block."""
+
+
+def _as_keys(hashes: Iterable[int]) -> np.ndarray:
+    """Block hashes (64-bit unsigned ints) -> a uint64 array."""
+    if isinstance(hashes, np.ndarray):
+        return hashes.astype(np.uint64, copy=False)
+    if not isinstance(hashes, (list, tuple)):
+        hashes = list(hashes)
+    return np.array(hashes, dtype=np.uint64)
+
+
+def _distinct(keys: np.ndarray) -> np.ndarray:
+    """The keys sorted, each once (np.unique hashes, which took a second per million here)."""
+    keys = np.sort(keys)
+    return keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if keys.size else keys
 
 
 class KvIndex:
     """Pool-level block sets keyed by source (one source = one relay telemetry stream)."""
 
-    __slots__ = ("_bit", "_free_bits", "_holders", "_sets", "_source_of_bit")
+    __slots__ = (
+        "_cap",
+        "_counts",
+        "_free_numbers",
+        "_keys",
+        "_kmv",
+        "_live",
+        "_masks",
+        "_mmv",
+        "_names",
+        "_number",
+        "_special",
+        "_used",
+        "_words",
+    )
 
-    def __init__(self) -> None:
-        self._holders: dict[int, int] = {}
-        """Block hash -> bit mask of the sources holding it (never 0: such entries are deleted)."""
-        self._sets: dict[str, set[int]] = {}
-        """Source -> its block set (needed to replace or drop a source without a full scan)."""
-        self._bit: dict[str, int] = {}
-        """Source -> its bit (a power of two)."""
-        self._source_of_bit: dict[int, str] = {}
-        self._free_bits: list[int] = []
-        """Bits of dropped sources, reused so masks stay small."""
+    def __init__(self, capacity: int = MIN_CAPACITY) -> None:
+        self._words = 1
+        """Mask words per slot (64 sources each)."""
+        self._cap = 0
+        self._keys = np.empty(0, np.uint64)
+        self._masks = np.empty((0, 1), np.uint64)
+        self._kmv = self._mmv = memoryview(b"")
+        self._alloc(max(MIN_CAPACITY, capacity))
+        self._used = 0
+        """Slots whose key is set (live or tombstone)."""
+        self._live = 0
+        """Slots with a non-zero mask (distinct blocks some source holds), plus _special's."""
+        self._special = np.zeros(1, np.uint64)
+        """Mask of the one block hash that equals the empty-slot key."""
+        self._number: dict[str, int] = {}
+        """Source -> its number (bit `n & 63` of mask word `n >> 6`)."""
+        self._names: dict[int, str] = {}
+        self._counts: dict[str, int] = {}
+        """Source -> blocks it holds."""
+        self._free_numbers: list[int] = []
+        """Numbers of dropped sources, reused so masks stay narrow."""
+
+    def _alloc(self, capacity: int) -> None:
+        buckets = -(-capacity // BUCKET)
+        if buckets >= 1 << 32:
+            raise ValueError(f"KvIndex capacity {capacity} exceeds 2^32 buckets")
+        self._cap = buckets * BUCKET
+        self._keys = np.full(self._cap, _EMPTY, np.uint64)
+        self._masks = np.zeros((self._cap, self._words), np.uint64)
+        self._views()
+
+    def _views(self) -> None:
+        """Memoryviews of the arrays: one element of a memoryview reads and writes as a Python
+        int several times faster than numpy scalar indexing (the small-batch paths use them)."""
+        self._kmv = memoryview(self._keys)
+        self._mmv = memoryview(self._masks.reshape(-1))
+
+    # ---- slots ---------------------------------------------------------------------------------
+    def _home(self, keys: np.ndarray) -> np.ndarray:
+        """Home bucket of each key: the high bits of a multiplicative hash, scaled to the number
+        of buckets (keys may be small sequential ids, so they are mixed first)."""
+        mixed = (keys * _GOLDEN) >> _SHIFT
+        return ((mixed * np.uint64(self._cap // BUCKET)) >> _SHIFT).astype(np.int64)
+
+    def _find(self, keys: np.ndarray) -> np.ndarray:
+        """Slot of each key, -1 where absent (keys equal to _EMPTY are reported absent).
+
+        A key sits in its home bucket or, when that was full, in a later one; a bucket with an
+        empty slot ends the search. Each round compares a whole bucket per key at once, so the
+        rounds are few even at a load of 0.8 (one slot at a time, the longest probe run of a
+        thousand keys took dozens of rounds)."""
+        buckets = self._home(keys)
+        out = np.full(keys.size, -1, np.int64)
+        todo = np.arange(keys.size)
+        table, nb = self._keys.reshape(-1, BUCKET), self._cap // BUCKET
+        while todo.size > SCALAR_TAIL:
+            b = buckets[todo]
+            rows = table[b]
+            # A bucket's 16 comparisons are 16 bytes: read as two uint64 per key, non-zero is a
+            # hit and the set byte's index is the slot (numpy reductions over a short axis cost
+            # more than the comparisons themselves).
+            eq = (rows == keys[todo, None]).view(np.uint64)
+            lo, hi = eq[:, 0], eq[:, -1]
+            hit = (lo | hi) != 0
+            lo, hi = lo[hit], hi[hit]
+            pos = np.where(lo != 0, np.log2(lo | (lo == 0)), 64 + np.log2(hi | (hi == 0)))
+            out[todo[hit]] = b[hit] * BUCKET + (pos.astype(np.int64) >> 3)
+            empty = (rows == _EMPTY).view(np.uint64)
+            go = ~hit & ((empty[:, 0] | empty[:, -1]) == 0)
+            todo = todo[go]
+            buckets[todo] = (b[go] + 1) % nb
+        for i in todo.tolist():  # the few keys whose buckets overflowed, one at a time
+            out[i] = self._slot_of(int(keys[i]), int(buckets[i]))
+        out[keys == _EMPTY] = -1
+        return out
+
+    def _slot_of(self, key: int, bucket: int) -> int:
+        """Slot of one key searched from `bucket` on, -1 when absent (scalar: a few keys cost
+        less this way than a vectorised round each)."""
+        table, nb = self._kmv, self._cap // BUCKET
+        while True:
+            keys = table[bucket * BUCKET : (bucket + 1) * BUCKET].tolist()
+            if key in keys:
+                return bucket * BUCKET + keys.index(key)
+            if _EMPTY_INT in keys:
+                return -1
+            bucket = bucket + 1 if bucket + 1 < nb else 0
+
+    def _place(self, keys: np.ndarray, rows: np.ndarray, reuse: bool = True) -> None:
+        """Puts absent, distinct keys into free slots with masks `rows` (one row for all, or one
+        per key), each in the first bucket of its chain with a free slot: empty, or with `reuse`
+        a tombstone (the key was absent, so its lookups reach that bucket before stopping)."""
+        per_key = rows.ndim == 2
+        buckets = self._home(keys)
+        todo = np.arange(keys.size)
+        flat, masks, nb = self._keys, self._masks, self._cap // BUCKET
+        table = flat.reshape(-1, BUCKET)
+        while todo.size:
+            b = buckets[todo]
+            free = table[b] == _EMPTY
+            if reuse:
+                free |= ~masks.reshape(-1, BUCKET, self._words)[b].any(axis=2)
+            at, pos = self._claims(b, free)
+            slots = b[at] * BUCKET + pos
+            self._used += int(np.count_nonzero(flat[slots] == _EMPTY))
+            flat[slots] = keys[todo[at]]
+            masks[slots] = rows[todo[at]] if per_key else rows
+            placed = np.zeros(todo.size, bool)
+            placed[at] = True
+            full = ~free[~placed].any(axis=1)
+            todo, b = todo[~placed], b[~placed]
+            buckets[todo[full]] = (b[full] + 1) % nb
+
+    @staticmethod
+    def _claims(buckets: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which keys take a slot this round, and where: (positions, slot within the bucket).
+        Sorted by bucket, the k-th key of a bucket gets the bucket's k-th free slot, so a
+        bucket fills in one round however many keys it receives."""
+        n = buckets.size
+        order = np.argsort(buckets, kind="stable")
+        sb = buckets[order]
+        starts = np.flatnonzero(np.concatenate(([True], sb[1:] != sb[:-1])))
+        rank = np.empty(n, np.int64)
+        rank[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+        ok = np.flatnonzero(rank < free.sum(axis=1))
+        nth = np.cumsum(free[ok], axis=1) == (rank[ok] + 1)[:, None]
+        return ok, (nth & free[ok]).argmax(axis=1)
+
+    def _reserve(self, extra: int) -> None:
+        """Rebuilds the table (live keys only) if `extra` new keys could push it past MAX_LOAD."""
+        if self._used + extra <= MAX_LOAD * self._cap:
+            return
+        live = np.flatnonzero(self._masks.any(axis=1))
+        keys, rows = self._keys[live], self._masks[live]
+        del live
+        self._alloc(max(MIN_CAPACITY, math.ceil((keys.size + extra) / REBUILD_LOAD)))
+        self._used = 0
+        # The new table is empty: sorted by home bucket, the k-th key of a bucket takes its k-th
+        # slot directly (one sort instead of a round per key a bucket receives, each round
+        # reading every waiting key's bucket); only the few a full bucket overflows are probed.
+        buckets = self._home(keys)
+        order = np.argsort(buckets, kind="stable")
+        sb = buckets[order]
+        del buckets
+        n = sb.size
+        starts = np.flatnonzero(np.concatenate(([True], sb[1:] != sb[:-1])))
+        rank = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+        direct = rank < BUCKET
+        slots = sb[direct] * BUCKET + rank[direct]
+        placed = order[direct]
+        self._keys[slots] = keys[placed]
+        self._masks[slots] = rows[placed]
+        self._used = slots.size
+        rest = order[~direct]
+        del sb, rank, direct, slots, placed, order
+        if rest.size:
+            self._place(keys[rest], rows[rest], reuse=False)
+
+    # ---- sources -------------------------------------------------------------------------------
+    def _number_for(self, source: str) -> int:
+        n = self._number.get(source)
+        if n is None:
+            n = self._free_numbers.pop() if self._free_numbers else len(self._number)
+            if n >> 6 >= self._words:
+                self._widen(n // 64 + 1)
+            self._number[source] = n
+            self._names[n] = source
+            self._counts[source] = 0
+        return n
+
+    def _widen(self, words: int) -> None:
+        extra = words - self._words
+        self._masks = np.hstack([self._masks, np.zeros((self._cap, extra), np.uint64)])
+        self._special = np.concatenate([self._special, np.zeros(extra, np.uint64)])
+        self._words = words
+        self._views()
+
+    def _clear_bit(self, n: int) -> None:
+        """Removes source `n` from every block (one pass over the table)."""
+        word, bit = n >> 6, np.uint64(1 << (n & 63))
+        col = self._masks[:, word]
+        had = np.flatnonzero(col & bit)
+        if had.size:
+            col[had] &= ~bit
+            self._live -= int(np.count_nonzero(~self._masks[had].any(axis=1)))
+        self._set_special(word, bit, False)
+        self._counts[self._names[n]] = 0
 
     # ---- writers -------------------------------------------------------------------------------
-    def _bit_for(self, source: str) -> int:
-        bit = self._bit.get(source)
-        if bit is None:
-            bit = self._free_bits.pop() if self._free_bits else 1 << len(self._bit)
-            self._bit[source] = bit
-            self._source_of_bit[bit] = source
-            self._sets[source] = set()
-        return bit
+    def _set_special(self, word: int, bit: np.uint64, held: bool) -> int:
+        """Sets or clears a source's bit on the one block hash kept outside the table; returns
+        1 when that changed the source's set."""
+        if bool(self._special[word] & bit) == held:
+            return 0
+        was_held = bool(self._special.any())
+        if held:
+            self._special[word] |= bit
+        else:
+            self._special[word] &= ~bit
+        self._live += int(self._special.any()) - int(was_held)
+        return 1
 
-    def _add(self, bit: int, blocks: set[int], hashes: Iterable[int]) -> None:
-        holders = self._holders
-        for h in hashes:
-            if h not in blocks:
-                blocks.add(h)
-                holders[h] = holders.get(h, 0) | bit
+    def _add(self, n: int, keys: np.ndarray) -> None:
+        if not keys.size:
+            return
+        word, bit = n >> 6, np.uint64(1 << (n & 63))
+        keys = _distinct(keys)
+        added = 0
+        if keys[-1] == _EMPTY:  # sorted: the special key is last
+            keys = keys[:-1]
+            added = self._set_special(word, bit, True)
+        slots = self._find(keys)
+        found = slots >= 0
+        absent = keys.size - int(np.count_nonzero(found))
+        if self._used + absent > MAX_LOAD * self._cap:  # only keys not in the table need room
+            self._reserve(absent)
+            slots = self._find(keys)
+            found = slots >= 0
+        s = slots[found]
+        rows = self._masks[s]
+        fresh = (rows[:, word] & bit) == 0
+        s = s[fresh]
+        self._live += int(np.count_nonzero(~rows[fresh].any(axis=1)))
+        self._masks[s, word] |= bit
+        new = keys[~found]
+        if new.size:
+            row = np.zeros(self._words, np.uint64)
+            row[word] = bit
+            self._place(new, row)
+            self._live += new.size
+        self._counts[self._names[n]] += added + s.size + new.size
 
-    def _remove(self, bit: int, blocks: set[int], hashes: Iterable[int]) -> None:
-        holders = self._holders
-        keep = ~bit
-        for h in hashes:
-            if h in blocks:
-                blocks.discard(h)
-                mask = holders[h] & keep
-                if mask:
-                    holders[h] = mask
-                else:
-                    del holders[h]
+    def _remove(self, n: int, keys: np.ndarray) -> None:
+        if not keys.size:
+            return
+        word, bit = n >> 6, np.uint64(1 << (n & 63))
+        keys = _distinct(keys)
+        removed = 0
+        if keys[-1] == _EMPTY:
+            keys = keys[:-1]
+            removed = self._set_special(word, bit, False)
+        slots = self._find(keys)
+        s = slots[slots >= 0]
+        s = s[(self._masks[s, word] & bit) != 0]
+        if s.size:
+            self._masks[s, word] &= ~bit
+            self._live -= int(np.count_nonzero(~self._masks[s].any(axis=1)))
+        self._counts[self._names[n]] -= removed + s.size
+
+    def _row_zero(self, slot: int) -> bool:
+        words = self._words
+        if words == 1:
+            return self._mmv[slot] == 0
+        return not any(self._mmv[slot * words : (slot + 1) * words].tolist())
+
+    def _add_small(self, n: int, keys: set[int]) -> None:
+        """`_add` one key at a time, for a delta's few keys (a vectorised batch costs dozens of
+        numpy calls whatever its size)."""
+        word, bit, words = n >> 6, 1 << (n & 63), self._words
+        added = 0
+        if _EMPTY_INT in keys:
+            keys.discard(_EMPTY_INT)
+            added = self._set_special(word, np.uint64(bit), True)
+        self._reserve(len(keys))
+        km, mm, nb = self._kmv, self._mmv, self._cap // BUCKET
+        for h in keys:
+            b = ((((h * _GOLDEN_INT) & _M64) >> 32) * nb) >> 32
+            free = -1
+            while True:
+                base = b * BUCKET
+                ks = km[base : base + BUCKET].tolist()
+                if h in ks:
+                    i = (base + ks.index(h)) * words + word
+                    m = mm[i]
+                    if not m & bit:
+                        self._live += self._row_zero(base + ks.index(h))
+                        mm[i] = m | bit
+                        added += 1
+                    break
+                if free < 0:  # the chain's first empty or tombstone slot (its mask is 0)
+                    ms = mm[base * words : (base + BUCKET) * words].tolist()
+                    if words > 1:
+                        ms = [any(ms[j * words : (j + 1) * words]) for j in range(BUCKET)]
+                    if 0 in ms:
+                        free = base + ms.index(0)
+                if _EMPTY_INT in ks:  # absent: it takes that slot
+                    self._used += km[free] == _EMPTY_INT
+                    km[free] = h
+                    mm[free * words + word] = bit
+                    self._live += 1
+                    added += 1
+                    break
+                b = b + 1 if b + 1 < nb else 0
+        self._counts[self._names[n]] += added
+
+    def _remove_small(self, n: int, keys: set[int]) -> None:
+        """`_remove` one key at a time (see `_add_small`)."""
+        word, bit, words = n >> 6, 1 << (n & 63), self._words
+        removed = 0
+        if _EMPTY_INT in keys:
+            keys.discard(_EMPTY_INT)
+            removed = self._set_special(word, np.uint64(bit), False)
+        mm, nb = self._mmv, self._cap // BUCKET
+        for h in keys:
+            slot = self._slot_of(h, ((((h * _GOLDEN_INT) & _M64) >> 32) * nb) >> 32)
+            if slot < 0:
+                continue
+            i = slot * words + word
+            m = mm[i]
+            if m & bit:
+                mm[i] = m ^ bit
+                removed += 1
+                self._live -= self._row_zero(slot)
+        self._counts[self._names[n]] -= removed
 
     def apply_snapshot(self, source: str, hashes: Iterable[int]) -> None:
         """Replaces the source's whole block set (a stream's snapshot, once its last chunk is in)."""
-        bit = self._bit_for(source)
-        blocks = self._sets[source]
-        new = hashes if isinstance(hashes, (set, frozenset)) else set(hashes)
-        self._remove(bit, blocks, [h for h in blocks if h not in new])
-        self._add(bit, blocks, new)
+        n = self._number_for(source)
+        if self._counts[source]:
+            self._clear_bit(n)
+        self._add(n, _as_keys(hashes))
 
     def apply_delta(self, source: str, stored: Iterable[int], removed: Iterable[int]) -> None:
         """Applies one batch of 0<->1 transitions: `removed` first, then `stored`, so a block a
         batch both drops and re-adds ends up held."""
-        bit = self._bit_for(source)
-        blocks = self._sets[source]
-        self._remove(bit, blocks, removed)
-        self._add(bit, blocks, stored)
+        n = self._number_for(source)
+        if not isinstance(stored, (list, tuple, set)):
+            stored = list(stored)
+        if not isinstance(removed, (list, tuple, set)):
+            removed = list(removed)
+        if len(stored) + len(removed) <= SMALL:
+            self._remove_small(n, set(removed))
+            self._add_small(n, set(stored))
+        else:
+            self._remove(n, _as_keys(removed))
+            self._add(n, _as_keys(stored))
 
     def drop_source(self, source: str) -> None:
         """Forgets one source (its stream broke); other sources, even of the same pool, stay."""
-        bit = self._bit.pop(source, None)
-        if bit is None:
+        n = self._number.get(source)
+        if n is None:
             return
-        blocks = self._sets.pop(source)
-        self._remove(bit, set(blocks), blocks)
-        del self._source_of_bit[bit]
-        self._free_bits.append(bit)
+        if self._counts[source]:
+            self._clear_bit(n)
+        del self._number[source], self._names[n], self._counts[source]
+        self._free_numbers.append(n)
 
     # ---- readers -------------------------------------------------------------------------------
     def sources(self) -> list[str]:
         """Sources with state in the index, sorted."""
-        return sorted(self._bit)
+        return sorted(self._number)
 
     def block_count(self, source: str) -> int:
         """Blocks the source holds (0 for an unknown source)."""
-        blocks = self._sets.get(source)
-        return len(blocks) if blocks is not None else 0
+        return self._counts.get(source, 0)
+
+    def total_blocks(self) -> int:
+        """Distinct block hashes held by any source."""
+        return self._live
+
+    def memory_bytes(self) -> int:
+        """Bytes of the table's arrays (what grows with the number of blocks)."""
+        return self._keys.nbytes + self._masks.nbytes
+
+    def _mask_of(self, block_hash: int) -> int:
+        """The mask of one block as a Python int (all words), 0 when no source holds it."""
+        if block_hash == _EMPTY_INT:
+            row = self._special
+        else:
+            nb = self._cap // BUCKET
+            slot = self._slot_of(block_hash, ((((block_hash * _GOLDEN_INT) & _M64) >> 32) * nb) >> 32)
+            if slot < 0:
+                return 0
+            words = self._words
+            if words == 1:
+                return self._mmv[slot]
+            row = self._mmv[slot * words : (slot + 1) * words].tolist()
+        out = 0
+        for w, value in enumerate(row):
+            out |= int(value) << (64 * w)
+        return out
 
     def holds(self, block_hash: int) -> bool:
         """Whether any source holds this block (a prompt whose first block no source holds has no
         cached prefix anywhere, so the rest of it need not even be hashed)."""
-        return block_hash in self._holders
+        return self._mask_of(block_hash) != 0
 
-    def total_blocks(self) -> int:
-        """Distinct block hashes held by any source."""
-        return len(self._holders)
+    def _rows(self, keys: np.ndarray) -> np.ndarray:
+        """Masks of the keys (zero rows where absent)."""
+        slots = self._find(keys)
+        rows = self._masks[slots]  # -1 reads the last slot: zeroed below
+        rows[slots < 0] = 0
+        special = keys == _EMPTY
+        if special.any():
+            rows[special] = self._special
+        return rows
 
-    def prefix_overlaps(self, block_hashes: Sequence[int]) -> dict[str, int]:
-        """Source -> leading blocks of the prompt it holds (sources with 0 omitted).
-
-        One pass over the prompt's blocks, whatever the number of sources.
-        """
-        holders = self._holders
-        if not block_hashes:
-            return {}
-        alive = holders.get(block_hashes[0], 0)
-        if not alive:
-            return {}
-        out: dict[str, int] = {}
-        names = self._source_of_bit
+    def _walk(self, block_hashes: Sequence[int], alive: int, out: dict[str, int]) -> dict[str, int]:
+        """The prefix walk one block at a time, for a short prompt."""
+        names, mask_of = self._names, self._mask_of
+        km, mm, nb = self._kmv, self._mmv, self._cap // BUCKET
+        inline = self._words == 1  # the common case, inlined: a method call per block showed
         for i in range(1, len(block_hashes)):
-            mask = alive & holders.get(block_hashes[i], 0)
+            h = block_hashes[i]
+            if inline and h != _EMPTY_INT:
+                b = ((((h * _GOLDEN_INT) & _M64) >> 32) * nb) >> 32
+                while True:
+                    ks = km[b * BUCKET : b * BUCKET + BUCKET].tolist()
+                    if h in ks:
+                        held = mm[b * BUCKET + ks.index(h)]
+                        break
+                    if _EMPTY_INT in ks:
+                        held = 0
+                        break
+                    b = b + 1 if b + 1 < nb else 0
+            else:
+                held = mask_of(h)
+            mask = alive & held
             if mask != alive:
                 gone = alive & ~mask
                 while gone:
                     low = gone & -gone
-                    out[names[low]] = i
+                    out[names[low.bit_length() - 1]] = i
                     gone ^= low
                 alive = mask
                 if not alive:
                     return out
-        whole = len(block_hashes)
         while alive:
             low = alive & -alive
-            out[names[low]] = whole
+            out[names[low.bit_length() - 1]] = len(block_hashes)
+            alive ^= low
+        return out
+
+    def prefix_overlaps(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """Source -> leading blocks of the prompt it holds (sources with 0 omitted).
+
+        One pass over the prompt's blocks, whatever the number of sources, in vectorised steps
+        (1,024 blocks, then doubling) that stop once no source holds the prefix.
+        """
+        if not len(block_hashes):
+            return {}
+        alive = self._mask_of(block_hashes[0])
+        if not alive:
+            return {}
+        out: dict[str, int] = {}
+        names, words = self._names, self._words
+        if len(block_hashes) <= SMALL:
+            return self._walk(block_hashes, alive, out)
+        keys = _as_keys(block_hashes)
+        start, step = 1, FIRST_CHUNK
+        total = keys.size
+        while start < total:
+            end = min(total, start + step)
+            rows = self._rows(keys[start:end])
+            if words == 1:
+                acc = np.bitwise_and.accumulate(rows[:, 0] & np.uint64(alive))
+                changed = np.flatnonzero(acc[1:] != acc[:-1]) + 1
+                marks = [(0, int(acc[0]))] + [(int(i), int(acc[i])) for i in changed]
+            else:
+                head = np.array([(alive >> (64 * w)) & _M64 for w in range(words)], np.uint64)
+                acc = np.bitwise_and.accumulate(rows & head, axis=0)
+                changed = np.flatnonzero((acc[1:] != acc[:-1]).any(axis=1)) + 1
+                marks = [
+                    (int(i), sum(int(acc[i, w]) << (64 * w) for w in range(words))) for i in [0, *changed]
+                ]
+            for i, mask in marks:
+                gone = alive & ~mask
+                while gone:
+                    low = gone & -gone
+                    out[names[low.bit_length() - 1]] = start + i
+                    gone ^= low
+                alive = mask
+            if not alive:
+                return out
+            start, step = end, step * 2
+        while alive:
+            low = alive & -alive
+            out[names[low.bit_length() - 1]] = total
             alive ^= low
         return out

@@ -59,6 +59,11 @@ class ReplayConfig:
     """Trace blocks of the ideal single cache (0: unlimited)."""
     timeout: float = 300.0
     """Seconds per request."""
+    outcomes_path: str = ""
+    """Writes one JSON line per request (index, pools, cached_blocks, ttft, ...) here, if set."""
+    explain: bool = False
+    """Asks Route (the dry run) right before each Generate and keeps its ranking in the outcome,
+    to see what the frontend believed when it chose (costs one more decision per request)."""
 
 
 @dataclass(slots=True)
@@ -75,6 +80,8 @@ class Outcome:
     pools: list[str] = field(default_factory=list)
     migrations: int = 0
     tokens: int = 0
+    ranking: list[tuple[str, int, float, float, float, float]] = field(default_factory=list)
+    """With `explain`: (pool, cached blocks, total, prefill, load, pending cost) best first."""
 
 
 @dataclass(slots=True)
@@ -118,26 +125,39 @@ def prompt_tokens(request: TraceRequest) -> list[int]:
     return out[: request.input_length]
 
 
-async def _one(
-    stub: router_pb2_grpc.RouterServiceAsyncStub,
-    config: ReplayConfig,
-    index: int,
-    request: TraceRequest,
-    scheduled: float,
-) -> Outcome:
-    out = Outcome(index=index)
+def generate_request(config: ReplayConfig, index: int, request: TraceRequest) -> router_pb2.GenerateRequest:
+    """The Generate call a trace request becomes (its prompt tokens, its output capped)."""
     max_tokens = max(1, request.output_length)
     if config.max_output_tokens:
         max_tokens = min(max_tokens, config.max_output_tokens)
-    msg = router_pb2.GenerateRequest(
+    return router_pb2.GenerateRequest(
         model=config.model,
         prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=prompt_tokens(request))),
         max_tokens=max_tokens,
         request_id=f"replay-{index}",
     )
+
+
+async def _one(
+    stub: router_pb2_grpc.RouterServiceAsyncStub,
+    config: ReplayConfig,
+    index: int,
+    msg: router_pb2.GenerateRequest,
+    scheduled: float,
+) -> Outcome:
+    out = Outcome(index=index)
     started = time.monotonic()
     out.lag = max(0.0, started - scheduled)
     try:
+        if config.explain:
+            route = await stub.Route(
+                router_pb2.RouteRequest(model=msg.model, prompt=msg.prompt, max_tokens=msg.max_tokens),
+                timeout=config.timeout,
+            )
+            out.ranking = [
+                (c.pool_id, c.cached_blocks, c.total_cost, c.prefill_cost, c.load_cost, c.pending_cost)
+                for c in route.candidates
+            ]
         async for response in stub.Generate(msg, timeout=config.timeout):
             if response.WhichOneof("payload") == "tokens":
                 if out.ttft is None and response.tokens.token_ids:
@@ -159,6 +179,10 @@ async def replay(trace: Sequence[TraceRequest], config: ReplayConfig) -> ReplayR
     """Replays `trace` (already cut to the limit) through the frontend at `config.router`."""
     limiter = asyncio.Semaphore(config.concurrency)
     outcomes: list[Outcome] = []
+    # Built before the clock starts: building a long prompt's tokens and message takes
+    # milliseconds, and doing it on schedule made the client fall seconds behind a fast replay
+    # (bursts the trace does not have).
+    messages = [generate_request(config, i, r) for i, r in enumerate(trace)]
     started = time.monotonic()
     base = trace[0].arrival if trace else 0.0
     async with aio_channel(config.router) as channel:
@@ -166,7 +190,7 @@ async def replay(trace: Sequence[TraceRequest], config: ReplayConfig) -> ReplayR
 
         async def run(i: int, r: TraceRequest, scheduled: float) -> None:
             try:
-                outcomes.append(await _one(stub, config, i, r, scheduled))
+                outcomes.append(await _one(stub, config, i, messages[i], scheduled))
             finally:
                 limiter.release()
 
@@ -179,7 +203,16 @@ async def replay(trace: Sequence[TraceRequest], config: ReplayConfig) -> ReplayR
             await limiter.acquire()
             tasks.append(asyncio.create_task(run(i, r, scheduled)))
         await asyncio.gather(*tasks)
+    if config.outcomes_path:
+        await asyncio.to_thread(write_outcomes, config.outcomes_path, outcomes)
     return summarize(trace, outcomes, config, time.monotonic() - started)
+
+
+def write_outcomes(path: str, outcomes: Sequence[Outcome]) -> None:
+    """One JSON object per request, in trace order (for comparing placements with the simulator)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for o in sorted(outcomes, key=lambda o: o.index):
+            f.write(json.dumps(asdict(o)) + "\n")
 
 
 def summarize(
@@ -260,6 +293,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--timeout", type=positive_number, default=300.0, help="seconds per request")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--outcomes", default="", help="write each request's outcome as a JSON line to this file")
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="dry-run Route before each request and keep its ranking (--outcomes)",
+    )
     p.set_defaults(func=run)
 
 
@@ -276,6 +315,8 @@ def run(args: argparse.Namespace) -> int:
         max_output_tokens=args.max_output_tokens,
         ideal_capacity_blocks=args.ideal_capacity_blocks,
         timeout=args.timeout,
+        outcomes_path=args.outcomes,
+        explain=args.explain,
     )
     result = asyncio.run(replay(trace, config))
     if args.json:

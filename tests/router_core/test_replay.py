@@ -64,6 +64,16 @@ class FakeRouter(router_pb2_grpc.RouterServiceServicer):
         finally:
             self.in_flight -= 1
 
+    async def Route(self, request, context):
+        first = request.prompt.token_ids.ids[0]
+        ranked = ["pool-a", "pool-b"] if first % 2 == 0 else ["pool-b", "pool-a"]
+        return router_pb2.RouteResponse(
+            candidates=[
+                router_pb2.Candidate(pool_id=p, rank=i + 1, total_cost=float(i), cached_blocks=3 - i)
+                for i, p in enumerate(ranked)
+            ]
+        )
+
 
 @pytest.fixture
 async def fake_router():
@@ -146,3 +156,22 @@ async def test_cli_json_and_errors(fake_router, tmp_path, capsys):
     assert await asyncio.to_thread(main, [*argv, "--model", "nope"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] == 0 and out["errors"] == {"NOT_FOUND": 2}
+
+
+async def test_outcomes_file_keeps_each_request_in_trace_order_with_the_explained_ranking(
+    fake_router, tmp_path
+):
+    _, target = fake_router
+    trace = [TraceRequest(0.01 * i, 600, 4, (i % 3, 10 + i)) for i in range(6)]
+    path = tmp_path / "outcomes.jsonl"
+    await replay(
+        trace, ReplayConfig(router=target, model="m", speedup=10.0, explain=True, outcomes_path=str(path))
+    )
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(6))
+    for r, req in zip(rows, trace, strict=True):
+        first = prompt_tokens(req)[0]
+        expected = "pool-a" if first % 2 == 0 else "pool-b"
+        assert r["pools"] == [expected]
+        assert r["ranking"][0][0] == expected  # what Route said just before
+        assert r["ranking"][0][1] == 3
