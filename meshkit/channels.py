@@ -1,4 +1,8 @@
-"""Client channels: one way to turn a URL or HOST:PORT into a gRPC channel with shared keepalive."""
+"""Client channels: one way to turn a URL or HOST:PORT into a gRPC channel with shared keepalive and TLS.
+
+A process that was given TLS flags (meshkit.cli.security_config) dials every peer over TLS with its
+own certificate, whatever scheme a URL names: a mesh configured for TLS never falls back to plain text.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,35 @@ from urllib.parse import urlsplit
 import grpc
 
 from meshkit.keepalive import CLIENT_OPTIONS
+from meshkit.tls import SecurityConfig, channel_credentials
+
+_security = SecurityConfig()
+_credentials: grpc.ChannelCredentials | None = None
+
+
+def use_security(config: SecurityConfig) -> None:
+    """Sets how this process dials its peers (once, at start, from its flags)."""
+    global _security, _credentials
+    _security = config
+    _credentials = None
+
+
+def client_security() -> SecurityConfig:
+    """The process's client security settings."""
+    return _security
+
+
+def _tls_credentials() -> grpc.ChannelCredentials:
+    """The process's channel credentials (read once; API key added as `authorization: Bearer`)."""
+    global _credentials
+    if _credentials is None:
+        creds = channel_credentials(_security)
+        if _security.api_key:
+            with open(_security.api_key) as f:
+                token = f.read().strip()
+            creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+        _credentials = creds
+    return _credentials
 
 
 def url_to_target(url: str) -> tuple[str, bool]:
@@ -16,17 +49,17 @@ def url_to_target(url: str) -> tuple[str, bool]:
         host = parts.hostname or ""
         if ":" in host:  # IPv6 literal
             host = f"[{host}]"
-        tls = parts.scheme == "https"
-        port = parts.port or (443 if tls else 80)  # a URL without a port means the scheme's default
-        return f"{host}:{port}", tls
-    return url, False
+        scheme_tls = parts.scheme == "https"
+        port = parts.port or (443 if scheme_tls else 80)  # a URL without a port means the scheme's default
+        return f"{host}:{port}", scheme_tls or _security.dials_tls
+    return url, _security.dials_tls
 
 
 def aio_channel(url: str) -> grpc.aio.Channel:
     """An asyncio channel to `url` (a URL or HOST:PORT) with the shared keepalive options."""
     target, tls = url_to_target(url)
     if tls:
-        return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), options=CLIENT_OPTIONS)
+        return grpc.aio.secure_channel(target, _tls_credentials(), options=CLIENT_OPTIONS)
     return grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS)
 
 
@@ -34,5 +67,5 @@ def sync_channel(url: str) -> grpc.Channel:
     """A blocking channel to `url` (for CLIs and tests) with the shared keepalive options."""
     target, tls = url_to_target(url)
     if tls:
-        return grpc.secure_channel(target, grpc.ssl_channel_credentials(), options=CLIENT_OPTIONS)
+        return grpc.secure_channel(target, _tls_credentials(), options=CLIENT_OPTIONS)
     return grpc.insecure_channel(target, options=CLIENT_OPTIONS)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from meshkit.channels import use_security
+from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig
 from meshkit.validation import Violations, check_identifier, url_problem
 
 
@@ -91,3 +93,50 @@ def identifier(value: str) -> str:
     if v:
         raise argparse.ArgumentTypeError("; ".join(d for _f, d in v.items))
     return value
+
+
+def add_security_flags(parser: argparse.ArgumentParser, *, server: bool = True) -> None:
+    """The TLS, identity and API-key flags, named the same on every binary (`server`: also --insecure, --api-keys)."""
+    group = parser.add_argument_group("security")
+    group.add_argument("--tls-cert", default="", metavar="PEM", help="certificate this process presents")
+    group.add_argument("--tls-key", default="", metavar="PEM", help="private key of --tls-cert")
+    group.add_argument(
+        "--tls-ca", default="", metavar="PEM", help="CA that peers' certificates must chain to (mutual TLS)"
+    )
+    group.add_argument(
+        "--trust-domain",
+        type=identifier,
+        default=DEFAULT_TRUST_DOMAIN,
+        help="SPIFFE trust domain of peer identities (default %(default)s)",
+    )
+    group.add_argument(
+        "--api-key-file", default="", metavar="FILE", help="file holding the API key to send as a client"
+    )
+    if server:
+        group.add_argument(
+            "--api-keys", default="", metavar="FILE", help="client API keys, one `NAME sha256:HEX` a line"
+        )
+        group.add_argument(
+            "--insecure",
+            action="store_true",
+            help="allow listening on a non-loopback address without TLS (logged as a warning)",
+        )
+
+
+def security_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SecurityConfig:
+    """The SecurityConfig the security flags name (parser.error when they are wrong); also sets how
+    this process dials its peers."""
+    config = SecurityConfig(
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
+        trust_domain=args.trust_domain,
+        api_keys=getattr(args, "api_keys", ""),
+        api_key=args.api_key_file,
+        insecure=getattr(args, "insecure", False),
+    )
+    problems = config.problems()
+    if problems:
+        parser.error("; ".join(problems))
+    use_security(config)
+    return config

@@ -1,4 +1,4 @@
-"""Server bootstrap shared by every service: health, reflection, keepalive, SIGTERM → graceful stop.
+"""Server bootstrap shared by every service: TLS, authorization, health, reflection, keepalive, SIGTERM → graceful stop.
 
 Follows grpc's examples/python asyncio idioms: `create_server(addr) -> (server, port)` builds and
 binds without starting; `serve_until_signalled()` starts, waits for SIGTERM/SIGINT, flips health to
@@ -17,8 +17,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from meshkit.authz import Authorizer
 from meshkit.keepalive import SERVER_OPTIONS
+from meshkit.limits import size_cap_interceptor
 from meshkit.logs import get_logger
+from meshkit.tls import SecurityConfig, ServerCertificates, is_loopback
 from meshkit.wire import ParseRequests
 
 log = get_logger(module="meshkit.server")
@@ -32,6 +35,10 @@ class ServerHandle:
     port: int
     health: health.aio.HealthServicer
     service_names: list[str] = field(default_factory=list)
+    authorizer: Authorizer | None = None
+    """Who may call what on this server (enforcing only when TLS or API keys are configured)."""
+    certificates: ServerCertificates | None = None
+    """The server certificate, re-read on change or SIGHUP (None without TLS)."""
 
     async def set_serving(self, serving: bool) -> None:
         """Sets every service's health (and the overall "" entry) to SERVING or NOT_SERVING."""
@@ -47,14 +54,36 @@ def create_server(
     register: Callable[[grpc.aio.Server], Iterable[str]],
     *,
     interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+    security: SecurityConfig | None = None,
+    authorizer: Authorizer | None = None,
 ) -> ServerHandle:
     """Builds an aio server bound to `listen` (HOST:PORT; port 0 picks a free one).
 
     `register(server)` adds the service's servicers and returns their full service names, which
     get health entries and reflection. Raises RuntimeError naming the address when it cannot bind.
+
+    With `security.tls` it serves TLS (mutual with a CA) and every call is authorized by
+    `authorizer` (one is made from `security` when not given). Without TLS it binds only to
+    loopback unless `security.insecure` says otherwise, and then says so in its log.
     """
-    # ParseRequests last (innermost): a request that does not parse is INVALID_ARGUMENT, not UNKNOWN.
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[*interceptors, ParseRequests()])
+    security = security or SecurityConfig()
+    if security.tls_ca and not security.tls:
+        raise RuntimeError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key to serve")
+    if not security.tls and not is_loopback(listen):
+        if not security.insecure:
+            raise RuntimeError(
+                f"cannot listen on {listen} without TLS: give --tls-cert and --tls-key (and --tls-ca "
+                "for mutual TLS), listen on 127.0.0.1, or pass --insecure"
+            )
+        log.warning("serving WITHOUT TLS on a non-loopback address (--insecure)", listen=listen)
+    authorizer = authorizer or Authorizer(security, service="mesh")
+    # Outermost first. ParseRequests parses (a request that does not parse is INVALID_ARGUMENT, not
+    # UNKNOWN) and hands parsed requests to the authorization and size checks inside it; each of
+    # these wraps a method's handler once, so ParseRequests sees one handler object per method.
+    server = grpc.aio.server(
+        options=SERVER_OPTIONS,
+        interceptors=[ParseRequests(), authorizer.interceptor(), size_cap_interceptor(), *interceptors],
+    )
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -62,13 +91,24 @@ def create_server(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
         server,
     )
+    certificates = ServerCertificates(security) if security.tls else None
     try:
-        port = server.add_insecure_port(listen)
+        if certificates is not None:
+            port = server.add_secure_port(listen, certificates.credentials())
+        else:
+            port = server.add_insecure_port(listen)
     except RuntimeError as exc:
         raise RuntimeError(f"cannot listen on {listen}: {exc}") from exc
     if port == 0:
         raise RuntimeError(f"cannot listen on {listen}: address in use or invalid")
-    return ServerHandle(server=server, port=port, health=health_servicer, service_names=names)
+    return ServerHandle(
+        server=server,
+        port=port,
+        health=health_servicer,
+        service_names=names,
+        authorizer=authorizer,
+        certificates=certificates,
+    )
 
 
 async def serve_until_signalled(
@@ -90,6 +130,9 @@ async def serve_until_signalled(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if handle.certificates is not None:
+        # SIGHUP: re-read the certificate before the next handshake (open connections keep theirs).
+        loop.add_signal_handler(signal.SIGHUP, handle.certificates.request_reload)
     await handle.server.start()
     await handle.set_serving(True)
     await stop.wait()
@@ -98,7 +141,7 @@ async def serve_until_signalled(
     await _run_hooks(on_stop)
     await handle.server.stop(grace)
     await _run_hooks(after_stop)
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.remove_signal_handler(sig)
 
 

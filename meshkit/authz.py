@@ -1,0 +1,250 @@
+"""The mesh's one authorization table (which role may call which RPC on which resource) and its enforcement.
+
+Every service installs the same interceptor. It establishes who calls (SPIFFE id of the peer's
+certificate, or a client API key) and checks the table before the handler runs, so a refused call
+changes nothing. Requests carried by a client stream (lease renewals, telemetry) are checked
+message by message by the servicer through `Authorizer.check_message`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections import Counter as Tally
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter
+
+from meshkit.errors import Reason, grpc_status_for
+from meshkit.guards import CheckingInterceptor
+from meshkit.identity import ApiKeys, Identity, IdentityError, Role, bearer_token, identity_from_uris
+from meshkit.logs import get_logger
+from meshkit.tls import SecurityConfig
+
+log = get_logger(module="meshkit.authz")
+
+_ALL = frozenset(Role)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Who may call one RPC, and which request fields must name the caller itself."""
+
+    roles: frozenset[Role]
+    pool_field: str = ""
+    """A request field (dotted path) that must equal the calling relay's pool."""
+    name_field: str = ""
+    """A request field (dotted path) that must equal the caller's own name (relay id, frontend id)."""
+    per_message: bool = False
+    """A client stream: the servicer checks each request message with check_message()."""
+    note: str = ""
+    """Why, for SECURITY.md."""
+
+
+def _rule(*roles: Role, pool: str = "", name: str = "", stream: bool = False, note: str = "") -> Rule:
+    return Rule(frozenset(roles), pool_field=pool, name_field=name, per_message=stream, note=note)
+
+
+R, F, A, C = Role.RELAY, Role.FRONTEND, Role.ADMIN, Role.CLIENT
+
+_D = "/globaldiscovery.v1.DiscoveryService/"
+_T = "/poolrelay.v1.TelemetryService/"
+_E = "/poolrelay.v1.PoolEventsService/"
+_S = "/poolrelay.v1.RelayStatusService/"
+_G = "/globalrouter.v1.RouterService/"
+_P = "/globalrouter.v1.PoolFrontendService/"
+_M = "/mocker.v1.MockerAdminService/"
+
+TABLE: Mapping[str, Rule] = {
+    # Global discovery.
+    _D + "RegisterPool": _rule(R, pool="pool_id", name="relay_id", note="a relay of the pool, as itself"),
+    _D + "KeepAlivePools": _rule(
+        R, pool="register.pool_id", name="register.relay_id", stream=True, note="each renewal checked"
+    ),
+    _D + "UnregisterPool": _rule(R, pool="pool_id", name="relay_id", note="a relay of the pool, as itself"),
+    _D + "DrainPool": _rule(A, note="operators only"),
+    _D + "RemovePool": _rule(A, note="operators only"),
+    _D + "RegisterFrontend": _rule(F, name="frontend_id", note="a frontend, as itself"),
+    _D + "UnregisterFrontend": _rule(F, name="frontend_id", note="a frontend, as itself"),
+    _D + "ListPools": _rule(R, F, A, C, note="the directory is readable by every identity"),
+    _D + "WatchPools": _rule(F, A, C, note="frontends follow the directory"),
+    _D + "ListFrontends": _rule(R, F, A, note="relays find the frontends to stream to"),
+    # Global frontend.
+    _G + "Generate": _rule(C, note="clients (certificate or API key)"),
+    _G + "Route": _rule(C, note="clients (certificate or API key)"),
+    _G + "ListPools": _rule(C, note="clients (certificate or API key)"),
+    _T + "PublishPoolTelemetry": _rule(
+        R, pool="hello.pool_id", name="hello.relay_id", stream=True, note="the hello names the caller's pool"
+    ),
+    # Pool side (mocker pool frontend, relay status).
+    _P + "Generate": _rule(F, note="global frontends send work to pools"),
+    _E + "WatchPoolStatus": _rule(R, note="the pool's relays read its state"),
+    _E + "WatchKvEvents": _rule(R, note="the pool's relays read its state"),
+    _E + "StartDrain": _rule(R, A, note="a relay passes a discovery drain on; operators"),
+    _S + "GetRelayStatus": _rule(A, note="operators"),
+    _M + "SetModelReady": _rule(A, note="operators (simulation control)"),
+    _M + "SetFaults": _rule(A, note="operators (simulation control)"),
+    _M + "GetWorkerBlocks": _rule(A, note="operators (simulation control)"),
+    _M + "GetPoolStats": _rule(A, note="operators (simulation control)"),
+    # Standard services: any authenticated peer may ask whether a server is healthy, or what it serves.
+    "/grpc.health.v1.Health/": _rule(*_ALL, note="any authenticated peer"),
+    "/grpc.reflection.v1alpha.ServerReflection/": _rule(*_ALL, note="any authenticated peer"),
+    "/grpc.reflection.v1.ServerReflection/": _rule(*_ALL, note="any authenticated peer"),
+}
+"""method (or "/service/" for all its methods) → rule. A method not listed is refused to everyone."""
+
+
+def rule_for(method: str) -> Rule | None:
+    """The rule of a full method name (/package.Service/Method); None when it is not in the table."""
+    rule = TABLE.get(method)
+    if rule is None:
+        rule = TABLE.get(method[: method.rfind("/") + 1])
+    return rule
+
+
+class Refusal(Exception):
+    """A call that may not proceed: UNAUTHENTICATED (who?) or PERMISSION_DENIED (not you)."""
+
+    def __init__(self, code: grpc.StatusCode, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+    def status(self) -> grpc.Status:
+        return grpc_status_for(self.code, self.reason, str(self))
+
+
+def _field(message: object, path: str) -> tuple[bool, str]:
+    """(present, value) of a dotted field path; a path through an unset sub-message is not present."""
+    parts = path.split(".")
+    for part in parts[:-1]:
+        if not message.HasField(part):  # type: ignore[attr-defined]
+            return False, ""
+        message = getattr(message, part)
+    return True, str(getattr(message, parts[-1]))
+
+
+def _denied(message: str) -> Refusal:
+    return Refusal(grpc.StatusCode.PERMISSION_DENIED, Reason.NOT_AUTHORIZED, message)
+
+
+def decide(identity: Identity, method: str, request: object | None = None) -> Refusal | None:
+    """Whether `identity` may call `method` (with `request` when its fields matter). Pure."""
+    rule = rule_for(method)
+    if rule is None:
+        return _denied(f"{method} is not callable")
+    if identity.role not in rule.roles:
+        return _denied(f"{identity} may not call {method} (allowed: {', '.join(sorted(rule.roles))})")
+    if request is None:
+        return None
+    # (field path, the caller's own value, what a mismatch means)
+    owned = (
+        (rule.pool_field, identity.pool, "may not act for pool {value!r} ({path})"),
+        (rule.name_field, identity.name, "may act only as itself, not as {value!r} ({path})"),
+    )
+    for path, own, complaint in owned:
+        if not path:
+            continue
+        present, value = _field(request, path)
+        if present and value != own:
+            return _denied(f"{identity} " + complaint.format(value=value, path=path))
+    return None
+
+
+UNCHECKED = Identity(role=Role.ADMIN, name="local", source="unchecked")
+"""The caller of a server that enforces nothing (no TLS, no API keys: loopback development)."""
+
+_current: contextvars.ContextVar[Identity] = contextvars.ContextVar("mesh_identity", default=UNCHECKED)
+
+
+def current_identity() -> Identity:
+    """The caller of the RPC being handled (UNCHECKED when the server enforces nothing)."""
+    return _current.get()
+
+
+class Authorizer:
+    """Identifies callers and applies TABLE for one server; counts what it refuses."""
+
+    def __init__(
+        self, config: SecurityConfig, service: str, *, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.enforced = config.enforced
+        self.trust_domain = config.trust_domain
+        self.service = service
+        self.api_keys = ApiKeys.load(config.api_keys) if config.api_keys else ApiKeys()
+        self.refused: Tally[tuple[str, str]] = Tally()
+        """(method, reason) → refusals, for tests and status pages."""
+        self.metrics_registry = registry or CollectorRegistry()
+        self._refusals = Counter(
+            "mesh_auth_refusals",
+            "Calls refused by authentication or authorization",
+            ["service", "method", "code"],
+            registry=self.metrics_registry,
+        )
+
+    def identify(self, context: grpc.aio.ServicerContext) -> Identity:
+        """Who is calling: the certificate's SPIFFE id, else a client API key. Raises Refusal."""
+        if not self.enforced:
+            return UNCHECKED
+        uris = [u.decode(errors="replace") for u in context.auth_context().get("peer_uri", [])]
+        if uris:
+            try:
+                return identity_from_uris(uris, self.trust_domain)
+            except IdentityError as exc:
+                raise Refusal(grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED, str(exc)) from exc
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                token = bearer_token(value if isinstance(value, str) else "")
+                who = self.api_keys.identify(token) if token else None
+                if who is None:
+                    raise Refusal(
+                        grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED, "the API key is not valid"
+                    )
+                return who
+        raise Refusal(
+            grpc.StatusCode.UNAUTHENTICATED,
+            Reason.UNAUTHENTICATED,
+            "no identity: present a mesh certificate or an `authorization: Bearer` API key",
+        )
+
+    def record(self, method: str, refusal: Refusal) -> None:
+        """Counts and logs a refusal."""
+        self.refused[(method, str(refusal.reason))] += 1
+        self._refusals.labels(self.service, method.rsplit("/", 1)[-1], refusal.code.name).inc()
+        log.info(
+            "call refused", service=self.service, method=method, code=refusal.code.name, why=str(refusal)
+        )
+
+    def admit(self, context: grpc.aio.ServicerContext, method: str, request: object | None) -> Identity:
+        """The caller, when it may call `method` with `request`; raises Refusal (already counted)."""
+        try:
+            identity = self.identify(context)
+            if self.enforced:
+                refusal = decide(identity, method, request)
+                if refusal is not None:
+                    raise refusal
+        except Refusal as refusal:
+            self.record(method, refusal)
+            raise
+        return identity
+
+    def check_message(self, method: str, request: object) -> Refusal | None:
+        """For a client stream's servicer: may the stream's caller send this message? (None: yes; counted when no.)"""
+        if not self.enforced:
+            return None
+        refusal = decide(current_identity(), method, request)
+        if refusal is not None:
+            self.record(method, refusal)
+        return refusal
+
+    def interceptor(self) -> grpc.aio.ServerInterceptor:
+        """The server interceptor that identifies the caller and applies TABLE before every handler."""
+
+        async def check(method: str, request: object | None, context: grpc.aio.ServicerContext) -> None:
+            try:
+                _current.set(self.admit(context, method, request))
+            except Refusal as refusal:
+                await context.abort_with_status(refusal.status())
+
+        return CheckingInterceptor(check, applies=lambda _method: self.enforced)

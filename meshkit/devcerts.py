@@ -1,0 +1,133 @@
+"""Development certificates: a CA and one SPIFFE-named certificate per mesh role (for `make certs` and tests)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+# Every mesh process listens on loopback in development, and dials peers by these names.
+_LOCAL_NAMES: tuple[x509.GeneralName, ...] = (
+    x509.DNSName("localhost"),
+    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+    x509.IPAddress(ipaddress.ip_address("::1")),
+)
+
+
+@dataclass(frozen=True)
+class Authority:
+    """A certificate authority able to issue leaf certificates."""
+
+    key: ec.EllipticCurvePrivateKey
+    cert: x509.Certificate
+
+    @property
+    def cert_pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """An issued certificate and its private key, as PEM."""
+
+    cert_pem: bytes
+    key_pem: bytes
+
+    def write(self, directory: Path, name: str) -> tuple[Path, Path]:
+        """Writes NAME.crt and NAME.key (key readable by the owner only); returns their paths."""
+        directory.mkdir(parents=True, exist_ok=True)
+        cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+        cert.write_bytes(self.cert_pem)
+        key.touch(mode=0o600, exist_ok=True)
+        key.write_bytes(self.key_pem)
+        return cert, key
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def new_authority(name: str = "mesh dev CA", *, days: int = 365) -> Authority:
+    """A self-signed CA (P-256) valid from a minute ago for `days`."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return Authority(key=key, cert=cert)
+
+
+def issue(
+    ca: Authority,
+    spiffe_id: str | None,
+    *,
+    common_name: str = "mesh peer",
+    days: float = 90,
+    not_before: dt.datetime | None = None,
+    not_after: dt.datetime | None = None,
+) -> Leaf:
+    """A leaf certificate for server and client use, naming `spiffe_id` as its URI SAN.
+
+    It is valid for localhost and the loopback addresses, so any role can also serve.
+    `not_before` / `not_after` override the validity (tests make expired certificates with them).
+    """
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    start = not_before or now - dt.timedelta(minutes=1)
+    end = not_after or now + dt.timedelta(days=days)
+    names: list[x509.GeneralName] = list(_LOCAL_NAMES)
+    if spiffe_id:
+        names.append(x509.UniformResourceIdentifier(spiffe_id))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False,
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False
+        )
+        .sign(ca.key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return Leaf(cert_pem=cert.public_bytes(serialization.Encoding.PEM), key_pem=key_pem)

@@ -1,0 +1,171 @@
+"""Bounds on what one caller can consume: message sizes per RPC kind, concurrent streams, byte-bounded caches."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import grpc
+
+from meshkit.errors import Reason, grpc_status_for
+from meshkit.guards import CheckingInterceptor
+
+KIB = 1024
+MIB = 1024 * KIB
+
+MESSAGE_CAPS: Mapping[str, int] = {
+    # Registrations: 64 frontend URLs and a few ids; a bigger one is an attack, not a pool.
+    "/globaldiscovery.v1.DiscoveryService/": 256 * KIB,
+    # Telemetry: a snapshot chunk is 16,384 hashes (128 KiB); the rest are small.
+    "/poolrelay.v1.TelemetryService/": 1 * MIB,
+    # Prompts: token ids for a long context (the prompt cap in tokens is checked by the service).
+    "/globalrouter.v1.RouterService/": 8 * MIB,
+    "/globalrouter.v1.PoolFrontendService/": 8 * MIB,
+}
+"""Largest request message per RPC (or "/service/"): gRPC refuses bigger ones before decoding them."""
+
+DEFAULT_MESSAGE_CAP = 1 * MIB
+"""For services not listed (health, reflection, pool events, admin)."""
+
+
+def message_cap(method: str) -> int:
+    """The request size cap of a full method name."""
+    cap = MESSAGE_CAPS.get(method)
+    if cap is None:
+        cap = MESSAGE_CAPS.get(method[: method.rfind("/") + 1], DEFAULT_MESSAGE_CAP)
+    return cap
+
+
+def server_receive_cap(service_names: list[str]) -> int:
+    """The receive limit of a server hosting these services: the largest of their caps."""
+    return max([DEFAULT_MESSAGE_CAP, *(message_cap(f"/{name}/") for name in service_names)])
+
+
+class LimitExceeded(Exception):
+    """A bound was reached: the call is refused with RESOURCE_EXHAUSTED and reason LIMIT_EXCEEDED."""
+
+    def status(self) -> grpc.Status:
+        return grpc_status_for(grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.LIMIT_EXCEEDED, str(self))
+
+
+class Slots:
+    """Concurrent holders per key (an identity) and in total; a refused acquire holds nothing."""
+
+    def __init__(self, what: str, *, per_key: int, total: int) -> None:
+        self.what = what
+        self.per_key = per_key
+        self.total = total
+        self._held: dict[Hashable, int] = {}
+        self._count = 0
+
+    @property
+    def in_use(self) -> int:
+        return self._count
+
+    def acquire(self, key: Hashable) -> None:
+        """Takes one slot for `key`; raises LimitExceeded naming the bound that was hit."""
+        if self._count >= self.total:
+            raise LimitExceeded(f"too many {self.what} open (at most {self.total}); retry later")
+        held = self._held.get(key, 0)
+        if held >= self.per_key:
+            raise LimitExceeded(f"{key} already has {held} {self.what} open (at most {self.per_key})")
+        self._held[key] = held + 1
+        self._count += 1
+
+    def release(self, key: Hashable) -> None:
+        """Returns a slot taken by acquire(key)."""
+        held = self._held.get(key, 0)
+        if held <= 0:
+            return
+        self._count -= 1
+        if held == 1:
+            del self._held[key]  # keys leave with their last slot: the table never outgrows the holders
+        else:
+            self._held[key] = held - 1
+
+    def hold(self, key: Hashable) -> _Held:
+        """`with slots.hold(key):` acquires (or raises) and always releases."""
+        self.acquire(key)
+        return _Held(self, key)
+
+
+@dataclass
+class _Held:
+    slots: Slots
+    key: Hashable
+
+    def __enter__(self) -> _Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.slots.release(self.key)
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class ByteBoundedCache(Generic[K, V]):
+    """An LRU map bounded by the total size of its entries (as `size_of` measures them), not their count."""
+
+    def __init__(self, max_bytes: int, size_of: Callable[[K, V], int]) -> None:
+        self.max_bytes = max_bytes
+        self._size_of = size_of
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: K) -> V | None:
+        hit = self._items.get(key)
+        if hit is None:
+            return None
+        self._items.move_to_end(key)
+        return hit[0]
+
+    def put(self, key: K, value: V) -> None:
+        """Stores `value`, evicting the least recently used entries until the total fits."""
+        self.pop(key)
+        size = self._size_of(key, value)
+        if size > self.max_bytes:
+            return  # larger than the whole cache: not worth keeping
+        self._items[key] = (value, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _k, (_v, s) = self._items.popitem(last=False)
+            self.bytes -= s
+
+    def pop(self, key: K) -> V | None:
+        hit = self._items.pop(key, None)
+        if hit is None:
+            return None
+        self.bytes -= hit[1]
+        return hit[0]
+
+
+def size_cap_interceptor() -> grpc.aio.ServerInterceptor:
+    """Refuses a unary request larger than its RPC's cap (RESOURCE_EXHAUSTED, LIMIT_EXCEEDED).
+
+    Client streams check each message with check_size() in their servicer.
+    """
+
+    async def check(method: str, request: object | None, context: grpc.aio.ServicerContext) -> None:
+        if request is None:
+            return
+        try:
+            check_size(method, request)
+        except LimitExceeded as exc:
+            await context.abort_with_status(exc.status())
+
+    return CheckingInterceptor(check)
+
+
+def check_size(method: str, message: object) -> None:
+    """Raises LimitExceeded when `message` (a protobuf message) is larger than `method`'s cap."""
+    cap = message_cap(method)
+    size = message.ByteSize()  # type: ignore[attr-defined]
+    if size > cap:
+        raise LimitExceeded(f"the request is {size} bytes; {method} accepts at most {cap}")

@@ -1,0 +1,99 @@
+"""Identities: SPIFFE ids parsed strictly within the trust domain, certificates read, API keys kept hashed."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshkit import devcerts
+from meshkit.identity import (
+    ApiKeys,
+    Identity,
+    IdentityError,
+    Role,
+    bearer_token,
+    hash_api_key,
+    identity_from_certificate,
+    new_api_key,
+    parse_spiffe,
+)
+
+TD = "mesh.local"
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("spiffe://mesh.local/relay/pool-a/r1", Identity(Role.RELAY, "r1", pool="pool-a")),
+        ("spiffe://mesh.local/frontend/router-1", Identity(Role.FRONTEND, "router-1")),
+        ("spiffe://mesh.local/admin/ops", Identity(Role.ADMIN, "ops")),
+        ("spiffe://mesh.local/client/alice", Identity(Role.CLIENT, "alice")),
+    ],
+)
+def test_spiffe_ids_name_role_pool_and_name(uri, expected):
+    assert parse_spiffe(uri, TD) == expected
+
+
+@pytest.mark.parametrize(
+    ("uri", "why"),
+    [
+        ("https://mesh.local/admin/ops", "not a spiffe"),
+        ("spiffe://other.example/admin/ops", "outside trust domain"),
+        ("spiffe://mesh.local/root/ops", "unknown role"),
+        ("spiffe://mesh.local/relay/pool-a", "must have the form"),
+        ("spiffe://mesh.local/relay/pool-a/r1/extra", "must have the form"),
+        ("spiffe://mesh.local/admin", "must have the form"),
+        ("spiffe://mesh.local/admin/", "must not be empty"),
+        ("spiffe://mesh.local/admin/ops?x=1", "query"),
+        ("spiffe://mesh.local", "names no role"),
+    ],
+)
+def test_bad_spiffe_ids_are_refused_saying_why(uri, why):
+    with pytest.raises(IdentityError, match=why):
+        parse_spiffe(uri, TD)
+
+
+def test_identity_comes_from_the_certificates_uri_san():
+    ca = devcerts.new_authority()
+    leaf = devcerts.issue(ca, "spiffe://mesh.local/relay/p/r")
+    assert identity_from_certificate(leaf.cert_pem, TD) == Identity(Role.RELAY, "r", pool="p")
+    with pytest.raises(IdentityError, match="exactly one spiffe"):
+        identity_from_certificate(devcerts.issue(ca, None).cert_pem, TD)
+    with pytest.raises(IdentityError, match="cannot be read"):
+        identity_from_certificate(b"not a certificate", TD)
+
+
+def test_api_keys_are_matched_by_hash_only(tmp_path):
+    key = new_api_key()
+    path = tmp_path / "keys"
+    path.write_text(f"# clients\nalice {hash_api_key(key)}\n\n")
+    keys = ApiKeys.load(path)
+    assert key not in path.read_text()
+    assert keys.identify(key) == Identity(Role.CLIENT, "alice", source="api-key")
+    assert keys.identify(key + "x") is None
+    assert keys.identify("") is None
+    assert keys.identify("k" * 10_000) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("alice", "expected `NAME sha256:HEX`"),
+        ("alice mk_plaintextkey", "never in clear"),
+        ("alice sha256:abcd", "never in clear"),
+        ("alice sha256:" + "g" * 64, "never in clear"),
+        ("alice sha256:" + "a" * 64 + " extra", "expected"),
+    ],
+)
+def test_a_bad_keys_file_names_its_line(tmp_path, line, why):
+    path = tmp_path / "keys"
+    path.write_text("# header\n" + line + "\n")
+    with pytest.raises(ValueError, match=rf"keys:2: .*{why}"):
+        ApiKeys.load(path)
+
+
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [("Bearer abc", "abc"), ("bearer  abc ", "abc"), ("Basic abc", None), ("Bearer", None), ("", None)],
+)
+def test_bearer_tokens(header, token):
+    assert bearer_token(header) == token
