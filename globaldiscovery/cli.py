@@ -21,8 +21,8 @@ from meshkit.logs import configure_logging
 _DEFAULTS = DiscoveryConfig()
 
 
-def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """The command's parser and its `serve` sub-parser (whose errors name the serve flags)."""
+def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command's parser and its `serve` and `pools` sub-parsers (whose errors name their flags)."""
     parser = argparse.ArgumentParser(
         prog="globaldiscovery",
         description="Global Discovery: the directory of serving pools and global frontends.",
@@ -66,7 +66,14 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         metavar="HOST:PORT",
         help="etcd, with --store etcd",
     )
+    serve.add_argument(
+        "--max-watchers",
+        type=int,
+        default=_DEFAULTS.max_watchers,
+        help="WatchPools streams open at once (default %(default)s)",
+    )
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    flags.add_security_flags(serve)
 
     pools = sub.add_parser("pools", help="list the pools a discovery server knows")
     pools.add_argument(
@@ -76,14 +83,16 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     pools.add_argument("--model", default="", help="only pools serving this model")
     pools.add_argument("--region", default="", help="only pools in this region")
     pools.add_argument("--timeout", type=flags.positive_seconds, default=10.0, help="seconds per call")
-    return parser, serve
+    flags.add_security_flags(pools, server=False)
+    return parser, serve, pools
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, serve_parser = _parser()
+    parser, serve_parser, pools_parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(serve_parser, args)
+    flags.security_config(pools_parser, args)
     return _pools(args)
 
 
@@ -95,6 +104,8 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         watch_queue_limit=args.watch_queue_limit,
         store=args.store,
         etcd_endpoints=args.etcd_endpoints or "",
+        max_watchers=args.max_watchers,
+        security=flags.security_config(parser, args),
     )
     problems = config.problems()
     if problems:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from meshkit.tls import SecurityConfig
 
 MAX_LEASE_SECONDS = 86_400.0
 
@@ -32,6 +34,12 @@ class DiscoveryConfig:
     stop_grace: float = 5.0
     """Seconds in-flight calls get to finish on SIGTERM."""
 
+    max_watchers: int = 1024
+    """WatchPools streams open at once (each holds a queue); one more is refused with RESOURCE_EXHAUSTED."""
+
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    """TLS, identities and API keys (the shared security flags)."""
+
     def problems(self) -> list[str]:
         """What is wrong with this configuration, one sentence per problem naming the flag."""
         found = []
@@ -46,6 +54,8 @@ class DiscoveryConfig:
             found.append(f"--lease-duration must be at most one day (got {self.lease_duration:g} s)")
         if self.store == "etcd" and not self.etcd_endpoints:
             found.append("--store etcd needs --etcd-endpoints HOST:PORT")
+        if self.max_watchers < 1:
+            found.append(f"--max-watchers must be >= 1 (got {self.max_watchers})")
         if self.watch_queue_limit < 1:
             found.append(f"--watch-queue-limit must be >= 1 (got {self.watch_queue_limit})")
         return found

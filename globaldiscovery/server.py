@@ -19,8 +19,10 @@ from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from globaldiscovery.watch_fanout import WatcherClosed
 from meshkit import pagination, timeconv
+from meshkit.authz import Authorizer
 from meshkit.clock import Clock, SystemClock
 from meshkit.errors import Reason, abort_with_reason, rpc_status_for
+from meshkit.limits import ByteBoundedCache, LimitExceeded, Slots
 from meshkit.logs import get_logger
 from meshkit.server import ServerHandle, create_server, serve_until_signalled
 
@@ -82,17 +84,29 @@ class Refused(Exception):
         self.status = status
 
 
-# Renewals are mostly byte-for-byte repeats of the last registration; remembering that many
-# already-validated requests lets a repeat skip validation and conversion.
-_MAX_REMEMBERED = 200_000
+# Renewals are mostly byte-for-byte repeats of the last registration; remembering already-validated
+# requests lets a repeat skip validation and conversion. Bounded by bytes, not count: one entry
+# may carry 64 frontend URLs. The request, its conversion and the dict overhead are ~4x its wire size.
+_REMEMBERED_BYTES = 64 * 1024 * 1024
+_KEEPALIVE_METHOD = "/globaldiscovery.v1.DiscoveryService/KeepAlivePools"
+
+
+def _remembered_size(key: tuple[str, str], value: tuple[pb.RegisterPoolRequest, PoolRegistration]) -> int:
+    return 4 * value[0].ByteSize() + 256
 
 
 class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
     """The gRPC face of a Store."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self, store: Store, authorizer: Authorizer | None = None, *, max_watchers: int = 1024
+    ) -> None:
         self.store = store
-        self._validated: dict[tuple[str, str], tuple[pb.RegisterPoolRequest, PoolRegistration]] = {}
+        self.authorizer = authorizer
+        self._watchers = Slots("pool watches", per_key=max_watchers, total=max_watchers)
+        self._validated: ByteBoundedCache[
+            tuple[str, str], tuple[pb.RegisterPoolRequest, PoolRegistration]
+        ] = ByteBoundedCache(_REMEMBERED_BYTES, _remembered_size)
         self._frontends: tuple[object, list[pb.Frontend]] = (None, [])
         self._idle_streams: set[asyncio.Task] = set()
         self._closing = False
@@ -106,9 +120,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         if violations:
             raise Refused(violations.to_rpc_status())
         registration = convert.registration(request)
-        if len(self._validated) >= _MAX_REMEMBERED:
-            self._validated.clear()
-        self._validated[key] = (request, registration)
+        self._validated.put(key, (request, registration))
         return registration
 
     async def _frontend_list(self) -> list[pb.Frontend]:
@@ -151,6 +163,10 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
 
     async def _keepalive_reply(self, request: pb.KeepAlivePoolsRequest) -> pb.KeepAlivePoolsResponse:
         try:
+            # Each renewal on the stream must name the caller's own pool and relay id.
+            refusal = self.authorizer.check_message(_KEEPALIVE_METHOD, request) if self.authorizer else None
+            if refusal is not None:
+                raise Refused(refusal.rpc_status())
             reply = await self._register(request.register)
         except Refused as refused:
             s = refused.status
@@ -217,6 +233,19 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         self, request: pb.WatchPoolsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchPoolsResponse]:
         await request_checks.filters(request).abort_if_any(context)
+        try:
+            self._watchers.acquire("all")
+        except LimitExceeded as exc:
+            await context.abort_with_status(exc.status())
+        try:
+            async for event in self._watch(request, context):
+                yield event
+        finally:
+            self._watchers.release("all")
+
+    async def _watch(
+        self, request: pb.WatchPoolsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WatchPoolsResponse]:
         watcher = await self.store.watch(model=request.model, region=request.region)
         log.info("watch opened", model=request.model, region=request.region)
         try:
@@ -327,13 +356,15 @@ def build_server(
     config: DiscoveryConfig, store: Store, servicer: DiscoveryServicer | None = None
 ) -> ServerHandle:
     """A bound, not yet started server for `store` on config.listen (health and reflection included)."""
-    servicer = servicer or DiscoveryServicer(store)
+    servicer = servicer or DiscoveryServicer(store, max_watchers=config.max_watchers)
+    if servicer.authorizer is None:
+        servicer.authorizer = Authorizer(config.security, service="globaldiscovery")
 
     def register(server: grpc.aio.Server) -> list[str]:
         pb_grpc.add_DiscoveryServiceServicer_to_server(servicer, server)
         return [SERVICE_NAME]
 
-    return create_server(config.listen, register)
+    return create_server(config.listen, register, security=config.security, authorizer=servicer.authorizer)
 
 
 async def serve(
@@ -345,7 +376,7 @@ async def serve(
 ) -> None:
     """Runs a discovery server until SIGTERM/SIGINT (or `stop_event`), then stops gracefully."""
     store = make_store(config, clock or SystemClock())
-    servicer = DiscoveryServicer(store)
+    servicer = DiscoveryServicer(store, max_watchers=config.max_watchers)
     handle = build_server(config, store, servicer)
     await store.start()
     log.info(

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
+from google.rpc import status_pb2
 from prometheus_client import CollectorRegistry, Counter
 
-from meshkit.errors import Reason, grpc_status_for
+from meshkit.errors import Reason, grpc_status_for, rpc_status_for
 from meshkit.guards import CheckingInterceptor
 from meshkit.identity import ApiKeys, Identity, IdentityError, Role, bearer_token, identity_from_uris
 from meshkit.logs import get_logger
@@ -111,7 +112,12 @@ class Refusal(Exception):
         self.code = code
         self.reason = reason
 
+    def rpc_status(self) -> status_pb2.Status:
+        """As a google.rpc.Status (for replies that carry a status in a message)."""
+        return rpc_status_for(self.code, self.reason, str(self))
+
     def status(self) -> grpc.Status:
+        """As the grpc.Status a call aborts with."""
         return grpc_status_for(self.code, self.reason, str(self))
 
 

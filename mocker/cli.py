@@ -6,7 +6,15 @@ import argparse
 import asyncio
 import sys
 
-from meshkit.cli import host_port, int_at_least, non_negative_number, positive_number, positive_seconds
+from meshkit.cli import (
+    add_security_flags,
+    host_port,
+    int_at_least,
+    non_negative_number,
+    positive_number,
+    positive_seconds,
+    security_config,
+)
 from meshkit.logs import configure_logging
 from meshkit.validation import Violations, check_identifier
 from mocker.config import Faults, PoolConfig
@@ -55,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--refuse-all", action="store_true", help="refuse every request (RESOURCE_EXHAUSTED)")
     s.add_argument("--not-ready", nargs="+", default=[], metavar="MODEL", help="models that start not ready")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_security_flags(s)
     return parser
 
 
@@ -73,6 +82,7 @@ def parse_serve(argv: list[str] | None) -> tuple[argparse.Namespace, PoolConfig,
             v.add("--not-ready", f"{model!r} is not one of the --model values")
     if v:
         parser.error("; ".join(f"{f}: {d}" for f, d in v.items))
+    args.security = security_config(parser, args)
     config = PoolConfig(
         pool_id=args.pool_id,
         models=tuple(args.model),
@@ -99,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     from mocker.server import serve  # imported late: `--help` and flag errors need no gRPC
 
     try:
-        asyncio.run(serve(args.listen, config, faults))
+        asyncio.run(serve(args.listen, config, faults, security=args.security))
     except RuntimeError as exc:
         print(f"mocker: {exc}", file=sys.stderr)
         return 1

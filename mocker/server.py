@@ -11,6 +11,7 @@ from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc
 from meshkit.clock import Clock, SystemClock
 from meshkit.logs import get_logger
 from meshkit.server import ServerHandle, create_server, serve_until_signalled
+from meshkit.tls import SecurityConfig
 from mocker.admin import MockerAdmin
 from mocker.config import Faults, PoolConfig
 from mocker.events import PoolEvents
@@ -29,6 +30,7 @@ def build_server(
     listen: str,
     pool: Pool,
     exit_process: Callable[[int], None] = os._exit,
+    security: SecurityConfig | None = None,
 ) -> ServerHandle:
     """A bound, not yet started server serving `pool` on `listen` (port 0 picks one)."""
 
@@ -44,13 +46,19 @@ def build_server(
             admin_pb2.DESCRIPTOR.services_by_name["MockerAdminService"].full_name,
         ]
 
-    return create_server(listen, register)
+    return create_server(listen, register, security=security)
 
 
-async def serve(listen: str, config: PoolConfig, faults: Faults, clock: Clock | None = None) -> None:
+async def serve(
+    listen: str,
+    config: PoolConfig,
+    faults: Faults,
+    clock: Clock | None = None,
+    security: SecurityConfig | None = None,
+) -> None:
     """Serves until SIGTERM/SIGINT; then drains for `config.drain_timeout` and exits."""
     pool = Pool(config, clock or SystemClock(), faults)
-    handle = build_server(listen, pool)
+    handle = build_server(listen, pool, security=security)
 
     async def drain() -> None:
         # Health is NOT_SERVING already; refuse new work, let accepted work finish or hand it back.

@@ -1,0 +1,114 @@
+"""Property tests: no input crashes or hangs a validator or a decoder of outside input."""
+
+from __future__ import annotations
+
+import string
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshkit import pagination
+from meshkit.authz import TABLE, decide
+from meshkit.identity import ApiKeys, Identity, IdentityError, Role, bearer_token, parse_spiffe
+from meshkit.validation import Violations, check_frontends, check_identifier, url_problem
+
+FAST = settings(max_examples=150, deadline=None)
+texts = st.text(alphabet=st.characters(codec="utf-8"), max_size=300)
+
+
+@FAST
+@given(token=texts, filters=st.tuples(texts, texts))
+def test_page_tokens_decode_or_say_they_are_malformed(token, filters):
+    try:
+        key = pagination.decode_page_token(token, filters)
+    except pagination.PageTokenError:
+        return
+    assert key is None or isinstance(key, str)
+
+
+@FAST
+@given(key=texts, filters=st.tuples(texts, texts))
+def test_page_tokens_round_trip(key, filters):
+    assert pagination.decode_page_token(pagination.encode_page_token(key, filters), filters) == key
+
+
+@FAST
+@given(key=st.text(max_size=50), filters=st.tuples(texts), other=st.tuples(texts))
+def test_a_page_token_for_other_filters_is_refused(key, filters, other):
+    token = pagination.encode_page_token(key, filters)
+    if other == filters:
+        return
+    try:
+        pagination.decode_page_token(token, other)
+    except pagination.PageTokenError:
+        return
+    # Only a CRC32 collision of the fingerprints lets it through; then the key is still the one issued.
+    assert pagination.decode_page_token(token, other) == key
+
+
+@FAST
+@given(value=texts)
+def test_identifiers_are_checked_without_raising(value):
+    v = Violations()
+    check_identifier(v, "id", value)
+    if not v:
+        assert 0 < len(value) <= 128 and value == value.strip()
+
+
+@FAST
+@given(urls=st.lists(texts | st.from_regex(r"https?://[a-z0-9.]{1,20}:[0-9]{1,6}/?", fullmatch=True), max_size=70))
+def test_frontend_lists_are_checked_without_raising(urls):
+    v = Violations()
+    check_frontends(v, "frontends", urls)
+    if not v:
+        assert 1 <= len(urls) <= 64 and all(url_problem(u) is None for u in urls)
+
+
+spiffe_like = st.builds(
+    lambda domain, parts: f"spiffe://{domain}/" + "/".join(parts),
+    st.sampled_from(["mesh.local", "other", ""]),
+    st.lists(st.sampled_from(["relay", "frontend", "admin", "client", "p", "", " x", "\x00"]) | texts, max_size=5),
+)
+
+
+@FAST
+@given(uri=spiffe_like | texts)
+def test_spiffe_ids_parse_or_say_why(uri):
+    try:
+        identity = parse_spiffe(uri, "mesh.local")
+    except IdentityError as exc:
+        assert str(exc)
+        return
+    assert uri.startswith(f"spiffe://mesh.local/{identity.role}/")
+
+
+@FAST
+@given(header=texts)
+def test_authorization_headers_never_raise(header):
+    token = bearer_token(header)
+    assert token is None or (token and token == token.strip())
+
+
+@FAST
+@given(content=st.text(alphabet=string.printable + "é\x00", max_size=400))
+def test_keys_files_load_or_name_the_bad_line(tmp_path_factory, content):
+    path = tmp_path_factory.mktemp("keys") / "keys"
+    path.write_text(content)
+    try:
+        keys = ApiKeys.load(path)
+    except ValueError as exc:
+        assert str(path) in str(exc)
+        return
+    assert keys.identify("anything") is None or len(keys) > 0
+
+
+identities = st.builds(
+    Identity, role=st.sampled_from(list(Role)), name=st.text(max_size=10), pool=st.text(max_size=10)
+)
+
+
+@FAST
+@given(identity=identities, method=st.sampled_from(sorted(TABLE)) | texts)
+def test_decide_answers_every_identity_and_method(identity, method):
+    refusal = decide(identity, method)
+    assert refusal is None or refusal.code.name == "PERMISSION_DENIED"
