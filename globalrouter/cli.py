@@ -11,6 +11,7 @@ import sys
 from types import ModuleType
 
 from globalrouter import client, replay, serve_cli, simulate
+from meshkit.cli import security_config
 
 # Subcommand modules, in the order `--help` lists them. Imported plainly: a broken one fails loudly.
 SUBCOMMANDS: tuple[ModuleType, ...] = (serve_cli, client, simulate, replay)
@@ -28,7 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if hasattr(args, "tls_cert"):  # the subcommand dials or serves: its security flags, checked once
+        args.security = security_config(parser, args)
     return int(args.func(args) or 0)
 
 

@@ -11,7 +11,7 @@ import grpc
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.blocks import text_to_tokens
 from meshkit.channels import sync_channel
-from meshkit.cli import host_port
+from meshkit.cli import add_security_flags, host_port
 from meshkit.errors import reason_of
 
 
@@ -77,6 +77,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-tokens", type=int, required=True, help="output tokens at most")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds for the whole call")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_security_flags(p, server=False)
     p.set_defaults(func=_run)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from globalrouter.pool_state import FreshnessLimits
+from meshkit.tls import SecurityConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,3 +38,17 @@ class RouterConfig:
     """Seconds in-flight calls may run after SIGTERM before the server stops."""
     freshness: FreshnessLimits = field(default_factory=FreshnessLimits)
     """How old each kind of pool signal may be before it counts as unknown."""
+    max_streams_per_client: int = 64
+    """Concurrent Generate streams one client identity may hold (enforced with TLS or API keys)."""
+    max_generate_streams: int = 10_000
+    """Concurrent Generate streams of all clients together."""
+    max_prompt_tokens: int = 1_048_576
+    """Longest prompt accepted, in tokens."""
+    max_output_tokens: int = 1_048_576
+    """Largest max_tokens accepted."""
+    max_telemetry_streams: int = 1024
+    """Telemetry streams open at once (one per relay replica); one more is RESOURCE_EXHAUSTED."""
+    max_snapshot_blocks: int = 4_194_304
+    """Block hashes one telemetry snapshot may carry across its chunks (bounds a stream's memory)."""
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    """TLS, identities and API keys (the shared security flags)."""

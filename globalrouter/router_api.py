@@ -14,9 +14,11 @@ from globalrouter.selection import FilterReason
 from globalrouter.serving import ServingLinks
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit import pagination
+from meshkit.authz import Authorizer, current_identity
 from meshkit.blocks import text_to_tokens
 from meshkit.errors import Reason, abort_with_reason, grpc_status_for
 from meshkit.ids import new_request_id
+from meshkit.limits import LimitExceeded, Slots
 from meshkit.logs import get_logger
 from meshkit.timeconv import duration
 from meshkit.validation import Violations, check_identifier
@@ -31,7 +33,9 @@ FILTER_REASONS = {r: router_pb2.FilterReason.Value(f"FILTER_REASON_{r.name}") fo
 """selection.FilterReason -> the proto value of the same name (a missing name fails at import)."""
 
 
-def prompt_tokens(v: Violations, field_path: str, prompt: router_pb2.Prompt) -> list[int]:
+def prompt_tokens(
+    v: Violations, field_path: str, prompt: router_pb2.Prompt, max_tokens: int = MAX_PROMPT_TOKENS
+) -> list[int]:
     """The prompt as token ids (text: one token per UTF-8 byte); records what is wrong with it."""
     kind = prompt.WhichOneof("content")
     if kind == "text":
@@ -45,29 +49,55 @@ def prompt_tokens(v: Violations, field_path: str, prompt: router_pb2.Prompt) -> 
     else:
         v.add(field_path, "must set token_ids or text")
         return []
-    if len(tokens) > MAX_PROMPT_TOKENS:
-        v.add(field_path, f"must have at most {MAX_PROMPT_TOKENS} tokens (got {len(tokens)})")
+    if len(tokens) > max_tokens:
+        v.add(field_path, f"must have at most {max_tokens} tokens (got {len(tokens)})")
     return tokens
 
 
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     """The client API of one global frontend."""
 
-    def __init__(self, core: RoutingCore, links: ServingLinks, config: RouterConfig) -> None:
+    def __init__(
+        self,
+        core: RoutingCore,
+        links: ServingLinks,
+        config: RouterConfig,
+        authorizer: Authorizer | None = None,
+    ) -> None:
         self._core = core
         self._links = links
         self.config = config
+        # Per client identity only when callers are identified: unchecked callers all look alike.
+        per_client = config.max_streams_per_client if authorizer and authorizer.enforced else None
+        self._streams = Slots(
+            "Generate streams",
+            per_key=per_client or config.max_generate_streams,
+            total=config.max_generate_streams,
+        )
 
     # ---- Generate ---------------------------------------------------------------------------
     async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         v = Violations()
         check_identifier(v, "model", request.model)
-        tokens = prompt_tokens(v, "prompt", request.prompt)
-        if request.max_tokens == 0 or request.max_tokens > MAX_OUTPUT_TOKENS:
-            v.add("max_tokens", f"must be 1 to {MAX_OUTPUT_TOKENS} (got {request.max_tokens})")
+        tokens = prompt_tokens(v, "prompt", request.prompt, self.config.max_prompt_tokens)
+        cap = self.config.max_output_tokens
+        if request.max_tokens == 0 or request.max_tokens > cap:
+            v.add("max_tokens", f"must be 1 to {cap} (got {request.max_tokens})")
         if request.request_id:
             check_identifier(v, "request_id", request.request_id)
         await v.abort_if_any(context)
+        caller = str(current_identity())
+        try:
+            self._streams.acquire(caller)
+        except LimitExceeded as exc:
+            await context.abort_with_status(exc.status())
+        try:
+            async for response in self._generate(request, tokens, context):
+                yield response
+        finally:
+            self._streams.release(caller)
+
+    async def _generate(self, request: router_pb2.GenerateRequest, tokens: list[int], context):
         request_id = request.request_id or new_request_id()
         metrics = self._core.metrics
         decision = self._core.decide(request.model, tokens, request.max_tokens)
@@ -122,9 +152,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     async def Route(self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext):
         v = Violations()
         check_identifier(v, "model", request.model)
-        tokens = prompt_tokens(v, "prompt", request.prompt)
-        if request.max_tokens > MAX_OUTPUT_TOKENS:
-            v.add("max_tokens", f"must be at most {MAX_OUTPUT_TOKENS} (got {request.max_tokens})")
+        tokens = prompt_tokens(v, "prompt", request.prompt, self.config.max_prompt_tokens)
+        if request.max_tokens > self.config.max_output_tokens:
+            v.add("max_tokens", f"must be at most {self.config.max_output_tokens} (got {request.max_tokens})")
         await v.abort_if_any(context)
         decision = self._core.decide(request.model, tokens, request.max_tokens or DEFAULT_ROUTE_MAX_TOKENS)
         if not decision.model_served:

@@ -7,7 +7,7 @@ import asyncio
 
 from globalrouter.config import RouterConfig
 from globalrouter.server import serve
-from meshkit.cli import host_port, identifier, int_at_least, url
+from meshkit.cli import add_security_flags, host_port, identifier, int_at_least, url
 from meshkit.logs import configure_logging, get_logger
 
 log = get_logger(module="globalrouter.serve_cli")
@@ -35,7 +35,23 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--metrics-listen", type=host_port, default=None, help="HOST:PORT for Prometheus /metrics")
     p.add_argument("--grace", type=float, default=5.0, help="seconds in-flight calls get on SIGTERM")
+    p.add_argument(
+        "--max-streams-per-client",
+        type=int_at_least(1),
+        default=64,
+        help="concurrent Generate streams per client identity (with TLS or API keys)",
+    )
+    p.add_argument(
+        "--max-prompt-tokens", type=int_at_least(1), default=1_048_576, help="longest prompt accepted"
+    )
+    p.add_argument(
+        "--max-output-tokens", type=int_at_least(1), default=1_048_576, help="largest max_tokens accepted"
+    )
+    p.add_argument(
+        "--max-telemetry-streams", type=int_at_least(1), default=1024, help="telemetry streams open at once"
+    )
     p.add_argument("--log-level", default="info")
+    add_security_flags(p)
     p.set_defaults(func=_run)
 
 
@@ -51,6 +67,11 @@ def _run(args: argparse.Namespace) -> int:
         admission_tries=args.admission_tries,
         metrics_listen=args.metrics_listen or "",
         grace=args.grace,
+        max_streams_per_client=args.max_streams_per_client,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_output_tokens=args.max_output_tokens,
+        max_telemetry_streams=args.max_telemetry_streams,
+        security=args.security,
     )
     try:
         asyncio.run(serve(config))

@@ -20,6 +20,7 @@ from globalrouter.selection import SelectionConfig, Selector
 from globalrouter.serving import ServingLinks
 from globalrouter.telemetry_ingest import TelemetryIngest, TelemetryServicer
 from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshkit.authz import Authorizer
 from meshkit.channels import aio_channel
 from meshkit.clock import Clock, SystemClock
 from meshkit.ids import new_incarnation
@@ -130,9 +131,12 @@ def create_server(
     selector = Selector(SelectionConfig(freshness=config.freshness))
     core = RoutingCore(table, index, selector, clock, metrics)
     links = ServingLinks(config.link_backoff_initial, config.link_backoff_max)
-    ingest = TelemetryIngest(table, index, clock, metrics)
-    router_servicer = RouterServicer(core, links, config)
-    telemetry_servicer = TelemetryServicer(ingest, config.frontend_id)
+    ingest = TelemetryIngest(table, index, clock, metrics, max_snapshot_blocks=config.max_snapshot_blocks)
+    authorizer = Authorizer(config.security, service="globalrouter", registry=metrics.registry)
+    router_servicer = RouterServicer(core, links, config, authorizer=authorizer)
+    telemetry_servicer = TelemetryServicer(
+        ingest, config.frontend_id, authorizer=authorizer, max_streams=config.max_telemetry_streams
+    )
 
     def register(server: grpc.aio.Server) -> Sequence[str]:
         router_pb2_grpc.add_RouterServiceServicer_to_server(router_servicer, server)
@@ -142,7 +146,7 @@ def create_server(
             telemetry_pb2.DESCRIPTOR.services_by_name["TelemetryService"].full_name,
         ]
 
-    handle = create_grpc_server(config.listen, register)
+    handle = create_grpc_server(config.listen, register, security=config.security, authorizer=authorizer)
     # The frontend id and advertised URL may depend on the bound port: fill them in now.
     final = _advertised(config, handle.port)
     telemetry_servicer.frontend_id = final.frontend_id

@@ -10,8 +10,10 @@ import grpc
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal
+from meshkit.authz import Authorizer
 from meshkit.clock import Clock
 from meshkit.errors import Reason, abort_with_reason
+from meshkit.limits import LimitExceeded, Slots
 from meshkit.logs import get_logger
 from meshkit.timeconv import wall_seconds
 from meshkit.validation import Violations, check_identifier
@@ -23,6 +25,7 @@ PROTOCOL_VERSION = 1
 Request = telemetry_pb2.PublishPoolTelemetryRequest
 Response = telemetry_pb2.PublishPoolTelemetryResponse
 _DRAINING = (pool_events_pb2.DRAIN_STATE_DRAINING, pool_events_pb2.DRAIN_STATE_DRAINED)
+_METHOD = "/poolrelay.v1.TelemetryService/PublishPoolTelemetry"
 
 
 def validate_hello(hello: telemetry_pb2.TelemetryHello) -> Violations:
@@ -91,7 +94,16 @@ class StreamRejected(Exception):
 class TelemetryIngest:
     """The pure ingestion rules (no gRPC): one method per message kind; returns what to answer."""
 
-    def __init__(self, table: PoolTable, index, clock: Clock, metrics: RouterMetrics) -> None:
+    def __init__(
+        self,
+        table: PoolTable,
+        index,
+        clock: Clock,
+        metrics: RouterMetrics,
+        *,
+        max_snapshot_blocks: int = 4_194_304,
+    ) -> None:
+        self.max_snapshot_blocks = max_snapshot_blocks
         self._table = table
         self._index = index
         self._clock = clock
@@ -226,6 +238,16 @@ class TelemetryIngest:
                 f"snapshot chunk out of order: expected chunk {stream.next_chunk}, "
                 f"got {chunk.chunk_index} of snapshot {chunk.snapshot_id}",
             )
+        if len(stream.snapshot_chunks) + len(chunk.block_hashes) > self.max_snapshot_blocks:
+            # Chunks that never end would grow this stream without bound: a relay's whole pool
+            # fits, anything larger is refused and the stream's partial snapshot dropped.
+            stream.snapshot_chunks = []
+            stream.snapshot_id = None
+            raise StreamRejected(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                Reason.LIMIT_EXCEEDED,
+                f"kv_snapshot.block_hashes: snapshot {chunk.snapshot_id} exceeds {self.max_snapshot_blocks} blocks",
+            )
         stream.snapshot_chunks.extend(chunk.block_hashes)
         stream.next_chunk += 1
         if not chunk.last:
@@ -260,10 +282,19 @@ class TelemetryIngest:
 class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
     """The gRPC face of TelemetryIngest: one bidirectional stream per relay replica."""
 
-    def __init__(self, ingest: TelemetryIngest, frontend_id: str) -> None:
+    def __init__(
+        self,
+        ingest: TelemetryIngest,
+        frontend_id: str,
+        *,
+        authorizer: Authorizer | None = None,
+        max_streams: int = 1024,
+    ) -> None:
         self._ingest = ingest
         self.frontend_id = frontend_id
         self.closing = False
+        self._authorizer = authorizer
+        self.streams = Slots("telemetry streams", per_key=max_streams, total=max_streams)
 
     def end_streams(self) -> None:
         """Ends every open stream at its next message (relays send at least every report interval).
@@ -273,6 +304,16 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         self.closing = True
 
     async def PublishPoolTelemetry(self, request_iterator, context: grpc.aio.ServicerContext):  # type: ignore[override]  # writes with context.write instead of yielding
+        try:
+            self.streams.acquire("all")
+        except LimitExceeded as exc:
+            await context.abort_with_status(exc.status())
+        try:
+            await self._publish(context)
+        finally:
+            self.streams.release("all")
+
+    async def _publish(self, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
         if first is grpc.aio.EOF:
             return
@@ -280,6 +321,10 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
             v = Violations()
             v.add("hello", "the first message of a telemetry stream must be a TelemetryHello")
             await v.abort_if_any(context)
+        # The hello must name the calling relay's own pool and relay id.
+        refusal = self._authorizer.check_message(_METHOD, first) if self._authorizer else None
+        if refusal is not None:
+            await context.abort_with_status(refusal.status())
         await validate_hello(first.hello).abort_if_any(context)
         if self.closing:
             await abort_with_reason(

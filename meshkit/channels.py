@@ -10,8 +10,9 @@ from urllib.parse import urlsplit
 
 import grpc
 
+from meshkit.identity import Identity
 from meshkit.keepalive import CLIENT_OPTIONS
-from meshkit.tls import SecurityConfig, channel_credentials
+from meshkit.tls import SecurityConfig, channel_credentials, peer_identity
 
 _security = SecurityConfig()
 _credentials: grpc.ChannelCredentials | None = None
@@ -69,3 +70,13 @@ def sync_channel(url: str) -> grpc.Channel:
     if tls:
         return grpc.secure_channel(target, _tls_credentials(), options=CLIENT_OPTIONS)
     return grpc.insecure_channel(target, options=CLIENT_OPTIONS)
+
+
+async def peer_identity_of(url: str) -> Identity | None:
+    """The identity the server at `url` proves with its certificate; None when this process does not
+    use mutual TLS (nothing to check). Raises IdentityError, OSError or ssl.SSLError when it cannot."""
+    if not _security.mutual:
+        return None
+    target, _tls = url_to_target(url)
+    host, _, port = target.rpartition(":")
+    return await peer_identity(host, int(port), _security)

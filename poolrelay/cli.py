@@ -16,11 +16,19 @@ from google.protobuf import json_format
 
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.channels import sync_channel
-from meshkit.cli import host_port, int_at_least, positive_seconds, url_list
+from meshkit.cli import (
+    add_security_flags,
+    host_port,
+    int_at_least,
+    positive_seconds,
+    security_config,
+    url_list,
+)
 from meshkit.ids import new_incarnation
 from meshkit.logs import configure_logging
 from meshkit.server import create_server, serve_until_signalled
 from meshkit.timeconv import wall_seconds
+from meshkit.tls import SecurityConfig
 from meshkit.validation import url_problem
 from poolrelay.engine.config import ENGINES, EngineConfig, parse_workers
 from poolrelay.engine.translate import check_block_sizes
@@ -78,10 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--report-interval", type=positive_seconds, default=1.0, help="seconds between load reports"
     )
     serve.add_argument("--log-level", default="info")
+    add_security_flags(serve)
 
     status = sub.add_parser("status", help="show a running relay's status")
     status.add_argument("--relay", required=True, type=host_port, help="the relay's status address")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
+    add_security_flags(status, server=False)
     return parser
 
 
@@ -128,10 +138,10 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     )
 
 
-async def serve(config: RelayConfig, listen: str) -> None:
+async def serve(config: RelayConfig, listen: str, security: SecurityConfig | None = None) -> None:
     log = configure_logging("poolrelay")
     relay = Relay(config)
-    handle = create_server(listen, register(relay))
+    handle = create_server(listen, register(relay), security=security)
     log.info(
         "relay starting",
         status=f"{listen.rpartition(':')[0]}:{handle.port}",
@@ -180,12 +190,13 @@ def show_status(relay: str, as_json: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    security = security_config(parser, args)  # also how this process dials discovery and frontends
     if args.command == "status":
         return show_status(args.relay, args.json)
     config = config_from_args(parser, args)
     configure_logging("poolrelay", args.log_level)
     try:
-        asyncio.run(serve(config, args.status_listen))
+        asyncio.run(serve(config, args.status_listen, security))
     except RuntimeError as exc:
         print(f"poolrelay: {exc}", file=sys.stderr)
         return 1

@@ -13,10 +13,12 @@ import contextlib
 from collections import deque
 from dataclasses import dataclass
 
+import grpc
 from tenacity import RetryCallState
 
-from meshkit.channels import aio_channel
+from meshkit.channels import aio_channel, peer_identity_of
 from meshkit.clock import Clock
+from meshkit.identity import Role
 from meshkit.logs import get_logger
 from meshkit.timeconv import duration, timestamp
 from poolrelay.pool_blocks import PoolBlocks
@@ -31,6 +33,27 @@ log = get_logger(module="poolrelay.telemetry_publisher")
 PROTOCOL_VERSION = 1
 Req = tm.PublishPoolTelemetryRequest
 State = status_pb2.TelemetryStreamState
+
+# A frontend that ends a stream with one of these refused it (not a broken link): redialing at
+# once would be refused again, so the next attempt waits out the back-off like a failed dial.
+_REFUSALS = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ABORTED,
+    }
+)
+
+
+class NotAFrontend(Exception):
+    """The peer at a frontend URL did not prove a global frontend identity: no telemetry goes there."""
+
+
+def _refused(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSALS
 
 
 @dataclass(frozen=True)
@@ -165,6 +188,10 @@ class Publisher:
         self.state = State.TELEMETRY_STREAM_STATE_CONNECTING
         self.connects += 1
         self._restart = False
+        # With mutual TLS, pool state goes only to a peer whose certificate names a frontend.
+        peer = await peer_identity_of(self.url)
+        if peer is not None and peer.role is not Role.FRONTEND:
+            raise NotAFrontend(f"{self.url} is {peer}, not a global frontend; no telemetry sent")
         call = self._stub.PublishPoolTelemetry()
         reader = asyncio.ensure_future(self._read(call))
         productive = False
@@ -198,7 +225,7 @@ class Publisher:
                 raise failure
         except Exception as exc:
             self.last_error = describe_error(exc)
-            if not productive:
+            if not productive or _refused(exc):
                 raise
             log.info("telemetry stream broke; redialing", frontend=self.url, error=self.last_error)
         finally:
