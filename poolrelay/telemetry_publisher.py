@@ -18,7 +18,7 @@ from tenacity import RetryCallState
 
 from meshkit.channels import aio_channel, peer_identity_of
 from meshkit.clock import Clock
-from meshkit.identity import Role
+from meshkit.identity import IdentityError, Role
 from meshkit.logs import get_logger
 from meshkit.timeconv import duration, timestamp
 from poolrelay.pool_blocks import PoolBlocks
@@ -44,6 +44,7 @@ _REFUSALS = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.FAILED_PRECONDITION,
         grpc.StatusCode.ABORTED,
+        grpc.StatusCode.UNIMPLEMENTED,
     }
 )
 
@@ -189,7 +190,10 @@ class Publisher:
         self.connects += 1
         self._restart = False
         # With mutual TLS, pool state goes only to a peer whose certificate names a frontend.
-        peer = await peer_identity_of(self.url)
+        try:
+            peer = await peer_identity_of(self.url)
+        except IdentityError as exc:
+            raise NotAFrontend(f"{self.url} has no mesh identity ({exc}); no telemetry sent") from exc
         if peer is not None and peer.role is not Role.FRONTEND:
             raise NotAFrontend(f"{self.url} is {peer}, not a global frontend; no telemetry sent")
         call = self._stub.PublishPoolTelemetry()

@@ -59,7 +59,7 @@ def make_pki(root: Path) -> Pki:
     pki.issue("frontend", Role.FRONTEND, "router-1")
     pki.issue("admin", Role.ADMIN, "ops")
     pki.issue("client", Role.CLIENT, "alice")
-    pki.issue("pool", Role.FRONTEND, "pool-a-frontend")
+    pki.issue("pool", None)  # a server that never dials: no identity to grant anything
     past = dt.datetime.now(dt.UTC) - dt.timedelta(days=2)
     pki.issue("expired", Role.CLIENT, "late", not_before=past, not_after=past + dt.timedelta(days=1))
     pki.issue("other-ca", Role.ADMIN, "intruder", ca=devcerts.new_authority("another CA"))

@@ -56,7 +56,11 @@ def test_identifiers_are_checked_without_raising(value):
 
 
 @FAST
-@given(urls=st.lists(texts | st.from_regex(r"https?://[a-z0-9.]{1,20}:[0-9]{1,6}/?", fullmatch=True), max_size=70))
+@given(
+    urls=st.lists(
+        texts | st.from_regex(r"https?://[a-z0-9.]{1,20}:[0-9]{1,6}/?", fullmatch=True), max_size=70
+    )
+)
 def test_frontend_lists_are_checked_without_raising(urls):
     v = Violations()
     check_frontends(v, "frontends", urls)
@@ -67,7 +71,9 @@ def test_frontend_lists_are_checked_without_raising(urls):
 spiffe_like = st.builds(
     lambda domain, parts: f"spiffe://{domain}/" + "/".join(parts),
     st.sampled_from(["mesh.local", "other", ""]),
-    st.lists(st.sampled_from(["relay", "frontend", "admin", "client", "p", "", " x", "\x00"]) | texts, max_size=5),
+    st.lists(
+        st.sampled_from(["relay", "frontend", "admin", "client", "p", "", " x", "\x00"]) | texts, max_size=5
+    ),
 )
 
 

@@ -1,0 +1,172 @@
+"""A whole mesh over mutual TLS on one machine, for the security end-to-end tests."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from globaldiscovery.v1 import discovery_pb2 as dpb
+from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
+from globalrouter.v1 import router_pb2 as rpb
+from globalrouter.v1 import router_pb2_grpc as rpb_grpc
+from meshkit.tls import SecurityConfig, channel_credentials
+from tests.security.pki import Pki
+from tests.support import Proc, ProcessGroup, command, free_port, wait_until
+
+MODEL = "demo-model"
+
+
+def secure_channel(address: str, config: SecurityConfig) -> grpc.Channel:
+    """A blocking channel presenting `config`'s certificate (or none)."""
+    return grpc.secure_channel(address, channel_credentials(config))
+
+
+def wait_serving(address: str, config: SecurityConfig, proc: Proc, timeout: float = 30.0) -> None:
+    """Until `address` answers its health check over TLS; fails with the process log if it exits."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    with secure_channel(address, config) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise AssertionError(f"{proc.args[:2]} exited:\n{proc.output()[-3000:]}")
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                    return
+            except grpc.RpcError as exc:
+                last = exc
+            time.sleep(0.05)
+    raise AssertionError(f"{address} not serving within {timeout}s ({last})\n{proc.output()[-3000:]}")
+
+
+@dataclass
+class SecureMesh:
+    """Discovery, one mocker pool with its relay, one global frontend: every link mutual TLS."""
+
+    pki: Pki
+    group: ProcessGroup
+    discovery: str = ""
+    pool: str = ""
+    router: str = ""
+    relay_status: str = ""
+    metrics_port: int = 0
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    def start(self, name: str, args: list[str], cert: str) -> Proc:
+        self.procs[name] = self.group.start(name, [*args, *self.pki.flags(cert)])
+        return self.procs[name]
+
+    def start_all(self) -> SecureMesh:
+        admin = self.pki.config("admin")
+        self.discovery = f"127.0.0.1:{free_port()}"
+        proc = self.start(
+            "discovery",
+            [
+                command("globaldiscovery"),
+                "serve",
+                "--listen",
+                self.discovery,
+                "--heartbeat-interval",
+                "0.5",
+                "--lease-duration",
+                "1.5",
+            ],
+            "discovery",
+        )
+        wait_serving(self.discovery, admin, proc)
+        self.pool = f"127.0.0.1:{free_port()}"
+        proc = self.start(
+            "pool",
+            [command("mocker"), "serve", "--listen", self.pool, "--pool-id", "pool-a", "--model", MODEL],
+            "pool",
+        )
+        wait_serving(self.pool, admin, proc)
+        self.router = f"127.0.0.1:{free_port()}"
+        self.metrics_port = free_port()
+        proc = self.start(
+            "router",
+            [
+                command("globalrouter"),
+                "serve",
+                "--listen",
+                self.router,
+                "--discovery",
+                self.discovery,
+                "--frontend-id",
+                "router-1",
+                "--metrics-listen",
+                f"127.0.0.1:{self.metrics_port}",
+                "--grace",
+                "1",
+            ],
+            "frontend",
+        )
+        wait_serving(self.router, admin, proc)
+        self.relay_status = f"127.0.0.1:{free_port()}"
+        self.start(
+            "relay",
+            [
+                command("poolrelay"),
+                "serve",
+                "--pool",
+                self.pool,
+                "--discovery",
+                self.discovery,
+                "--routing-pool",
+                "pool-a",
+                "--routing-pool-region",
+                "r1",
+                "--routing-pool-frontends",
+                f"http://{self.pool}",
+                "--relay-id",
+                "relay-1",
+                "--report-interval",
+                "0.2",
+                "--status-listen",
+                self.relay_status,
+            ],
+            "relay-a",
+        )
+        wait_until(self.routable, 30, message="pool-a routable over mutual TLS")
+        return self
+
+    def router_metric(self, name: str, **labels: str) -> float:
+        """One sample of the router's /metrics (0 when absent)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as reply:
+            for family in text_string_to_metric_families(reply.read().decode()):
+                for sample in family.samples:
+                    if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                        return sample.value
+        return 0.0
+
+    def directory(self) -> list[dpb.Pool]:
+        """The pools discovery lists (asked as an admin)."""
+        with secure_channel(self.discovery, self.pki.config("admin")) as ch:
+            return list(dpb_grpc.DiscoveryServiceStub(ch).ListPools(dpb.ListPoolsRequest(), timeout=5).pools)
+
+    def router_view(self) -> dict[str, rpb.PoolView]:
+        """The router's pools (asked as a client)."""
+        with secure_channel(self.router, self.pki.config("client")) as ch:
+            reply = rpb_grpc.RouterServiceStub(ch).ListPools(rpb.ListPoolsRequest(), timeout=5)
+        return {p.pool_id: p for p in reply.pools}
+
+    def routable(self) -> bool:
+        view = self.router_view().get("pool-a")
+        return bool(view and view.listed and view.load_freshness.fresh and view.kv_freshness.fresh)
+
+    def state(self) -> tuple:
+        """What a refused call must not change: the directory's pools and the router's signals about them."""
+        pools = tuple(
+            (p.pool_id, p.model, tuple(p.frontends), p.draining, tuple(lease.relay_id for lease in p.leases))
+            for p in self.directory()
+        )
+        view = self.router_view()
+        signals = tuple(
+            (v.pool_id, v.listed, v.draining, v.ready, v.telemetry_streams) for v in view.values()
+        )
+        return pools, signals
