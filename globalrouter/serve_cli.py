@@ -50,6 +50,12 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--max-telemetry-streams", type=int_at_least(1), default=1024, help="telemetry streams open at once"
     )
+    p.add_argument(
+        "--max-snapshot-blocks",
+        type=int_at_least(1),
+        default=4_194_304,
+        help="block hashes one telemetry snapshot may carry across its chunks",
+    )
     p.add_argument("--log-level", default="info")
     add_security_flags(p)
     p.set_defaults(func=_run)
@@ -71,6 +77,7 @@ def _run(args: argparse.Namespace) -> int:
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
         max_telemetry_streams=args.max_telemetry_streams,
+        max_snapshot_blocks=args.max_snapshot_blocks,
         security=args.security,
     )
     try:

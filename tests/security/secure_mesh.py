@@ -21,12 +21,14 @@ from tests.support import Proc, ProcessGroup, command, free_port, wait_until
 MODEL = "demo-model"
 
 
-def secure_channel(address: str, config: SecurityConfig) -> grpc.Channel:
-    """A blocking channel presenting `config`'s certificate (or none)."""
+def secure_channel(address: str, config: SecurityConfig | None) -> grpc.Channel:
+    """A blocking channel presenting `config`'s certificate (plain text when `config` is None)."""
+    if config is None:
+        return grpc.insecure_channel(address)
     return grpc.secure_channel(address, channel_credentials(config))
 
 
-def wait_serving(address: str, config: SecurityConfig, proc: Proc, timeout: float = 30.0) -> None:
+def wait_serving(address: str, config: SecurityConfig | None, proc: Proc, timeout: float = 30.0) -> None:
     """Until `address` answers its health check over TLS; fails with the process log if it exits."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -46,10 +48,12 @@ def wait_serving(address: str, config: SecurityConfig, proc: Proc, timeout: floa
 
 @dataclass
 class SecureMesh:
-    """Discovery, one mocker pool with its relay, one global frontend: every link mutual TLS."""
+    """Discovery, one mocker pool with its relay, one global frontend: every link mutual TLS
+    (plain text on loopback when `pki` is None)."""
 
-    pki: Pki
+    pki: Pki | None
     group: ProcessGroup
+    router_flags: tuple[str, ...] = ()
     discovery: str = ""
     pool: str = ""
     router: str = ""
@@ -57,12 +61,17 @@ class SecureMesh:
     metrics_port: int = 0
     procs: dict[str, Proc] = field(default_factory=dict)
 
+    def config(self, cert: str) -> SecurityConfig | None:
+        """How a caller presenting `cert` connects (None: plain text)."""
+        return self.pki.config(cert) if self.pki else None
+
     def start(self, name: str, args: list[str], cert: str) -> Proc:
-        self.procs[name] = self.group.start(name, [*args, *self.pki.flags(cert)])
+        flags = self.pki.flags(cert) if self.pki else []
+        self.procs[name] = self.group.start(name, [*args, *flags])
         return self.procs[name]
 
     def start_all(self) -> SecureMesh:
-        admin = self.pki.config("admin")
+        admin = self.config("admin")
         self.discovery = f"127.0.0.1:{free_port()}"
         proc = self.start(
             "discovery",
@@ -103,6 +112,7 @@ class SecureMesh:
                 f"127.0.0.1:{self.metrics_port}",
                 "--grace",
                 "1",
+                *self.router_flags,
             ],
             "frontend",
         )
@@ -146,12 +156,12 @@ class SecureMesh:
 
     def directory(self) -> list[dpb.Pool]:
         """The pools discovery lists (asked as an admin)."""
-        with secure_channel(self.discovery, self.pki.config("admin")) as ch:
+        with secure_channel(self.discovery, self.config("admin")) as ch:
             return list(dpb_grpc.DiscoveryServiceStub(ch).ListPools(dpb.ListPoolsRequest(), timeout=5).pools)
 
     def router_view(self) -> dict[str, rpb.PoolView]:
         """The router's pools (asked as a client)."""
-        with secure_channel(self.router, self.pki.config("client")) as ch:
+        with secure_channel(self.router, self.config("client")) as ch:
             reply = rpb_grpc.RouterServiceStub(ch).ListPools(rpb.ListPoolsRequest(), timeout=5)
         return {p.pool_id: p for p in reply.pools}
 

@@ -1,0 +1,594 @@
+"""The bad-input table: hostile or malformed inputs to every service, each with the exact answer it gets.
+
+This module is data plus the code that sends each input. test_bad_inputs.py runs every case against
+a live mesh; SECURITY.md's table is generated from CASES (tests/security/security_doc.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+
+from globaldiscovery.v1 import discovery_pb2 as dpb
+from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
+from globalrouter.v1 import pool_frontend_pb2 as ppb
+from globalrouter.v1 import pool_frontend_pb2_grpc as ppb_grpc
+from globalrouter.v1 import router_pb2 as rpb
+from globalrouter.v1 import router_pb2_grpc as rpb_grpc
+from meshkit import pagination
+from meshkit.errors import reason_of
+from meshkit.timeconv import duration
+from meshkit.validation import bad_request_fields
+from mocker.v1 import admin_pb2 as apb
+from mocker.v1 import admin_pb2_grpc as apb_grpc
+from poolrelay.v1 import pool_events_pb2 as epb
+from poolrelay.v1 import pool_events_pb2_grpc as epb_grpc
+from poolrelay.v1 import telemetry_pb2 as tpb
+from poolrelay.v1 import telemetry_pb2_grpc as tpb_grpc
+from tests.security.secure_mesh import MODEL, SecureMesh, secure_channel
+from tests.support import command
+
+# Limits the bad-input mesh's router is started with (so that the cases stay small).
+ROUTER_FLAGS = ("--max-prompt-tokens", "2048", "--max-output-tokens", "4096", "--max-snapshot-blocks", "1000")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a service answered: status code name, BadRequest fields, ErrorInfo reason, message."""
+
+    code: str
+    fields: tuple[str, ...] = ()
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: where it goes, what it is, and the answer it must get."""
+
+    service: str
+    call: str
+    attack: str
+    code: str
+    field: str
+    """The field the answer names (BadRequest field, or named in the message); "" when none applies."""
+    send: Callable[[SecureMesh], Outcome]
+    reason: str = ""
+    """The ErrorInfo reason the answer carries, when it must carry one."""
+
+
+def _rpc(call: Callable[[], object]) -> Outcome:
+    try:
+        result = call()
+        if isinstance(result, Iterable) and not isinstance(result, (str, bytes)):
+            list(result)
+    except grpc.RpcError as exc:
+        fields = tuple(bad_request_fields(exc)) if exc.code() is grpc.StatusCode.INVALID_ARGUMENT else ()
+        return Outcome(exc.code().name, fields, reason_of(exc) or "", exc.details() or "")
+    return Outcome("OK")
+
+
+def _discovery(method: str, request) -> Callable[[SecureMesh], Outcome]:
+    def send(mesh: SecureMesh) -> Outcome:
+        with secure_channel(mesh.discovery, mesh.config("admin")) as ch:
+            stub = dpb_grpc.DiscoveryServiceStub(ch)
+            return _rpc(lambda: getattr(stub, method)(request, timeout=10))
+
+    return send
+
+
+def _router(method: str, request) -> Callable[[SecureMesh], Outcome]:
+    def send(mesh: SecureMesh) -> Outcome:
+        with secure_channel(mesh.router, mesh.config("client")) as ch:
+            stub = rpb_grpc.RouterServiceStub(ch)
+            return _rpc(lambda: getattr(stub, method)(request, timeout=10))
+
+    return send
+
+
+def _telemetry(*messages: tpb.PublishPoolTelemetryRequest) -> Callable[[SecureMesh], Outcome]:
+    def send(mesh: SecureMesh) -> Outcome:
+        with secure_channel(mesh.router, mesh.config("relay-a")) as ch:
+            stub = tpb_grpc.TelemetryServiceStub(ch)
+            return _rpc(lambda: stub.PublishPoolTelemetry(iter(messages), timeout=10))
+
+    return send
+
+
+def _pool(stub_class, method: str, request) -> Callable[[SecureMesh], Outcome]:
+    def send(mesh: SecureMesh) -> Outcome:
+        with secure_channel(mesh.pool, mesh.config("admin")) as ch:
+            return _rpc(lambda: getattr(stub_class(ch), method)(request, timeout=10))
+
+    return send
+
+
+def _relay_flags(*flags: str) -> Callable[[SecureMesh], Outcome]:
+    """`poolrelay serve` with otherwise good flags and `flags` changed: its exit code and complaint."""
+
+    def send(mesh: SecureMesh) -> Outcome:
+        base = {
+            "--pool": mesh.pool,
+            "--discovery": mesh.discovery,
+            "--routing-pool": "pool-x",
+            "--routing-pool-region": "r1",
+            "--routing-pool-frontends": f"http://{mesh.pool}",
+        }
+        for name, value in zip(flags[::2], flags[1::2], strict=True):
+            base[name] = value
+        args = [command("poolrelay"), "serve", *(x for kv in base.items() for x in kv)]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+        return Outcome(f"exit {done.returncode}", message=done.stderr)
+
+    return send
+
+
+def _registration(**changes) -> dpb.RegisterPoolRequest:
+    fields = {
+        "pool_id": "pool-x",
+        "model": MODEL,
+        "region": "r1",
+        "frontends": ["http://127.0.0.1:1"],
+        "relay_id": "relay-x",
+        "incarnation": 1,
+    }
+    fields.update(changes)
+    return dpb.RegisterPoolRequest(**fields)
+
+
+def _hello(**changes) -> tpb.PublishPoolTelemetryRequest:
+    fields = {
+        "pool_id": "pool-a",
+        "relay_id": "relay-1",
+        "incarnation": 1,
+        "protocol_version": 1,
+        "block_size": 16,
+        "hash_scheme": tpb.HASH_SCHEME_XXH3_64_CHAINED_U32LE,
+    }
+    fields.update(changes)
+    return tpb.PublishPoolTelemetryRequest(hello=tpb.TelemetryHello(**fields))
+
+
+def _tokens(n: int, token: int = 7) -> rpb.Prompt:
+    return rpb.Prompt(token_ids=rpb.TokenIds(ids=[token] * n))
+
+
+def _generate(**changes) -> rpb.GenerateRequest:
+    fields = {"model": MODEL, "prompt": _tokens(4), "max_tokens": 4}
+    fields.update(changes)
+    return rpb.GenerateRequest(**fields)
+
+
+def _snapshot(chunk: int, blocks: int) -> tpb.PublishPoolTelemetryRequest:
+    return tpb.PublishPoolTelemetryRequest(
+        kv_snapshot=tpb.KvSnapshot(
+            snapshot_id=1, sequence=1, chunk_index=chunk, last=False, block_hashes=range(blocks)
+        )
+    )
+
+
+_FORGED = pagination.encode_page_token("pool-a", ("pools", "other-model", ""))
+IA, RE = "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"
+
+CASES: list[Case] = [
+    # ---- globaldiscovery ----------------------------------------------------------------------
+    Case(
+        "discovery",
+        "RegisterPool",
+        "pool_id with a control character",
+        IA,
+        "pool_id",
+        _discovery("RegisterPool", _registration(pool_id="pool\x07x")),
+    ),
+    Case(
+        "discovery",
+        "RegisterPool",
+        "model of 129 characters",
+        IA,
+        "model",
+        _discovery("RegisterPool", _registration(model="m" * 129)),
+    ),
+    Case(
+        "discovery",
+        "RegisterPool",
+        "region with surrounding white space",
+        IA,
+        "region",
+        _discovery("RegisterPool", _registration(region=" r1 ")),
+    ),
+    Case(
+        "discovery",
+        "RegisterPool",
+        "65 frontends",
+        IA,
+        "frontends",
+        _discovery("RegisterPool", _registration(frontends=[f"http://10.0.0.1:{p}" for p in range(1, 66)])),
+    ),
+    Case(
+        "discovery",
+        "RegisterPool",
+        "a frontend that is not http(s)",
+        IA,
+        "frontends[0]",
+        _discovery("RegisterPool", _registration(frontends=["ftp://127.0.0.1:21"])),
+    ),
+    Case(
+        "discovery",
+        "RegisterPool",
+        "a frontend URL carrying credentials",
+        IA,
+        "frontends[0]",
+        _discovery("RegisterPool", _registration(frontends=["http://user:pw@127.0.0.1:1"])),
+    ),
+    Case(
+        "discovery",
+        "RegisterPool",
+        "incarnation 0",
+        IA,
+        "incarnation",
+        _discovery("RegisterPool", _registration(incarnation=0)),
+    ),
+    Case(
+        "discovery",
+        "RegisterPool",
+        "65 capabilities",
+        IA,
+        "capabilities",
+        _discovery("RegisterPool", _registration(capabilities=[f"c{i}" for i in range(65)])),
+    ),
+    Case(
+        "discovery",
+        "RegisterPool",
+        "a 300 KB message (over the 256 KiB cap)",
+        RE,
+        "",
+        _discovery("RegisterPool", _registration(capabilities=["x" * 1000] * 300)),
+        reason="LIMIT_EXCEEDED",
+    ),
+    Case(
+        "discovery",
+        "UnregisterPool",
+        "empty relay_id",
+        IA,
+        "relay_id",
+        _discovery("UnregisterPool", dpb.UnregisterPoolRequest(pool_id="pool-a", incarnation=1)),
+    ),
+    Case(
+        "discovery",
+        "ListPools",
+        "a page token that is not one",
+        IA,
+        "page_token",
+        _discovery("ListPools", dpb.ListPoolsRequest(page_token="Zm9yZ2Vk")),
+    ),
+    Case(
+        "discovery",
+        "ListPools",
+        "a page token issued for other filters",
+        IA,
+        "page_token",
+        _discovery("ListPools", dpb.ListPoolsRequest(page_token=_FORGED)),
+    ),
+    Case(
+        "discovery",
+        "ListPools",
+        "negative page_size",
+        IA,
+        "page_size",
+        _discovery("ListPools", dpb.ListPoolsRequest(page_size=-1)),
+    ),
+    Case(
+        "discovery",
+        "WatchPools",
+        "model filter with a newline",
+        IA,
+        "model",
+        _discovery("WatchPools", dpb.WatchPoolsRequest(model="a\nb")),
+    ),
+    Case(
+        "discovery",
+        "DrainPool",
+        "negative timeout",
+        IA,
+        "timeout",
+        _discovery("DrainPool", dpb.DrainPoolRequest(pool_id="pool-a", timeout=Duration(seconds=-5))),
+    ),
+    Case(
+        "discovery",
+        "DrainPool",
+        "no timeout",
+        IA,
+        "timeout",
+        _discovery("DrainPool", dpb.DrainPoolRequest(pool_id="pool-a")),
+    ),
+    Case(
+        "discovery",
+        "RegisterFrontend",
+        "url with a path",
+        IA,
+        "url",
+        _discovery(
+            "RegisterFrontend",
+            dpb.RegisterFrontendRequest(frontend_id="f", url="http://127.0.0.1:1/x", incarnation=1),
+        ),
+    ),
+    # ---- globalrouter (RouterService) -----------------------------------------------------------
+    Case("router", "Generate", "empty model", IA, "model", _router("Generate", _generate(model=""))),
+    Case(
+        "router", "Generate", "max_tokens 0", IA, "max_tokens", _router("Generate", _generate(max_tokens=0))
+    ),
+    Case(
+        "router",
+        "Generate",
+        "max_tokens past the configured cap (4096)",
+        IA,
+        "max_tokens",
+        _router("Generate", _generate(max_tokens=5000)),
+    ),
+    Case(
+        "router",
+        "Generate",
+        "prompt past the configured cap (2048 tokens)",
+        IA,
+        "prompt",
+        _router("Generate", _generate(prompt=_tokens(3000))),
+    ),
+    Case(
+        "router", "Generate", "no prompt", IA, "prompt", _router("Generate", _generate(prompt=rpb.Prompt()))
+    ),
+    Case(
+        "router",
+        "Generate",
+        "empty text prompt",
+        IA,
+        "prompt.text",
+        _router("Generate", _generate(prompt=rpb.Prompt(text=""))),
+    ),
+    Case(
+        "router",
+        "Generate",
+        "request_id with a control character",
+        IA,
+        "request_id",
+        _router("Generate", _generate(request_id="r\x1b1")),
+    ),
+    Case(
+        "router",
+        "Generate",
+        "a 10 MB message (over the 8 MiB limit)",
+        RE,
+        "",
+        _router("Generate", _generate(prompt=_tokens(2_000_000, token=4_000_000_000))),
+    ),
+    Case(
+        "router",
+        "Route",
+        "max_tokens past the configured cap",
+        IA,
+        "max_tokens",
+        _router("Route", rpb.RouteRequest(model=MODEL, prompt=_tokens(4), max_tokens=5000)),
+    ),
+    Case(
+        "router",
+        "ListPools",
+        "a forged page token",
+        IA,
+        "page_token",
+        _router("ListPools", rpb.ListPoolsRequest(page_token="!!!")),
+    ),
+    # ---- globalrouter (TelemetryService) --------------------------------------------------------
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "first message is not a hello",
+        IA,
+        "hello",
+        _telemetry(tpb.PublishPoolTelemetryRequest(heartbeat=tpb.TelemetryHeartbeat())),
+    ),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "hello with block_size 0",
+        IA,
+        "hello.block_size",
+        _telemetry(_hello(block_size=0)),
+    ),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "hello with an unknown protocol version",
+        IA,
+        "hello.protocol_version",
+        _telemetry(_hello(protocol_version=2)),
+    ),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "hello with no hash scheme",
+        IA,
+        "hello.hash_scheme",
+        _telemetry(_hello(hash_scheme=tpb.HASH_SCHEME_UNSPECIFIED)),
+    ),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "hello with incarnation 0",
+        IA,
+        "hello.incarnation",
+        _telemetry(_hello(incarnation=0)),
+    ),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "snapshot chunks that never end (past 1000 blocks)",
+        RE,
+        "kv_snapshot.block_hashes",
+        _telemetry(_hello(pool_id="pool-z", relay_id="relay-z"), *(_snapshot(i, 400) for i in range(4))),
+    ),
+    # ---- mocker (pool frontend, pool events, admin) ---------------------------------------------
+    Case(
+        "mocker",
+        "PoolFrontendService.Generate",
+        "no token ids",
+        IA,
+        "token_ids",
+        _pool(
+            ppb_grpc.PoolFrontendServiceStub,
+            "Generate",
+            ppb.PoolFrontendServiceGenerateRequest(request_id="r", model=MODEL, max_tokens=1),
+        ),
+    ),
+    Case(
+        "mocker",
+        "PoolFrontendService.Generate",
+        "max_tokens 0",
+        IA,
+        "max_tokens",
+        _pool(
+            ppb_grpc.PoolFrontendServiceStub,
+            "Generate",
+            ppb.PoolFrontendServiceGenerateRequest(request_id="r", model=MODEL, token_ids=[1]),
+        ),
+    ),
+    Case(
+        "mocker",
+        "PoolFrontendService.Generate",
+        "request_id with a control character",
+        IA,
+        "request_id",
+        _pool(
+            ppb_grpc.PoolFrontendServiceStub,
+            "Generate",
+            ppb.PoolFrontendServiceGenerateRequest(
+                request_id="\x00", model=MODEL, token_ids=[1], max_tokens=1
+            ),
+        ),
+    ),
+    Case(
+        "mocker",
+        "WatchPoolStatus",
+        "interval of 1 ms",
+        IA,
+        "interval",
+        _pool(
+            epb_grpc.PoolEventsServiceStub,
+            "WatchPoolStatus",
+            epb.WatchPoolStatusRequest(interval=duration(0.001)),
+        ),
+    ),
+    Case(
+        "mocker",
+        "StartDrain",
+        "no timeout",
+        IA,
+        "timeout",
+        _pool(epb_grpc.PoolEventsServiceStub, "StartDrain", epb.StartDrainRequest()),
+    ),
+    Case(
+        "mocker",
+        "SetModelReady",
+        "empty model",
+        IA,
+        "model",
+        _pool(apb_grpc.MockerAdminServiceStub, "SetModelReady", apb.SetModelReadyRequest(ready=True)),
+    ),
+    Case(
+        "mocker",
+        "SetFaults",
+        "negative added latency",
+        IA,
+        "added_latency",
+        _pool(
+            apb_grpc.MockerAdminServiceStub,
+            "SetFaults",
+            apb.SetFaultsRequest(added_latency=Duration(seconds=-1)),
+        ),
+    ),
+    # ---- poolrelay (its configuration is its outside input) -------------------------------------
+    Case(
+        "relay",
+        "serve flags",
+        "a pool frontend that is not http(s)",
+        "exit 2",
+        "--routing-pool-frontends",
+        _relay_flags("--routing-pool-frontends", "ftp://127.0.0.1:1"),
+    ),
+    Case(
+        "relay",
+        "serve flags",
+        "a discovery address without a port",
+        "exit 2",
+        "--discovery",
+        _relay_flags("--discovery", "127.0.0.1"),
+    ),
+    Case(
+        "relay",
+        "serve flags",
+        "negative report interval",
+        "exit 2",
+        "--report-interval",
+        _relay_flags("--report-interval", "-1"),
+    ),
+    Case(
+        "relay",
+        "serve flags",
+        "a certificate file that does not exist",
+        "exit 2",
+        "--tls-cert",
+        _relay_flags("--tls-cert", "/nonexistent.crt", "--tls-key", "/nonexistent.key"),
+    ),
+]
+
+
+def _watcher_that_never_reads(mesh: SecureMesh) -> Outcome:
+    """A WatchPools stream that is never read while 3,000 registrations churn: cut off, memory flat."""
+    from tests.security.secure_mesh import wait_serving
+    from tests.support import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    proc = mesh.start(
+        "discovery-churn",
+        [command("globaldiscovery"), "serve", "--listen", address, "--watch-queue-limit", "100"],
+        "discovery",
+    )
+    try:
+        wait_serving(address, mesh.config("admin"), proc)
+        rss_before = _rss_kib(proc.pid)
+        # No BDP probing: the receive window stays at its 64 KiB default, as a slow reader's would.
+        options = [("grpc.http2.bdp_probe", 0)]
+        with (
+            grpc.insecure_channel(address, options=options) as watch_ch,
+            secure_channel(address, mesh.config("admin")) as ch,
+        ):
+            watch = dpb_grpc.DiscoveryServiceStub(watch_ch).WatchPools(dpb.WatchPoolsRequest(), timeout=60)
+            stub = dpb_grpc.DiscoveryServiceStub(ch)
+            for i in range(3000):
+                stub.RegisterPool(_registration(pool_id=f"churn-{i}", relay_id=f"relay-{i}"), timeout=10)
+            outcome = _rpc(lambda: watch)
+        growth_mib = (_rss_kib(proc.pid) - rss_before) / 1024
+        if growth_mib > 64:
+            return Outcome("MEMORY GREW", message=f"{growth_mib:.0f} MiB")
+        return outcome
+    finally:
+        proc.stop()
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+CASES.append(
+    Case(
+        "discovery",
+        "WatchPools",
+        "a watcher that never reads while 3,000 registrations churn",
+        RE,
+        "",
+        _watcher_that_never_reads,
+    )
+)
