@@ -6,6 +6,7 @@ a live mesh; SECURITY.md's table is generated from CASES (tests/security/securit
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -72,39 +73,26 @@ def _rpc(call: Callable[[], object]) -> Outcome:
     return Outcome("OK")
 
 
-def _discovery(method: str, request) -> Callable[[SecureMesh], Outcome]:
+def _call(target: str, cert: str, stub_class, method: str, request, *, stream: bool = False):
+    """A sender of `request` to `method` of the mesh's `target` (discovery, router, pool) as `cert`."""
+
     def send(mesh: SecureMesh) -> Outcome:
-        with secure_channel(mesh.discovery, mesh.config("admin")) as ch:
-            stub = dpb_grpc.DiscoveryServiceStub(ch)
-            return _rpc(lambda: getattr(stub, method)(request, timeout=10))
+        with secure_channel(getattr(mesh, target), mesh.config(cert)) as ch:
+            rpc = getattr(stub_class(ch), method)
+            return _rpc(lambda: rpc(iter(request) if stream else request, timeout=10))
 
     return send
 
 
-def _router(method: str, request) -> Callable[[SecureMesh], Outcome]:
-    def send(mesh: SecureMesh) -> Outcome:
-        with secure_channel(mesh.router, mesh.config("client")) as ch:
-            stub = rpb_grpc.RouterServiceStub(ch)
-            return _rpc(lambda: getattr(stub, method)(request, timeout=10))
-
-    return send
+_discovery = functools.partial(_call, "discovery", "admin", dpb_grpc.DiscoveryServiceStub)
+_router = functools.partial(_call, "router", "client", rpb_grpc.RouterServiceStub)
+_pool = functools.partial(_call, "pool", "admin")
 
 
 def _telemetry(*messages: tpb.PublishPoolTelemetryRequest) -> Callable[[SecureMesh], Outcome]:
-    def send(mesh: SecureMesh) -> Outcome:
-        with secure_channel(mesh.router, mesh.config("relay-a")) as ch:
-            stub = tpb_grpc.TelemetryServiceStub(ch)
-            return _rpc(lambda: stub.PublishPoolTelemetry(iter(messages), timeout=10))
-
-    return send
-
-
-def _pool(stub_class, method: str, request) -> Callable[[SecureMesh], Outcome]:
-    def send(mesh: SecureMesh) -> Outcome:
-        with secure_channel(mesh.pool, mesh.config("admin")) as ch:
-            return _rpc(lambda: getattr(stub_class(ch), method)(request, timeout=10))
-
-    return send
+    return _call(
+        "router", "relay-a", tpb_grpc.TelemetryServiceStub, "PublishPoolTelemetry", messages, stream=True
+    )
 
 
 def _relay_flags(*flags: str) -> Callable[[SecureMesh], Outcome]:
