@@ -79,6 +79,10 @@ class StreamState:
     superseded: bool = False
     """A newer stream of the same (pool, relay) took over; this one's messages are ignored."""
     kv_applied: bool = False
+    models_ready: dict[str, bool] | None = None
+    """This stream's last readiness report (None: none yet). The pool's view combines its streams'."""
+    draining: bool = False
+    """This stream's last drain report."""
 
 
 class StreamRejected(Exception):
@@ -111,6 +115,8 @@ class TelemetryIngest:
         self._ids = itertools.count(1)
         self.streams: dict[tuple[str, str], StreamState] = {}
         """(pool_id, relay_id) -> the stream that currently speaks for that relay replica."""
+        self._by_pool: dict[str, dict[str, StreamState]] = {}
+        """pool_id -> relay_id -> stream: a pool's readiness and drain combine these streams' reports."""
 
     # ---- stream life cycle ------------------------------------------------------------------
     def open(self, hello: telemetry_pb2.TelemetryHello) -> StreamState:
@@ -143,6 +149,7 @@ class TelemetryIngest:
             incarnation=hello.incarnation,
         )
         self.streams[key] = stream
+        self._by_pool.setdefault(hello.pool_id, {})[hello.relay_id] = stream
         self._table.stream_counts[hello.pool_id] = self._table.stream_counts.get(hello.pool_id, 0) + 1
         pool = self._table.get(hello.pool_id)
         pool.block_size = hello.block_size
@@ -159,6 +166,12 @@ class TelemetryIngest:
         stream.superseded = True
         if self.streams.get((stream.pool_id, stream.relay_id)) is stream:
             del self.streams[(stream.pool_id, stream.relay_id)]
+            pool_streams = self._by_pool.get(stream.pool_id, {})
+            pool_streams.pop(stream.relay_id, None)
+            if not pool_streams:
+                self._by_pool.pop(stream.pool_id, None)
+            elif stream.pool_id in self._table.pools:
+                self._combine_state(self._table.get(stream.pool_id))
 
     def _release(self, stream: StreamState) -> None:
         self._index.drop_source(stream.source)
@@ -201,12 +214,14 @@ class TelemetryIngest:
             if msg.load.HasField("observe_time"):
                 self._lag(wall_seconds(msg.load.observe_time))
         elif kind == "readiness":
-            pool.models_ready = {
+            stream.models_ready = {
                 m.model: m.state == pool_events_pb2.MODEL_STATE_READY for m in msg.readiness.models
             }
+            self._combine_state(pool)
             pool.state_at = now
         elif kind == "drain":
-            pool.telemetry_draining = msg.drain.drain.state in _DRAINING
+            stream.draining = msg.drain.drain.state in _DRAINING
+            self._combine_state(pool)
             pool.state_at = now
         elif kind == "heartbeat":
             if msg.heartbeat.HasField("send_time"):
@@ -218,6 +233,18 @@ class TelemetryIngest:
                 "hello may only be the first message",
             )
         return None
+
+    def _combine_state(self, pool) -> None:
+        """The pool's readiness and drain from its live streams' own reports, so one replica's
+        report never overwrites another's: a model is ready when a stream reports it ready, and
+        the pool is draining when any stream reports a drain."""
+        streams = [s for s in self._by_pool.get(pool.pool_id, {}).values() if not s.superseded]
+        ready: dict[str, bool] = {}
+        for s in streams:
+            for model, is_ready in (s.models_ready or {}).items():
+                ready[model] = ready.get(model, False) or is_ready
+        pool.models_ready = ready
+        pool.telemetry_draining = any(s.draining for s in streams)
 
     def _lag(self, sent_wall: float) -> None:
         self._metrics.telemetry_lag.observe(max(0.0, self._clock.wall() - sent_wall))

@@ -1,0 +1,360 @@
+"""Benchmark: the added cost of mutual TLS (and authorization) on the paths that matter.
+
+Two meshes of real processes, one plain (loopback, nothing checked) and one over mutual TLS with
+every call authorized, measured in the same run, alternating rounds:
+- renewals/s: 32 relays (each with its own certificate) renewing their pool over KeepAlivePools
+  streams, pipelined with a window of 8, at one discovery server;
+- TTFT p50 through the global frontend: sequential Generate calls (128-token prompts, 1 token);
+- telemetry events/s at the global frontend: one relay stream carrying KV deltas of 16 blocks.
+Writes bench/results/bench_security.md.
+
+Run: .venv/bin/python bench/bench_security.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import grpc  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+
+from globaldiscovery.v1 import discovery_pb2 as dpb  # noqa: E402
+from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc  # noqa: E402
+from globalrouter.v1 import router_pb2 as rpb  # noqa: E402
+from globalrouter.v1 import router_pb2_grpc as rpb_grpc  # noqa: E402
+from meshkit import devcerts  # noqa: E402
+from meshkit.identity import Role, spiffe_id  # noqa: E402
+from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig, channel_credentials  # noqa: E402
+from poolrelay.v1 import telemetry_pb2 as tpb  # noqa: E402
+from poolrelay.v1 import telemetry_pb2_grpc as tpb_grpc  # noqa: E402
+from tests.support import command, free_port, process_group  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "bench_security.md"
+MODEL = "bench-model"
+RELAYS = 32
+WINDOW = 8
+
+
+class Certs:
+    """A dev CA and the certificates the benchmark's processes and clients present."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.ca = devcerts.new_authority()
+        (root / "ca.crt").write_bytes(self.ca.cert_pem)
+
+    def make(self, name: str, role: Role | None, *names: str) -> SecurityConfig:
+        uri = spiffe_id(DEFAULT_TRUST_DOMAIN, role, *names) if role else None
+        cert, key = devcerts.issue(self.ca, uri).write(self.root, name)
+        return SecurityConfig(tls_cert=str(cert), tls_key=str(key), tls_ca=str(self.root / "ca.crt"))
+
+
+def flags(config: SecurityConfig | None) -> list[str]:
+    if config is None:
+        return []
+    return ["--tls-cert", config.tls_cert, "--tls-key", config.tls_key, "--tls-ca", config.tls_ca]
+
+
+# Each channel its own connection: plain channels to one address would otherwise share one.
+_OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+
+
+def channel(address: str, config: SecurityConfig | None) -> grpc.aio.Channel:
+    if config is None:
+        return grpc.aio.insecure_channel(address, options=_OWN_CONNECTION)
+    return grpc.aio.secure_channel(address, channel_credentials(config), options=_OWN_CONNECTION)
+
+
+async def wait_serving(address: str, config: SecurityConfig | None, limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    async with channel(address, config) as ch:
+        while True:
+            try:
+                reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                if time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.05)
+
+
+class Mesh:
+    """discovery + mocker pool + relay + global frontend, plain or over mutual TLS."""
+
+    def __init__(self, group, certs: Certs | None) -> None:
+        self.group = group
+        self.secure = certs is not None
+        c = certs
+        self.server = {
+            name: (c.make(name, role, *names) if c else None)
+            for name, role, names in (
+                ("discovery", None, ()),
+                ("pool", None, ()),
+                ("router", Role.FRONTEND, ("router-1",)),
+                ("relay", Role.RELAY, ("pool-a", "relay-1")),
+                ("client", Role.CLIENT, ("bench",)),
+                ("admin", Role.ADMIN, ("bench",)),
+            )
+        }
+        self.relays = [
+            c.make(f"relay-{i}", Role.RELAY, f"renew-{i}", "relay-1") if c else None for i in range(RELAYS)
+        ]
+        self.telemetry_relay = c.make("relay-t", Role.RELAY, "telemetry-pool", "relay-1") if c else None
+
+    async def start(self) -> None:
+        s = self.server
+        self.discovery = f"127.0.0.1:{free_port()}"
+        self.group.start(
+            "discovery",
+            [command("globaldiscovery"), "serve", "--listen", self.discovery, *flags(s["discovery"])],
+        )
+        self.pool = f"127.0.0.1:{free_port()}"
+        self.group.start(
+            "pool",
+            [
+                command("mocker"),
+                "serve",
+                "--listen",
+                self.pool,
+                "--pool-id",
+                "pool-a",
+                "--model",
+                MODEL,
+                "--speedup",
+                "100",
+                *flags(s["pool"]),
+            ],
+        )
+        await wait_serving(self.discovery, s["admin"])
+        await wait_serving(self.pool, s["admin"])
+        self.router = f"127.0.0.1:{free_port()}"
+        self.group.start(
+            "router",
+            [
+                command("globalrouter"),
+                "serve",
+                "--listen",
+                self.router,
+                "--discovery",
+                self.discovery,
+                "--frontend-id",
+                "router-1",
+                *flags(s["router"]),
+            ],
+        )
+        await wait_serving(self.router, s["admin"])
+        self.group.start(
+            "relay",
+            [
+                command("poolrelay"),
+                "serve",
+                "--pool",
+                self.pool,
+                "--discovery",
+                self.discovery,
+                "--routing-pool",
+                "pool-a",
+                "--routing-pool-region",
+                "r1",
+                "--routing-pool-frontends",
+                f"http://{self.pool}",
+                "--relay-id",
+                "relay-1",
+                "--report-interval",
+                "0.2",
+                *flags(s["relay"]),
+            ],
+        )
+        async with channel(self.router, s["client"]) as ch:
+            stub = rpb_grpc.RouterServiceStub(ch)
+            deadline = time.monotonic() + 60
+            while True:
+                pools = {
+                    p.pool_id: p for p in (await stub.ListPools(rpb.ListPoolsRequest(), timeout=5)).pools
+                }
+                p = pools.get("pool-a")
+                if p and p.listed and p.load_freshness.fresh and p.kv_freshness.fresh:
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the mesh never became routable")
+                await asyncio.sleep(0.1)
+
+    async def renewals(self, seconds: float, warmup: float = 1.0) -> float:
+        """Renewals per second: RELAYS streams, each renewing its own pool with WINDOW in flight.
+
+        Streams are opened (and TLS handshakes done) during `warmup`; only replies after it count."""
+        counted = 0
+        begin = time.perf_counter() + warmup
+        stop = begin + seconds
+
+        async def relay(i: int) -> None:
+            nonlocal counted
+            request = dpb.RegisterPoolRequest(
+                pool_id=f"renew-{i}",
+                model=MODEL,
+                region="r1",
+                frontends=[f"http://10.0.0.{i}:8000"],
+                relay_id="relay-1",
+                incarnation=1,
+            )
+            async with channel(self.discovery, self.relays[i]) as ch:
+                call = dpb_grpc.DiscoveryServiceStub(ch).KeepAlivePools()
+                sent = 0
+                for _ in range(WINDOW):
+                    sent += 1
+                    await call.write(dpb.KeepAlivePoolsRequest(sequence=sent, register=request))
+                while True:
+                    reply = await call.read()
+                    assert not reply.HasField("error"), reply.error
+                    now = time.perf_counter()
+                    if now >= stop:
+                        break
+                    counted += now >= begin
+                    sent += 1
+                    await call.write(dpb.KeepAlivePoolsRequest(sequence=sent, register=request))
+                await call.done_writing()
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+
+        await asyncio.gather(*(relay(i) for i in range(RELAYS)))
+        return counted / seconds
+
+    async def ttft(self, n: int) -> list[float]:
+        """Time to first token of `n` sequential Generates through the global frontend (after warm-up)."""
+        out = []
+        async with channel(self.router, self.server["client"]) as ch:
+            stub = rpb_grpc.RouterServiceStub(ch)
+            for i in range(-20, n):
+                ids = [(i * 7919 + k * 31) % 30_000 for k in range(128)]
+                started = time.perf_counter()
+                call = stub.Generate(
+                    rpb.GenerateRequest(
+                        model=MODEL, prompt=rpb.Prompt(token_ids=rpb.TokenIds(ids=ids)), max_tokens=1
+                    ),
+                    timeout=30,
+                )
+                first = None
+                async for msg in call:
+                    if first is None and msg.HasField("tokens"):
+                        first = time.perf_counter() - started
+                if i >= 0:
+                    out.append(first)
+        return out
+
+    async def telemetry(self, deltas: int) -> float:
+        """KV events (block transitions) per second one telemetry stream delivers into the frontend."""
+        hello = tpb.TelemetryHello(
+            pool_id="telemetry-pool",
+            relay_id="relay-1",
+            incarnation=time.time_ns(),
+            protocol_version=1,
+            block_size=16,
+            hash_scheme=tpb.HASH_SCHEME_XXH3_64_CHAINED_U32LE,
+        )
+
+        def messages():
+            yield tpb.PublishPoolTelemetryRequest(hello=hello)
+            yield tpb.PublishPoolTelemetryRequest(
+                kv_snapshot=tpb.KvSnapshot(snapshot_id=1, sequence=0, chunk_index=0, last=True)
+            )
+            for seq in range(1, deltas + 1):
+                base = seq * 16
+                yield tpb.PublishPoolTelemetryRequest(
+                    kv_delta=tpb.KvDelta(sequence=seq, stored=range(base, base + 16))
+                )
+
+        async with channel(self.router, self.telemetry_relay) as ch:
+            started = time.perf_counter()
+            call = tpb_grpc.TelemetryServiceStub(ch).PublishPoolTelemetry(messages(), timeout=120)
+            async for reply in call:
+                assert not reply.HasField("snapshot_request"), reply
+            elapsed = time.perf_counter() - started
+        return deltas * 16 / elapsed
+
+
+def p50(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+async def run(args) -> dict:
+    results: dict[str, dict[str, list[float]]] = {"plain": {}, "mtls": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp, process_group(Path(tmp)) as group:
+        certs = Certs(Path(tmp))
+        meshes = {"plain": Mesh(group, None), "mtls": Mesh(group, certs)}
+        for mesh in meshes.values():
+            await mesh.start()
+        for round_ in range(args.rounds):
+            order = ("plain", "mtls") if round_ % 2 == 0 else ("mtls", "plain")
+            for name in order:
+                mesh, r = meshes[name], results[name]
+                r.setdefault("renewals", []).append(await mesh.renewals(args.seconds))
+                r.setdefault("ttft", []).extend(await mesh.ttft(args.ttft_requests))
+                r.setdefault("telemetry", []).append(await mesh.telemetry(args.deltas))
+                print(name, round_, {k: round(v[-1], 4) for k, v in r.items()}, flush=True)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=3.0, help="seconds of renewals per round")
+    parser.add_argument("--ttft-requests", type=int, default=100, help="Generates per round")
+    parser.add_argument("--deltas", type=int, default=5000, help="KV deltas per telemetry round")
+    args = parser.parse_args()
+    r = asyncio.run(run(args))
+    plain, mtls = r["plain"], r["mtls"]
+    rows = [
+        (
+            "renewals/s (32 relays, KeepAlivePools, window 8)",
+            p50(plain["renewals"]),
+            p50(mtls["renewals"]),
+            True,
+        ),
+        (
+            "TTFT p50 through the global frontend (ms)",
+            p50(plain["ttft"]) * 1e3,
+            p50(mtls["ttft"]) * 1e3,
+            False,
+        ),
+        (
+            "telemetry KV events/s (one stream, 16 per delta)",
+            p50(plain["telemetry"]),
+            p50(mtls["telemetry"]),
+            True,
+        ),
+    ]
+    lines = [
+        "## Mutual TLS: added cost (bench_security)",
+        "",
+        f"`.venv/bin/python bench/bench_security.py` on {platform.machine()}, {platform.python_version()}; "
+        f"{args.rounds} alternating rounds per mesh (median of rounds; TTFT: median of all "
+        f"{args.rounds * args.ttft_requests} requests). Plain: loopback, nothing checked. mTLS: every link "
+        "mutual TLS, every call authorized (renewals: each message checked against the relay's identity).",
+        "",
+        "| path | plain | mutual TLS | mTLS / plain |",
+        "|---|---|---|---|",
+    ]
+    for label, a, b, _higher_better in rows:
+        lines.append(f"| {label} | {a:,.1f} | {b:,.1f} | {b / a:.2f} |")
+        print(f"{label}: plain {a:,.1f}  mtls {b:,.1f}  ratio {b / a:.2f}")
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text("\n".join(lines) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
