@@ -6,8 +6,10 @@ a live mesh; SECURITY.md's table is generated from CASES (tests/security/securit
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import subprocess
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -30,11 +32,14 @@ from poolrelay.v1 import pool_events_pb2 as epb
 from poolrelay.v1 import pool_events_pb2_grpc as epb_grpc
 from poolrelay.v1 import telemetry_pb2 as tpb
 from poolrelay.v1 import telemetry_pb2_grpc as tpb_grpc
-from tests.security.secure_mesh import MODEL, SecureMesh, secure_channel
-from tests.support import command
+from tests.security.secure_mesh import MODEL, SecureMesh, secure_channel, wait_serving
+from tests.support import command, free_port
 
 # Limits the bad-input mesh's router is started with (so that the cases stay small).
-ROUTER_FLAGS = ("--max-prompt-tokens", "2048", "--max-output-tokens", "4096", "--max-snapshot-blocks", "1000")
+ROUTER_FLAGS = (
+    *("--max-prompt-tokens", "2048", "--max-output-tokens", "4096"),
+    *("--max-snapshot-blocks", "1000", "--max-telemetry-streams", "2"),
+)
 
 
 @dataclass(frozen=True)
@@ -532,19 +537,25 @@ CASES: list[Case] = [
 ]
 
 
-def _watcher_that_never_reads(mesh: SecureMesh) -> Outcome:
-    """A WatchPools stream that is never read while 3,000 registrations churn: cut off, memory flat."""
-    from tests.security.secure_mesh import wait_serving
-    from tests.support import free_port
-
+@contextlib.contextmanager
+def _own_discovery(mesh: SecureMesh, *flags: str):
+    """A discovery process of its own for a case that must not disturb the shared mesh; its address and process."""
     address = f"127.0.0.1:{free_port()}"
     proc = mesh.start(
-        "discovery-churn",
-        [command("globaldiscovery"), "serve", "--listen", address, "--watch-queue-limit", "100"],
+        f"discovery-{len(mesh.procs)}",
+        [command("globaldiscovery"), "serve", "--listen", address, *flags],
         "discovery",
     )
     try:
         wait_serving(address, mesh.config("admin"), proc)
+        yield address, proc
+    finally:
+        proc.stop()
+
+
+def _watcher_that_never_reads(mesh: SecureMesh) -> Outcome:
+    """A WatchPools stream that is never read while 3,000 registrations churn: cut off, memory flat."""
+    with _own_discovery(mesh, "--watch-queue-limit", "100") as (address, proc):
         rss_before = _rss_kib(proc.pid)
         # No BDP probing: the receive window stays at its 64 KiB default, as a slow reader's would.
         options = [("grpc.http2.bdp_probe", 0)]
@@ -561,8 +572,37 @@ def _watcher_that_never_reads(mesh: SecureMesh) -> Outcome:
         if growth_mib > 64:
             return Outcome("MEMORY GREW", message=f"{growth_mib:.0f} MiB")
         return outcome
-    finally:
-        proc.stop()
+
+
+def _one_watcher_too_many(mesh: SecureMesh) -> Outcome:
+    """With --max-watchers 1, a second WatchPools stream while the first is open."""
+    with _own_discovery(mesh, "--max-watchers", "1") as (address, _proc):
+        with secure_channel(address, mesh.config("admin")) as ch:
+            stub = dpb_grpc.DiscoveryServiceStub(ch)
+            first = stub.WatchPools(dpb.WatchPoolsRequest(), timeout=30)
+            next(first)  # the snapshot's end: the watch is open
+            outcome = _rpc(lambda: stub.WatchPools(dpb.WatchPoolsRequest(), timeout=10))
+            first.cancel()
+        return outcome
+
+
+def _one_telemetry_stream_too_many(mesh: SecureMesh) -> Outcome:
+    """The router allows 2 telemetry streams (ROUTER_FLAGS); the pool's relay holds one, a test relay
+    another (then ends it cleanly), and a third is refused."""
+    ended = threading.Event()
+
+    def held():
+        yield _hello(pool_id="pool-q", relay_id="relay-q")
+        ended.wait(30)
+
+    with secure_channel(mesh.router, mesh.config("relay-a")) as ch:
+        stub = tpb_grpc.TelemetryServiceStub(ch)
+        first = stub.PublishPoolTelemetry(held(), timeout=30)
+        next(first)  # hello_ack: the stream is open
+        outcome = _rpc(lambda: stub.PublishPoolTelemetry(iter([_hello(pool_id="pool-r")]), timeout=10))
+        ended.set()
+        list(first)  # the router closes the stream (and forgets pool-q) before it answers
+    return outcome
 
 
 def _rss_kib(pid: int) -> int:
@@ -570,7 +610,7 @@ def _rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
-CASES.append(
+CASES += [
     Case(
         "discovery",
         "WatchPools",
@@ -578,5 +618,23 @@ CASES.append(
         RE,
         "",
         _watcher_that_never_reads,
-    )
-)
+    ),
+    Case(
+        "discovery",
+        "WatchPools",
+        "a second watcher past --max-watchers 1",
+        RE,
+        "",
+        _one_watcher_too_many,
+        reason="LIMIT_EXCEEDED",
+    ),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "a third telemetry stream past --max-telemetry-streams 2",
+        RE,
+        "",
+        _one_telemetry_stream_too_many,
+        reason="LIMIT_EXCEEDED",
+    ),
+]
