@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import string
 
+from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from globalrouter.kv_index import KvIndex
+from globalrouter.metrics import RouterMetrics
+from globalrouter.pool_directory import PoolTable
+from globalrouter.router_api import prompt_tokens
+from globalrouter.telemetry_ingest import StreamRejected, TelemetryIngest, validate_hello
+from globalrouter.v1 import router_pb2 as rpb
 from meshkit import pagination
 from meshkit.authz import TABLE, decide
+from meshkit.clock import FakeClock
 from meshkit.identity import ApiKeys, Identity, IdentityError, Role, bearer_token, parse_spiffe
 from meshkit.validation import Violations, check_frontends, check_identifier, url_problem
+from poolrelay.v1 import telemetry_pb2 as tpb
 
 FAST = settings(max_examples=150, deadline=None)
 texts = st.text(alphabet=st.characters(codec="utf-8"), max_size=300)
@@ -118,3 +127,88 @@ identities = st.builds(
 def test_decide_answers_every_identity_and_method(identity, method):
     refusal = decide(identity, method)
     assert refusal is None or refusal.code.name == "PERMISSION_DENIED"
+
+
+# ---- service decoders of outside input: arbitrary bytes parsed as a request never crash them ----
+
+wire_bytes = st.binary(max_size=600)
+
+
+def _parsed(message_class, data: bytes):
+    message = message_class()
+    try:
+        message.ParseFromString(data)
+    except DecodeError:
+        return None
+    return message
+
+
+@FAST
+@given(data=wire_bytes)
+def test_prompts_decode_or_name_the_field(data):
+    request = _parsed(rpb.GenerateRequest, data)
+    if request is None:
+        return
+    v = Violations()
+    tokens = prompt_tokens(v, "prompt", request.prompt, max_tokens=4096)
+    assert all(f.startswith("prompt") for f, _d in v.items)
+    if not v:
+        assert 0 < len(tokens) <= 4096
+
+
+u64 = st.integers(min_value=0, max_value=2**64 - 1)
+hashes = st.lists(u64, max_size=20)
+telemetry_messages = st.one_of(
+    wire_bytes.map(lambda b: _parsed(tpb.PublishPoolTelemetryRequest, b)).filter(lambda m: m is not None),
+    st.builds(
+        lambda seq, stored, removed: tpb.PublishPoolTelemetryRequest(
+            kv_delta=tpb.KvDelta(sequence=seq, stored=stored, removed=removed)
+        ),
+        st.integers(0, 5),
+        hashes,
+        hashes,
+    ),
+    st.builds(
+        lambda sid, seq, index, last, blocks: tpb.PublishPoolTelemetryRequest(
+            kv_snapshot=tpb.KvSnapshot(
+                snapshot_id=sid, sequence=seq, chunk_index=index, last=last, block_hashes=blocks
+            )
+        ),
+        st.integers(0, 3),
+        st.integers(0, 5),
+        st.integers(0, 3),
+        st.booleans(),
+        hashes,
+    ),
+)
+hellos = st.builds(
+    lambda pool, block_size, incarnation: tpb.TelemetryHello(
+        pool_id=pool,
+        relay_id="r",
+        incarnation=incarnation,
+        protocol_version=1,
+        block_size=block_size,
+        hash_scheme=tpb.HASH_SCHEME_XXH3_64_CHAINED_U32LE,
+    ),
+    st.text(min_size=1, max_size=8),
+    st.integers(0, 2**32 - 1),
+    u64,
+)
+
+
+@FAST
+@given(hello=hellos, messages=st.lists(telemetry_messages, max_size=12))
+def test_telemetry_streams_apply_or_reject_any_message(hello, messages):
+    if validate_hello(hello):
+        return
+    ingest = TelemetryIngest(PoolTable(), KvIndex(), FakeClock(), RouterMetrics(), max_snapshot_blocks=50)
+    stream = ingest.open(hello)
+    for msg in messages:
+        try:
+            answer = ingest.receive(stream, msg)
+        except StreamRejected:
+            break
+        assert answer is None or answer.HasField("snapshot_request")
+        assert len(stream.snapshot_chunks) <= 50
+    ingest.close(stream)
+    assert not ingest.streams
