@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from meshkit.identity import Identity, IdentityError, identity_from_certificate
 from meshkit.logs import get_logger
@@ -123,6 +121,10 @@ class CertificateFiles:
 
     def read(self) -> Material:
         """Reads and checks the files: the key must match the certificate. Raises ValueError saying why not."""
+        # cryptography loads only when certificates are read: it would cost every CLI start otherwise.
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+
         try:
             blobs = [p.read_bytes() for p in self.paths]
         except OSError as exc:
@@ -245,5 +247,8 @@ async def peer_identity(
         writer.transport.abort()
     if not der:
         raise IdentityError(f"{host}:{port} presented no certificate")
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
     pem = x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
     return identity_from_certificate(pem, config.trust_domain)
