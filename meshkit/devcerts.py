@@ -12,6 +12,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from meshkit.identity import Role, hash_api_key, new_api_key, spiffe_id
+
 # Every mesh process listens on loopback in development, and dials peers by these names.
 _LOCAL_NAMES: tuple[x509.GeneralName, ...] = (
     x509.DNSName("localhost"),
@@ -131,3 +133,44 @@ def issue(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     return Leaf(cert_pem=cert.public_bytes(serialization.Encoding.PEM), key_pem=key_pem)
+
+
+def relay_cert_name(pool_id: str) -> str:
+    """The file name of pool `pool_id`'s relay certificate in a dev PKI (its relay id is the same)."""
+    return f"relay-{pool_id}"
+
+
+def write_dev_pki(
+    out: Path, *, trust_domain: str, pools: list[str], frontends: list[str]
+) -> dict[str, str | None]:
+    """A development CA (ca.crt) and a certificate per role under `out`; returns name → SPIFFE id.
+
+    Servers that never dial a mesh peer (discovery, pool frontends) get no SPIFFE id: they only
+    prove they are the host a peer dialled, so their certificate grants nothing if it leaks. Each
+    pool's relay is `relay-POOL` (file and relay id); each frontend ID is `ID` (file and frontend id).
+    Also writes a client API key (client.apikey) and its hash (api-keys).
+    """
+    roles: dict[str, tuple[Role | None, tuple[str, ...]]] = {
+        "discovery": (None, ()),
+        "pool": (None, ()),
+        "admin": (Role.ADMIN, ("ops",)),
+        "client": (Role.CLIENT, ("demo",)),
+    }
+    roles.update({f: (Role.FRONTEND, (f,)) for f in frontends})
+    roles.update({relay_cert_name(p): (Role.RELAY, (p, relay_cert_name(p))) for p in pools})
+    out.mkdir(parents=True, exist_ok=True)
+    ca = new_authority(f"{trust_domain} dev CA")
+    (out / "ca.crt").write_bytes(ca.cert_pem)
+    ids: dict[str, str | None] = {}
+    for name, (role, names) in roles.items():
+        uri = spiffe_id(trust_domain, role, *names) if role is not None else None
+        issue(ca, uri).write(out, name)
+        ids[name] = uri
+    key = new_api_key()
+    key_file = out / "client.apikey"
+    key_file.touch(mode=0o600, exist_ok=True)
+    key_file.write_text(key + "\n")
+    (out / "api-keys").write_text(
+        f"# NAME sha256:HEX (hashes only; the key is in client.apikey)\ndemo {hash_api_key(key)}\n"
+    )
+    return ids

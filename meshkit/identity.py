@@ -86,6 +86,7 @@ def parse_spiffe(uri: str, trust_domain: str) -> Identity:
 def identity_from_certificate(pem: bytes, trust_domain: str) -> Identity:
     """The identity in a peer certificate: its one spiffe:// URI SAN in `trust_domain`."""
     from cryptography import x509  # loaded when a certificate is read: it costs every CLI start otherwise
+
     try:
         cert = x509.load_pem_x509_certificate(pem)
     except ValueError as exc:
