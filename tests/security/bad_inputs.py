@@ -100,6 +100,23 @@ def _telemetry(*messages: tpb.PublishPoolTelemetryRequest) -> Callable[[SecureMe
     )
 
 
+def _invalid_utf8(target: str, method: str, message, text: str, *, stream: bool = False):
+    """A sender of `message` with the string `text` in it replaced by bytes that are not UTF-8."""
+    assert text.isascii() and len(text) == 2
+    data = message.SerializeToString().replace(text.encode(), b"\xff\xfe")
+
+    def send(mesh: SecureMesh) -> Outcome:
+        with secure_channel(getattr(mesh, target), mesh.config("admin")) as ch:
+            # Bytes as they are: the generated stubs would refuse to build such a message.
+            if stream:
+                call = ch.stream_stream(method, request_serializer=None, response_deserializer=None)
+                return _rpc(lambda: call(iter([data]), timeout=10))
+            call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+            return _rpc(lambda: call(data, timeout=10))
+
+    return send
+
+
 def _relay_flags(*flags: str) -> Callable[[SecureMesh], Outcome]:
     """`poolrelay serve` with otherwise good flags and `flags` changed: its exit code and complaint."""
 
@@ -611,6 +628,56 @@ def _rss_kib(pid: int) -> int:
 
 
 CASES += [
+    Case(
+        "discovery",
+        "RegisterPool",
+        "pool_id that is not UTF-8",
+        IA,
+        "pool_id",
+        _invalid_utf8(
+            "discovery",
+            "/globaldiscovery.v1.DiscoveryService/RegisterPool",
+            _registration(pool_id="@@"),
+            "@@",
+        ),
+    ),
+    Case(
+        "router",
+        "Generate",
+        "text prompt that is not UTF-8",
+        IA,
+        "prompt.text",
+        _invalid_utf8(
+            "router", "/globalrouter.v1.RouterService/Generate", _generate(prompt=rpb.Prompt(text="@@")), "@@"
+        ),
+    ),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "hello pool_id that is not UTF-8",
+        IA,
+        "hello.pool_id",
+        _invalid_utf8(
+            "router",
+            "/poolrelay.v1.TelemetryService/PublishPoolTelemetry",
+            _hello(pool_id="@@"),
+            "@@",
+            stream=True,
+        ),
+    ),
+    Case(
+        "mocker",
+        "SetModelReady",
+        "model that is not UTF-8",
+        IA,
+        "model",
+        _invalid_utf8(
+            "pool",
+            "/mocker.v1.MockerAdminService/SetModelReady",
+            apb.SetModelReadyRequest(model="@@", ready=True),
+            "@@",
+        ),
+    ),
     Case(
         "discovery",
         "WatchPools",
