@@ -22,7 +22,7 @@ from meshkit import pagination, timeconv
 from meshkit.authz import Authorizer
 from meshkit.clock import Clock, SystemClock
 from meshkit.errors import Reason, abort_with_reason, rpc_status_for
-from meshkit.limits import ByteBoundedCache, LimitExceeded, Slots
+from meshkit.limits import ByteBoundedCache, LimitExceeded, Slots, check_size
 from meshkit.logs import get_logger
 from meshkit.server import ServerHandle, create_server, serve_until_signalled
 
@@ -163,10 +163,14 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
 
     async def _keepalive_reply(self, request: pb.KeepAlivePoolsRequest) -> pb.KeepAlivePoolsResponse:
         try:
-            # Each renewal on the stream must name the caller's own pool and relay id.
+            # Each renewal on the stream must name the caller's own pool and relay id, and fit the cap.
             refusal = self.authorizer.check_message(_KEEPALIVE_METHOD, request) if self.authorizer else None
             if refusal is not None:
                 raise Refused(refusal.rpc_status())
+            try:
+                check_size(_KEEPALIVE_METHOD, request)
+            except LimitExceeded as exc:
+                raise Refused(exc.rpc_status()) from exc
             reply = await self._register(request.register)
         except Refused as refused:
             s = refused.status

@@ -13,7 +13,7 @@ from globalrouter.pool_state import LoadSignal
 from meshkit.authz import Authorizer
 from meshkit.clock import Clock
 from meshkit.errors import Reason, abort_with_reason
-from meshkit.limits import LimitExceeded, Slots
+from meshkit.limits import LimitExceeded, Slots, check_size
 from meshkit.logs import get_logger
 from meshkit.timeconv import wall_seconds
 from meshkit.validation import Violations, check_identifier
@@ -371,6 +371,10 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
                 msg = await context.read()
                 if msg is grpc.aio.EOF:
                     break
+                try:
+                    check_size(_METHOD, msg)
+                except LimitExceeded as exc:
+                    await context.abort_with_status(exc.status())
                 if self.closing:
                     await abort_with_reason(
                         context,

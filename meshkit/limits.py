@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import grpc
+from google.rpc import status_pb2
 
-from meshkit.errors import Reason, grpc_status_for
+from meshkit.errors import Reason, grpc_status_for, rpc_status_for
 from meshkit.guards import CheckingInterceptor
 
 KIB = 1024
@@ -46,7 +47,12 @@ def server_receive_cap(service_names: list[str]) -> int:
 class LimitExceeded(Exception):
     """A bound was reached: the call is refused with RESOURCE_EXHAUSTED and reason LIMIT_EXCEEDED."""
 
+    def rpc_status(self) -> status_pb2.Status:
+        """As a google.rpc.Status (for replies that carry a status in a message)."""
+        return rpc_status_for(grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.LIMIT_EXCEEDED, str(self))
+
     def status(self) -> grpc.Status:
+        """As the grpc.Status a call aborts with."""
         return grpc_status_for(grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.LIMIT_EXCEEDED, str(self))
 
 

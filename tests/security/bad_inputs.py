@@ -23,7 +23,7 @@ from globalrouter.v1 import pool_frontend_pb2_grpc as ppb_grpc
 from globalrouter.v1 import router_pb2 as rpb
 from globalrouter.v1 import router_pb2_grpc as rpb_grpc
 from meshkit import pagination
-from meshkit.errors import reason_of
+from meshkit.errors import reason_of, reason_of_status
 from meshkit.timeconv import duration
 from meshkit.validation import bad_request_fields
 from mocker.v1 import admin_pb2 as apb
@@ -115,6 +115,30 @@ def _invalid_utf8(target: str, method: str, message, text: str, *, stream: bool 
             return _rpc(lambda: call(data, timeout=10))
 
     return send
+
+
+def _renewal(request: dpb.RegisterPoolRequest) -> Callable[[SecureMesh], Outcome]:
+    """One renewal on a KeepAlivePools stream: a refused renewal is answered in its reply, the stream stays."""
+
+    def send(mesh: SecureMesh) -> Outcome:
+        with secure_channel(mesh.discovery, mesh.config("admin")) as ch:
+            stub = dpb_grpc.DiscoveryServiceStub(ch)
+            replies = list(
+                stub.KeepAlivePools(
+                    iter([dpb.KeepAlivePoolsRequest(sequence=1, register=request)]), timeout=10
+                )
+            )
+        error = replies[0].error
+        return Outcome(
+            _CODE_NAMES[error.code],
+            message=error.message,
+            reason=reason_of_status(error) or "",
+        )
+
+    return send
+
+
+_CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 
 
 def _relay_flags(*flags: str) -> Callable[[SecureMesh], Outcome]:
@@ -628,6 +652,29 @@ def _rss_kib(pid: int) -> int:
 
 
 CASES += [
+    Case(
+        "discovery",
+        "KeepAlivePools",
+        "a 300 KB renewal on a lease stream",
+        RE,
+        "",
+        _renewal(_registration(frontends=["http://h:1/" + "x" * 300_000])),
+        reason="LIMIT_EXCEEDED",
+    ),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "a 2 MB KV delta (over the 1 MiB cap)",
+        RE,
+        "",
+        _telemetry(
+            _hello(pool_id="pool-y", relay_id="relay-y"),
+            tpb.PublishPoolTelemetryRequest(
+                kv_delta=tpb.KvDelta(sequence=1, stored=range(2**40, 2**40 + 250_000))
+            ),
+        ),
+        reason="LIMIT_EXCEEDED",
+    ),
     Case(
         "discovery",
         "RegisterPool",
