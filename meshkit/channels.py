@@ -30,21 +30,26 @@ def client_security() -> SecurityConfig:
     return _security
 
 
-def _tls_credentials() -> grpc.ChannelCredentials:
-    """The process's channel credentials (read once; API key added as `authorization: Bearer`)."""
+def _tls_credentials(security: SecurityConfig | None = None) -> grpc.ChannelCredentials:
+    """Channel credentials of `security` (the process's when None; those are read once). An API key
+    is sent as `authorization: Bearer KEY`."""
     global _credentials
-    if _credentials is None:
-        creds = channel_credentials(_security)
-        if _security.api_key:
-            with open(_security.api_key) as f:
-                token = f.read().strip()
-            creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    if security is None and _credentials is not None:
+        return _credentials
+    config = security or _security
+    creds = channel_credentials(config)
+    if config.api_key:
+        with open(config.api_key) as f:
+            token = f.read().strip()
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    if security is None:
         _credentials = creds
-    return _credentials
+    return creds
 
 
-def url_to_target(url: str) -> tuple[str, bool]:
+def url_to_target(url: str, security: SecurityConfig | None = None) -> tuple[str, bool]:
     """Maps `http://host[:port]` / `https://host[:port]` / `host:port` to (gRPC target, use TLS)."""
+    tls = (security or _security).dials_tls
     if "://" in url:
         parts = urlsplit(url)
         host = parts.hostname or ""
@@ -52,23 +57,25 @@ def url_to_target(url: str) -> tuple[str, bool]:
             host = f"[{host}]"
         scheme_tls = parts.scheme == "https"
         port = parts.port or (443 if scheme_tls else 80)  # a URL without a port means the scheme's default
-        return f"{host}:{port}", scheme_tls or _security.dials_tls
-    return url, _security.dials_tls
+        return f"{host}:{port}", scheme_tls or tls
+    return url, tls
 
 
-def aio_channel(url: str) -> grpc.aio.Channel:
-    """An asyncio channel to `url` (a URL or HOST:PORT) with the shared keepalive options."""
-    target, tls = url_to_target(url)
+def aio_channel(url: str, security: SecurityConfig | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to `url` (a URL or HOST:PORT) with the shared keepalive options; TLS as the
+    process (or `security`, when given) says."""
+    target, tls = url_to_target(url, security)
     if tls:
-        return grpc.aio.secure_channel(target, _tls_credentials(), options=CLIENT_OPTIONS)
+        return grpc.aio.secure_channel(target, _tls_credentials(security), options=CLIENT_OPTIONS)
     return grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS)
 
 
-def sync_channel(url: str) -> grpc.Channel:
-    """A blocking channel to `url` (for CLIs and tests) with the shared keepalive options."""
-    target, tls = url_to_target(url)
+def sync_channel(url: str, security: SecurityConfig | None = None) -> grpc.Channel:
+    """A blocking channel to `url` (for CLIs and tests) with the shared keepalive options; TLS as the
+    process (or `security`, when given) says."""
+    target, tls = url_to_target(url, security)
     if tls:
-        return grpc.secure_channel(target, _tls_credentials(), options=CLIENT_OPTIONS)
+        return grpc.secure_channel(target, _tls_credentials(security), options=CLIENT_OPTIONS)
     return grpc.insecure_channel(target, options=CLIENT_OPTIONS)
 
 
