@@ -22,7 +22,7 @@ from meshkit import pagination, timeconv
 from meshkit.authz import Authorizer
 from meshkit.clock import Clock, SystemClock
 from meshkit.errors import Reason, abort_with_reason, rpc_status_for
-from meshkit.limits import ByteBoundedCache, LimitExceeded, Slots, check_size
+from meshkit.limits import ByteBoundedCache, LimitExceeded, Slots, check_size, fitting
 from meshkit.logs import get_logger
 from meshkit.server import ServerHandle, create_server, serve_until_signalled
 
@@ -228,10 +228,15 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         pools, more, complete = await self.store.list_pools(
             model=request.model, region=request.region, after=page.after, limit=page.size
         )
-        token = pagination.next_token(pools, more, lambda p: p.pool_id, page.filters)
-        return pb.ListPoolsResponse(
-            pools=_each_converted(pools, convert.pool), next_page_token=token, complete=complete
-        )
+        items = _each_converted(pools, convert.pool)
+        # A page of pools with many long frontend URLs could outgrow the message limit: cut it by bytes.
+        kept = fitting(items)
+        if kept < len(items):
+            items = items[:kept]
+            token = pagination.next_token(items, True, lambda p: p.pool_id, page.filters)
+        else:
+            token = pagination.next_token(pools, more, lambda p: p.pool_id, page.filters)
+        return pb.ListPoolsResponse(pools=items, next_page_token=token, complete=complete)
 
     async def WatchPools(
         self, request: pb.WatchPoolsRequest, context: grpc.aio.ServicerContext

@@ -175,3 +175,17 @@ def check_size(method: str, message: object) -> None:
     size = message.ByteSize()  # type: ignore[attr-defined]
     if size > cap:
         raise LimitExceeded(f"the request is {size} bytes; {method} accepts at most {cap}")
+
+
+PAGE_BYTES = 4 * MIB
+"""Largest page of a listing: half the message limit, so a page of the largest items always fits."""
+
+
+def fitting(messages: list, budget: int = PAGE_BYTES) -> int:
+    """How many of `messages` (protobuf messages) fit in `budget` bytes; at least one, so a page always moves on."""
+    used = 0
+    for i, message in enumerate(messages):
+        used += message.ByteSize() + 8  # field tag and length prefix, at most
+        if used > budget and i > 0:
+            return i
+    return len(messages)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
-from meshkit.limits import ByteBoundedCache, LimitExceeded, Slots, check_size, message_cap
+from meshkit.limits import ByteBoundedCache, LimitExceeded, Slots, check_size, fitting, message_cap
 
 
 def test_slots_bound_each_key_and_the_total_and_forget_idle_keys():
@@ -46,3 +46,12 @@ def test_message_caps_are_per_rpc_kind():
     with pytest.raises(LimitExceeded, match="accepts at most 262144"):
         check_size("/globaldiscovery.v1.DiscoveryService/RegisterPool", big)
     check_size("/globaldiscovery.v1.DiscoveryService/RegisterPool", dpb.RegisterPoolRequest(pool_id="p"))
+
+
+def test_a_page_is_cut_by_bytes_but_always_holds_one_item():
+    pools = [dpb.Pool(pool_id=f"p{i}", frontends=["http://h:1/" + "x" * 1000]) for i in range(10)]
+    size = pools[0].ByteSize() + 8
+    assert fitting(pools, budget=size * 3) == 3
+    assert fitting(pools, budget=1) == 1
+    assert fitting(pools) == 10
+    assert fitting([]) == 0
