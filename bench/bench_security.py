@@ -216,7 +216,9 @@ class Mesh:
                     await call.write(dpb.KeepAlivePoolsRequest(sequence=sent, register=request))
                 while True:
                     reply = await call.read()
-                    assert not reply.HasField("error"), reply.error
+                    assert isinstance(reply, dpb.KeepAlivePoolsResponse) and not reply.HasField("error"), (
+                        reply
+                    )
                     now = time.perf_counter()
                     if now >= stop:
                         break
@@ -249,6 +251,7 @@ class Mesh:
                     if first is None and msg.HasField("tokens"):
                         first = time.perf_counter() - started
                 if i >= 0:
+                    assert first is not None, "a Generate without tokens"
                     out.append(first)
         return out
 

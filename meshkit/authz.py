@@ -18,7 +18,7 @@ from google.rpc import status_pb2
 from prometheus_client import CollectorRegistry, Counter
 
 from meshkit.errors import Reason, grpc_status_for, rpc_status_for
-from meshkit.guards import CheckingInterceptor
+from meshkit.guards import CheckingInterceptor, Context
 from meshkit.identity import ApiKeys, Identity, IdentityError, Role, bearer_token, identity_from_uris
 from meshkit.logs import get_logger
 from meshkit.tls import SecurityConfig
@@ -189,7 +189,7 @@ class Authorizer:
             registry=self.metrics_registry,
         )
 
-    def identify(self, context: grpc.aio.ServicerContext) -> Identity:
+    def identify(self, context: Context) -> Identity:
         """Who is calling: the certificate's SPIFFE id, else a client API key. Raises Refusal."""
         if not self.enforced:
             return UNCHECKED
@@ -222,7 +222,7 @@ class Authorizer:
             "call refused", service=self.service, method=method, code=refusal.code.name, why=str(refusal)
         )
 
-    def admit(self, context: grpc.aio.ServicerContext, method: str, request: object | None) -> Identity:
+    def admit(self, context: Context, method: str, request: object | None) -> Identity:
         """The caller, when it may call `method` with `request`; raises Refusal (already counted)."""
         try:
             identity = self.identify(context)
@@ -247,7 +247,7 @@ class Authorizer:
     def interceptor(self) -> grpc.aio.ServerInterceptor:
         """The server interceptor that identifies the caller and applies TABLE before every handler."""
 
-        async def check(method: str, request: object | None, context: grpc.aio.ServicerContext) -> None:
+        async def check(method: str, request: object | None, context: Context) -> None:
             try:
                 _current.set(self.admit(context, method, request))
             except Refusal as refusal:

@@ -3,42 +3,43 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeAlias
 
 import grpc
 
-_FACTORIES = {
+# Strings: grpc's classes are generic only in its type stubs, not at run time.
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+_FACTORIES: dict[str, Callable[..., Handler]] = {
     "unary_unary": grpc.unary_unary_rpc_method_handler,
     "unary_stream": grpc.unary_stream_rpc_method_handler,
     "stream_unary": grpc.stream_unary_rpc_method_handler,
     "stream_stream": grpc.stream_stream_rpc_method_handler,
 }
 
-Check = Callable[[str, object | None, grpc.aio.ServicerContext], Awaitable[None]]
+Check = Callable[[str, object | None, Context], Awaitable[None]]
 """check(method, request or None for a client stream, context): aborts the call to refuse it."""
 
 
-def wrap_handler(handler: grpc.RpcMethodHandler, method: str, check: Check) -> grpc.RpcMethodHandler:
+def wrap_handler(handler: Handler, method: str, check: Check) -> Handler:
     """`handler` with `check` awaited before its behaviour runs (same kind, same (de)serializers)."""
     kind = next(k for k in _FACTORIES if getattr(handler, k) is not None)
-    inner = getattr(handler, kind)
+    inner: Callable[[Any, Context], Any] = getattr(handler, kind)
     # A client stream's messages are the servicer's to check; here the request is None.
     takes_stream = kind.startswith("stream")
 
-    wrapped: Callable
-    if inspect.isasyncgenfunction(inner):
+    async def streaming(request: Any, context: Context) -> AsyncIterator[Any]:
+        await check(method, None if takes_stream else request, context)
+        async for item in inner(request, context):
+            yield item
 
-        async def wrapped(request, context):
-            await check(method, None if takes_stream else request, context)
-            async for item in inner(request, context):
-                yield item
+    async def single(request: Any, context: Context) -> Any:
+        await check(method, None if takes_stream else request, context)
+        return await inner(request, context)
 
-    else:
-
-        async def wrapped(request, context):
-            await check(method, None if takes_stream else request, context)
-            return await inner(request, context)
-
+    wrapped = streaming if inspect.isasyncgenfunction(inner) else single
     return _FACTORIES[kind](wrapped, handler.request_deserializer, handler.response_serializer)
 
 
@@ -50,9 +51,13 @@ class CheckingInterceptor(grpc.aio.ServerInterceptor):
         self._applies = applies
         # Registered handler → its wrapper, made once: interceptors outside this one (ParseRequests)
         # then see one handler object per method, and no call builds a new one.
-        self._wrapped: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped: dict[int, tuple[Handler, Handler]] = {}
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or not self._applies(method):

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 from google.rpc import status_pb2
 
 from meshkit.errors import Reason, grpc_status_for, rpc_status_for
-from meshkit.guards import CheckingInterceptor
+from meshkit.guards import CheckingInterceptor, Context
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -158,7 +159,7 @@ def size_cap_interceptor() -> grpc.aio.ServerInterceptor:
     Client streams check each message with check_size() in their servicer.
     """
 
-    async def check(method: str, request: object | None, context: grpc.aio.ServicerContext) -> None:
+    async def check(method: str, request: object | None, context: Context) -> None:
         if request is None:
             return
         try:
@@ -181,7 +182,7 @@ PAGE_BYTES = 4 * MIB
 """Largest page of a listing: half the message limit, so a page of the largest items always fits."""
 
 
-def fitting(messages: list, budget: int = PAGE_BYTES) -> int:
+def fitting(messages: Sequence[Message], budget: int = PAGE_BYTES) -> int:
     """How many of `messages` (protobuf messages) fit in `budget` bytes; at least one, so a page always moves on."""
     used = 0
     for i, message in enumerate(messages):

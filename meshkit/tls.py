@@ -12,8 +12,10 @@ import asyncio
 import os
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import grpc
 
@@ -108,9 +110,9 @@ class CertificateFiles:
     def __init__(self, cert: str, key: str, ca: str = "") -> None:
         self.paths = [Path(cert), Path(key)] + ([Path(ca)] if ca else [])
 
-    def stamp(self) -> tuple:
+    def stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
         """What changes when any file is replaced or rewritten (mtime, size, inode)."""
-        out = []
+        out: list[tuple[int, int, int] | None] = []
         for p in self.paths:
             try:
                 st = p.stat()
@@ -170,9 +172,11 @@ class ServerCertificates:
 
     def credentials(self) -> grpc.ServerCredentials:
         """Credentials for add_secure_port; client certificates are required when a CA is set."""
+        # grpc takes None from the fetcher as "keep the current one"; its type stubs do not say so.
+        fetch = cast(Callable[[], grpc.ServerCertificateConfiguration], self._fetch)
         return grpc.dynamic_ssl_server_credentials(
             self._configuration(self._material),
-            self._fetch,
+            fetch,
             require_client_authentication=self.config.mutual,
         )
 

@@ -12,9 +12,11 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
+from google.rpc import status_pb2
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
@@ -109,10 +111,14 @@ def _invalid_utf8(target: str, method: str, message, text: str, *, stream: bool 
         with secure_channel(getattr(mesh, target), mesh.config("admin")) as ch:
             # Bytes as they are: the generated stubs would refuse to build such a message.
             if stream:
-                call = ch.stream_stream(method, request_serializer=None, response_deserializer=None)
-                return _rpc(lambda: call(iter([data]), timeout=10))
-            call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
-            return _rpc(lambda: call(data, timeout=10))
+                streamed: grpc.StreamStreamMultiCallable[bytes, bytes] = ch.stream_stream(
+                    method, request_serializer=None, response_deserializer=None
+                )
+                return _rpc(lambda: streamed(iter([data]), timeout=10))
+            unary: grpc.UnaryUnaryMultiCallable[bytes, bytes] = ch.unary_unary(
+                method, request_serializer=None, response_deserializer=None
+            )
+            return _rpc(lambda: unary(data, timeout=10))
 
     return send
 
@@ -132,7 +138,10 @@ def _renewal(request: dpb.RegisterPoolRequest) -> Callable[[SecureMesh], Outcome
         return Outcome(
             _CODE_NAMES[error.code],
             message=error.message,
-            reason=reason_of_status(error) or "",
+            reason=reason_of_status(
+                status_pb2.Status(code=error.code, message=error.message, details=error.details)
+            )
+            or "",
         )
 
     return send
@@ -161,8 +170,8 @@ def _relay_flags(*flags: str) -> Callable[[SecureMesh], Outcome]:
     return send
 
 
-def _registration(**changes) -> dpb.RegisterPoolRequest:
-    fields = {
+def _registration(**changes: Any) -> dpb.RegisterPoolRequest:
+    fields: dict[str, Any] = {
         "pool_id": "pool-x",
         "model": MODEL,
         "region": "r1",
@@ -174,8 +183,8 @@ def _registration(**changes) -> dpb.RegisterPoolRequest:
     return dpb.RegisterPoolRequest(**fields)
 
 
-def _hello(**changes) -> tpb.PublishPoolTelemetryRequest:
-    fields = {
+def _hello(**changes: Any) -> tpb.PublishPoolTelemetryRequest:
+    fields: dict[str, Any] = {
         "pool_id": "pool-a",
         "relay_id": "relay-1",
         "incarnation": 1,
@@ -191,8 +200,8 @@ def _tokens(n: int, token: int = 7) -> rpb.Prompt:
     return rpb.Prompt(token_ids=rpb.TokenIds(ids=[token] * n))
 
 
-def _generate(**changes) -> rpb.GenerateRequest:
-    fields = {"model": MODEL, "prompt": _tokens(4), "max_tokens": 4}
+def _generate(**changes: Any) -> rpb.GenerateRequest:
+    fields: dict[str, Any] = {"model": MODEL, "prompt": _tokens(4), "max_tokens": 4}
     fields.update(changes)
     return rpb.GenerateRequest(**fields)
 

@@ -56,9 +56,10 @@ def render(text: str) -> str:
         pattern = re.compile(
             rf"(<!-- BEGIN GENERATED {name} .*?-->\n).*?(<!-- END GENERATED {name} -->)", re.DOTALL
         )
-        if not pattern.search(text):
+        found = pattern.search(text)
+        if found is None:
             raise ValueError(f"SECURITY.md has no generated section {name!r}")
-        text = pattern.sub(lambda m, b=build: m.group(1) + b() + "\n" + m.group(2), text)
+        text = text[: found.end(1)] + build() + "\n" + text[found.start(2) :]
     return text
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
 
 import grpc
@@ -234,13 +235,13 @@ def test_a_rotated_router_certificate_is_served_and_open_streams_survive(mesh):
         ctx.load_cert_chain(mesh.pki.root / "relay-a.crt", mesh.pki.root / "relay-a.key")
         ctx.set_alpn_protocols(["h2"])
         host, port = mesh.router.rsplit(":", 1)
-        import socket
-
         with (
             socket.create_connection((host, int(port)), timeout=5) as raw,
             ctx.wrap_socket(raw, server_hostname=host) as tls,
         ):
-            return tls.getpeercert(binary_form=True)
+            der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return der
 
     before_view = mesh.router_view()["pool-a"]
     old = served_cert()
