@@ -216,9 +216,8 @@ class Mesh:
                     await call.write(dpb.KeepAlivePoolsRequest(sequence=sent, register=request))
                 while True:
                     reply = await call.read()
-                    assert isinstance(reply, dpb.KeepAlivePoolsResponse) and not reply.HasField("error"), (
-                        reply
-                    )
+                    assert isinstance(reply, dpb.KeepAlivePoolsResponse), reply
+                    assert reply.HasField("register"), reply.status
                     now = time.perf_counter()
                     if now >= stop:
                         break

@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
-from google.rpc import status_pb2
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
@@ -134,14 +133,9 @@ def _renewal(request: dpb.RegisterPoolRequest) -> Callable[[SecureMesh], Outcome
                     iter([dpb.KeepAlivePoolsRequest(sequence=1, register=request)]), timeout=10
                 )
             )
-        error = replies[0].error
+        status = replies[0].status
         return Outcome(
-            _CODE_NAMES[error.code],
-            message=error.message,
-            reason=reason_of_status(
-                status_pb2.Status(code=error.code, message=error.message, details=error.details)
-            )
-            or "",
+            _CODE_NAMES[status.code], message=status.message, reason=reason_of_status(status) or ""
         )
 
     return send

@@ -13,7 +13,7 @@ from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
 from globalrouter.v1 import router_pb2 as rpb
 from globalrouter.v1 import router_pb2_grpc as rpb_grpc
 from meshkit import devcerts
-from meshkit.errors import Reason, reason_of
+from meshkit.errors import Reason, reason_of, reason_of_status
 from meshkit.identity import Role, spiffe_id
 from meshkit.timeconv import duration
 from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig
@@ -150,7 +150,8 @@ def test_each_attack_is_refused_and_changes_nothing(mesh, attack):
     else:
         # A renewal on a stream is refused in its reply; the stream itself stays usable.
         assert attack.endswith("on a stream"), outcome
-        assert outcome[0].error.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+        assert outcome[0].status.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+        assert reason_of_status(outcome[0].status) == Reason.NOT_AUTHORIZED
     assert mesh.state() == before
     assert all(p.alive() for p in mesh.procs.values())
 
