@@ -8,6 +8,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from globaldiscovery import request_checks
+from globaldiscovery.v1 import discovery_pb2 as dpb
 from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
@@ -212,3 +214,34 @@ def test_telemetry_streams_apply_or_reject_any_message(hello, messages):
         assert len(stream.snapshot_chunks) <= 50
     ingest.close(stream)
     assert not ingest.streams
+
+
+_DISCOVERY_CHECKS = [
+    (dpb.RegisterPoolRequest, request_checks.register_pool),
+    (dpb.UnregisterPoolRequest, request_checks.unregister_pool),
+    (dpb.ListPoolsRequest, lambda r: request_checks.list_pools(r)[0]),
+    (dpb.ListFrontendsRequest, lambda r: request_checks.list_frontends(r)[0]),
+    (dpb.DrainPoolRequest, request_checks.drain_pool),
+    (dpb.RegisterFrontendRequest, request_checks.register_frontend),
+    (dpb.UnregisterFrontendRequest, request_checks.unregister_frontend),
+]
+
+
+@FAST
+@given(which=st.sampled_from(range(len(_DISCOVERY_CHECKS))), data=wire_bytes)
+def test_every_discovery_request_check_answers_any_request(which, data):
+    message_class, check = _DISCOVERY_CHECKS[which]
+    request = _parsed(message_class, data)
+    if request is None:
+        return
+    v = check(request)
+    assert all(isinstance(f, str) and f and d for f, d in v.items)
+
+
+@FAST
+@given(size=st.integers(-(2**31), 2**31 - 1), token=texts)
+def test_page_requests_are_read_or_name_the_field(size, token):
+    v = Violations()
+    page = pagination.page_request(v, size, token, ("pools", "", ""))
+    assert {f for f, _d in v.items} <= {"page_size", "page_token"}
+    assert 1 <= page.size <= pagination.MAX_PAGE_SIZE
