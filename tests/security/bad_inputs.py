@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import msgspec
 from google.protobuf.duration_pb2 import Duration
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
@@ -29,6 +30,7 @@ from meshkit.timeconv import duration
 from meshkit.validation import bad_request_fields
 from mocker.v1 import admin_pb2 as apb
 from mocker.v1 import admin_pb2_grpc as apb_grpc
+from poolrelay.engine.events import Malformed, decode_batch
 from poolrelay.v1 import pool_events_pb2 as epb
 from poolrelay.v1 import pool_events_pb2_grpc as epb_grpc
 from poolrelay.v1 import telemetry_pb2 as tpb
@@ -142,6 +144,19 @@ def _renewal(request: dpb.RegisterPoolRequest) -> Callable[[SecureMesh], Outcome
 
 
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
+
+
+def _engine_batch(payload: bytes) -> Callable[[SecureMesh], Outcome]:
+    """An engine KV event batch as the relay's engine feed decodes it (what a vLLM worker publishes)."""
+
+    def send(_mesh: SecureMesh) -> Outcome:
+        try:
+            decode_batch(payload)
+        except Malformed as exc:
+            return Outcome("Malformed (batch dropped, worker's blocks reset)", message=str(exc))
+        return Outcome("OK")
+
+    return send
 
 
 def _relay_flags(*flags: str) -> Callable[[SecureMesh], Outcome]:
@@ -654,7 +669,34 @@ def _rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
+_DROPPED = "Malformed (batch dropped, worker's blocks reset)"
 CASES += [
+    Case(
+        "relay",
+        "engine KV events",
+        "BlockStored whose token_ids is a string",
+        _DROPPED,
+        "token_ids",
+        _engine_batch(msgspec.msgpack.encode([1.0, [["BlockStored", [1, 2], None, "abc", 16, None]], 0])),
+    ),
+    Case(
+        "relay",
+        "engine KV events",
+        "BlockStored with block_size -4",
+        _DROPPED,
+        "block_size",
+        _engine_batch(
+            msgspec.msgpack.encode([1.0, [["BlockStored", [1], None, list(range(16)), -4, None]], 0])
+        ),
+    ),
+    Case(
+        "relay",
+        "engine KV events",
+        "a truncated msgpack batch",
+        _DROPPED,
+        "msgpack",
+        _engine_batch(b"\x93\xcb"),
+    ),
     Case(
         "discovery",
         "KeepAlivePools",

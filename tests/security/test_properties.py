@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import string
 
+import msgspec
 from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from meshkit.authz import TABLE, decide
 from meshkit.clock import FakeClock
 from meshkit.identity import ApiKeys, Identity, IdentityError, Role, bearer_token, parse_spiffe
 from meshkit.validation import Violations, check_frontends, check_identifier, url_problem
+from poolrelay.engine.events import Malformed, decode_batch
 from poolrelay.v1 import telemetry_pb2 as tpb
 
 FAST = settings(max_examples=150, deadline=None)
@@ -245,3 +247,36 @@ def test_page_requests_are_read_or_name_the_field(size, token):
     page = pagination.page_request(v, size, token, ("pools", "", ""))
     assert {f for f, _d in v.items} <= {"page_size", "page_token"}
     assert 1 <= page.size <= pagination.MAX_PAGE_SIZE
+
+
+# ---- engine KV events (ZeroMQ + msgpack from a vLLM/SGLang worker the relay does not control) ----
+
+msgpack_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.text(max_size=12)
+    | st.binary(max_size=12),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
+    max_leaves=30,
+)
+event_tags = st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "Other"])
+events = st.builds(
+    lambda tag, rest: [tag, *rest], event_tags, st.lists(msgpack_values, max_size=10)
+) | st.builds(
+    lambda tag, rest: {"type": tag, **rest}, event_tags, st.dictionaries(st.text(max_size=20), msgpack_values)
+)
+batches = st.builds(
+    lambda ts, evs, rank: [ts, evs, rank], msgpack_values, st.lists(events, max_size=5), msgpack_values
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(payload=st.binary(max_size=400) | batches.map(msgspec.msgpack.encode))
+def test_engine_kv_batches_decode_or_say_they_are_malformed(payload):
+    try:
+        batch = decode_batch(payload)
+    except Malformed as exc:
+        assert str(exc)
+        return
+    assert len(batch.events) <= 100_000
