@@ -8,7 +8,7 @@ every call authorized, measured in the same run, alternating rounds:
 - telemetry events/s at the global frontend: one relay stream carrying KV deltas of 16 blocks.
 Writes bench/results/bench_security.md.
 
-Run: .venv/bin/python bench/bench_security.py
+Run: .venv/bin/python -m bench.bench_security
 """
 
 from __future__ import annotations
@@ -22,23 +22,21 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from globaldiscovery.v1 import discovery_pb2 as dpb
+from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
+from globalrouter.v1 import router_pb2 as rpb
+from globalrouter.v1 import router_pb2_grpc as rpb_grpc
+from meshkit import devcerts
+from meshkit.identity import Role, spiffe_id
+from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig, channel_credentials
+from meshlaunch import command, free_port, process_group
+from poolrelay.v1 import telemetry_pb2 as tpb
+from poolrelay.v1 import telemetry_pb2_grpc as tpb_grpc
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import grpc  # noqa: E402
-from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-
-from globaldiscovery.v1 import discovery_pb2 as dpb  # noqa: E402
-from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc  # noqa: E402
-from globalrouter.v1 import router_pb2 as rpb  # noqa: E402
-from globalrouter.v1 import router_pb2_grpc as rpb_grpc  # noqa: E402
-from meshkit import devcerts  # noqa: E402
-from meshkit.identity import Role, spiffe_id  # noqa: E402
-from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig, channel_credentials  # noqa: E402
-from poolrelay.v1 import telemetry_pb2 as tpb  # noqa: E402
-from poolrelay.v1 import telemetry_pb2_grpc as tpb_grpc  # noqa: E402
-from tests.support import command, free_port, process_group  # noqa: E402
-
 RESULTS = ROOT / "bench" / "results" / "bench_security.md"
 MODEL = "bench-model"
 RELAYS = 32
@@ -341,7 +339,7 @@ def main() -> int:
     lines = [
         "## Mutual TLS: added cost (bench_security)",
         "",
-        f"`.venv/bin/python bench/bench_security.py` on {platform.machine()}, {platform.python_version()}; "
+        f"`.venv/bin/python -m bench.bench_security` on {platform.machine()}, {platform.python_version()}; "
         f"{args.rounds} alternating rounds per mesh (median of rounds; TTFT: median of all "
         f"{args.rounds * args.ttft_requests} requests). Plain: loopback, nothing checked. mTLS: every link "
         "mutual TLS, every call authorized (renewals: each message checked against the relay's identity).",

@@ -28,6 +28,7 @@ from meshkit import pagination
 from meshkit.errors import reason_of, reason_of_status
 from meshkit.timeconv import duration
 from meshkit.validation import bad_request_fields
+from meshlaunch import command, free_port
 from mocker.v1 import admin_pb2 as apb
 from mocker.v1 import admin_pb2_grpc as apb_grpc
 from poolrelay.engine.events import Malformed, decode_batch
@@ -36,7 +37,6 @@ from poolrelay.v1 import pool_events_pb2_grpc as epb_grpc
 from poolrelay.v1 import telemetry_pb2 as tpb
 from poolrelay.v1 import telemetry_pb2_grpc as tpb_grpc
 from tests.security.secure_mesh import MODEL, SecureMesh, secure_channel, wait_serving
-from tests.support import command, free_port
 
 # Limits the bad-input mesh's router is started with (so that the cases stay small).
 ROUTER_FLAGS = (

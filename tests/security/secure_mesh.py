@@ -15,8 +15,8 @@ from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
 from globalrouter.v1 import router_pb2 as rpb
 from globalrouter.v1 import router_pb2_grpc as rpb_grpc
 from meshkit.tls import SecurityConfig, channel_credentials
+from meshlaunch import Proc, ProcessGroup, command, free_port, wait_until
 from tests.security.pki import Pki
-from tests.support import Proc, ProcessGroup, command, free_port, wait_until
 
 MODEL = "demo-model"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from meshlaunch import process_group
 from tests.security.bad_inputs import CASES, ROUTER_FLAGS, Case
 from tests.security.secure_mesh import SecureMesh, wait_serving
-from tests.support import process_group
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -8,8 +8,8 @@ import pytest
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
 from meshkit.limits import PAGE_BYTES
+from meshlaunch import command, free_port
 from tests.security.secure_mesh import wait_serving
-from tests.support import command, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

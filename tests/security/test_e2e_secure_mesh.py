@@ -17,12 +17,12 @@ from meshkit.errors import Reason, reason_of, reason_of_status
 from meshkit.identity import Role, spiffe_id
 from meshkit.timeconv import duration
 from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig
+from meshlaunch import command, free_port, process_group, wait_until
 from poolrelay.v1 import status_pb2, status_pb2_grpc
 from poolrelay.v1 import telemetry_pb2 as tpb
 from poolrelay.v1 import telemetry_pb2_grpc as tpb_grpc
 from tests.security.pki import make_pki
 from tests.security.secure_mesh import MODEL, SecureMesh, secure_channel
-from tests.support import command, free_port, process_group, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
