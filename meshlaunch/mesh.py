@@ -16,7 +16,10 @@ import grpc
 
 from globaldiscovery.v1 import discovery_pb2, discovery_pb2_grpc
 from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshkit.channels import client_security, sync_channel
+from meshkit.devcerts import relay_cert_name
 from meshkit.timeconv import duration
+from meshkit.tls import SecurityConfig
 from meshlaunch.process import (
     LaunchError,
     Proc,
@@ -76,7 +79,7 @@ class RouterProc:
 
     def pools(self) -> dict[str, router_pb2.PoolView]:
         """The router's view of every pool (ListPools), by pool id."""
-        with grpc.insecure_channel(self.address) as ch:
+        with sync_channel(self.address) as ch:
             reply = self.stub(ch).ListPools(router_pb2.ListPoolsRequest(), timeout=5)
         return {p.pool_id: p for p in reply.pools}
 
@@ -91,6 +94,31 @@ class Mesh:
     pools: dict[str, PoolProcs] = field(default_factory=dict)
     routers: list[RouterProc] = field(default_factory=list)
     start_timeout: float = START_TIMEOUT
+    certs: Path | None = None
+    """A dev PKI (meshkit.devcerts.write_dev_pki): every process then runs over mutual TLS."""
+
+    def _tls(self, name: str) -> list[str]:
+        """The flags that make a process present certificate NAME (none without `certs`)."""
+        if self.certs is None:
+            return []
+        c = self.certs
+        return [
+            "--tls-cert",
+            str(c / f"{name}.crt"),
+            "--tls-key",
+            str(c / f"{name}.key"),
+            "--tls-ca",
+            str(c / "ca.crt"),
+        ]
+
+    def _admin(self) -> SecurityConfig | None:
+        """How this launcher dials as an operator (drains), when the mesh runs over TLS."""
+        if self.certs is None:
+            return None
+        c = self.certs
+        return SecurityConfig(
+            tls_cert=str(c / "admin.crt"), tls_key=str(c / "admin.key"), tls_ca=str(c / "ca.crt")
+        )
 
     def start_discovery(self, port: int | None = None) -> str:
         """Starts `globaldiscovery serve` (short leases) and waits until it serves; its address."""
@@ -106,6 +134,7 @@ class Mesh:
                 HEARTBEAT,
                 "--lease-duration",
                 LEASE,
+                *self._tls("discovery"),
             ],
         )
         wait_healthy(self.discovery, self.start_timeout, proc=self.discovery_proc)
@@ -118,7 +147,11 @@ class Mesh:
         address = f"127.0.0.1:{free_port()}"
         pool = self.group.start(
             pool_id,
-            [command("mocker"), "serve", "--listen", address, "--pool-id", pool_id, "--model", MODEL, *extra],
+            [
+                *(command("mocker"), "serve", "--listen", address, "--pool-id", pool_id, "--model", MODEL),
+                *extra,
+                *self._tls("pool"),
+            ],
         )
         wait_healthy(address, self.start_timeout, proc=pool)
         relay_proc = (
@@ -141,6 +174,7 @@ class Mesh:
                     f"relay-{pool_id}",
                     "--report-interval",
                     "0.2",
+                    *self._tls(relay_cert_name(pool_id)),
                 ],
             )
             if relay
@@ -148,6 +182,13 @@ class Mesh:
         )
         self.pools[pool_id] = PoolProcs(pool_id, address, pool, relay_proc)
         return self.pools[pool_id]
+
+    def _frontend_identity(self) -> list[str]:
+        """Over TLS, the next frontend's id and certificate (router-1, router-2, ...): they must match."""
+        if self.certs is None:
+            return []
+        frontend_id = f"router-{len(self.routers) + 1}"
+        return ["--frontend-id", frontend_id, *self._tls(frontend_id)]
 
     def start_router(self, *extra: str) -> RouterProc:
         """Starts a global frontend on discovery (grace 1 s, metrics on a free port); waits until it serves."""
@@ -168,6 +209,7 @@ class Mesh:
                 f"127.0.0.1:{metrics_port}",
                 "--grace",
                 "1",
+                *self._frontend_identity(),
                 *extra,
             ],
         )
@@ -204,28 +246,41 @@ class Mesh:
 
     def drain(self, pool_id: str, seconds: float) -> None:
         """Asks discovery to drain `pool_id` with a deadline `seconds` from now."""
-        with grpc.insecure_channel(self.discovery) as ch:
+        with sync_channel(self.discovery, self._admin()) as ch:
             discovery_pb2_grpc.DiscoveryServiceStub(ch).DrainPool(
                 discovery_pb2.DrainPoolRequest(pool_id=pool_id, timeout=duration(seconds)), timeout=5
             )
 
 
 @contextlib.contextmanager
-def local_mesh(log_dir: Path | None = None) -> Iterator[Mesh]:
+def local_mesh(log_dir: Path | None = None, certs: Path | None = None) -> Iterator[Mesh]:
     """An empty Mesh whose processes are all stopped when the block ends.
 
-    Logs go to `log_dir`, or to a temporary directory removed at the end.
+    Logs go to `log_dir`, or to a temporary directory removed at the end. With `certs` (a dev PKI)
+    every process runs over mutual TLS; this process then dials as meshkit.channels.use_security says.
     """
     with contextlib.ExitStack() as stack:
         if log_dir is None:
             log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mesh-")))
         group = stack.enter_context(process_group(log_dir))
-        yield Mesh(group)
+        yield Mesh(group, certs=certs)
+
+
+def _client_flags() -> list[str]:
+    """The security flags of this process's client identity, for the CLIs it runs."""
+    s = client_security()
+    flags = [
+        ("--tls-cert", s.tls_cert),
+        ("--tls-key", s.tls_key),
+        ("--tls-ca", s.tls_ca),
+        ("--api-key-file", s.api_key),
+    ]
+    return [x for flag, value in flags if value for x in (flag, value)]
 
 
 def route(address: str, tokens: list[int]) -> router_pb2.RouteResponse:
     """A dry run (Route) of a prompt at the global frontend at `address`."""
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address) as channel:
         reply: router_pb2.RouteResponse = router_pb2_grpc.RouterServiceStub(channel).Route(
             router_pb2.RouteRequest(
                 model=MODEL, prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=tokens))
@@ -249,6 +304,7 @@ def generate_cli(router: RouterProc, tokens: list[int], max_tokens: int) -> dict
         "--max-tokens",
         str(max_tokens),
         "--json",
+        *_client_flags(),
     ]
     out = subprocess.run(args, capture_output=True, text=True, timeout=60)
     if out.returncode != 0:

@@ -19,6 +19,8 @@ from typing import IO, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from meshkit.channels import sync_channel
+
 T = TypeVar("T")
 
 # How much of a process's log an error message carries: enough to show a traceback.
@@ -239,7 +241,7 @@ def wait_healthy(address: str, timeout: float = 30.0, proc: Proc | None = None) 
     """
     deadline = time.monotonic() + timeout
     last: Exception | None = None
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address) as channel:  # TLS when this process dials TLS (a secure mesh)
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if proc is not None:
