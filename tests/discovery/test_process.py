@@ -103,12 +103,13 @@ def test_bad_flags_exit_2_naming_the_flag(flags, named):
 
 
 def test_pools_json_and_table(procs):
-    _, address = start_discovery(procs)
+    # 8 s leases, renewed before each listing: longer than a CLI start on a loaded machine, short
+    # enough to watch them lapse at the end.
+    _, address = start_discovery(procs, "--heartbeat-interval", "2", "--lease-duration", "8")
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.DiscoveryServiceStub(channel)
 
         def register_both() -> None:
-            # Renewed before each listing: the 1.5 s leases could lapse while a CLI process starts.
             for pool, model in (("pool-b", "m2"), ("pool-a", "m1")):
                 stub.RegisterPool(
                     pb.RegisterPoolRequest(
@@ -136,7 +137,7 @@ def test_pools_json_and_table(procs):
     # Leases lapse without renewals: the listing empties.
     wait_until(
         lambda: run_pools(address, "--json").stdout == "",
-        timeout=20,
+        timeout=60,
         message="pools to lapse",
     )
 
