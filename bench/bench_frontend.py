@@ -40,7 +40,10 @@ from pathlib import Path
 import grpc
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# --python-work runs in a child process whose BENCH_SRC names the source tree to measure.
+sys.path.insert(0, os.environ.get("BENCH_SRC") or str(ROOT))
+if os.environ.get("BENCH_SRC"):
+    sys.path.insert(1, str(ROOT))  # tests.* helpers
 
 from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc, router_pb2, router_pb2_grpc  # noqa: E402
 from tests.router.mesh import MODEL, Mesh, RouterProc  # noqa: E402
@@ -214,6 +217,88 @@ def top_entries(collapsed: Path) -> tuple[int, list[tuple[str, int]], list[tuple
     return total, self_n.most_common(TOP), incl.most_common(TOP)
 
 
+async def python_work(requests: int, repeats: int) -> float:
+    """CPU microseconds per request of the frontend's own Python work (validation, decision, the
+    run loop, metrics): RouterServicer.Generate with the pool link and the client replaced by
+    in-memory doubles, so no gRPC at all; the best of `repeats`."""
+    from globaldiscovery.v1 import discovery_pb2
+    from globalrouter.config import RouterConfig
+    from globalrouter.router_api import RouterServicer
+    from globalrouter.server import create_server
+    from globalrouter.serving import Admitted, ServingLinks
+
+    messages = [
+        pool_frontend_pb2.PoolFrontendServiceGenerateResponse(
+            tokens=pool_frontend_pb2.PoolTokens(token_ids=[7])
+        ),
+        pool_frontend_pb2.PoolFrontendServiceGenerateResponse(
+            tokens=pool_frontend_pb2.PoolTokens(token_ids=list(range(OUTPUT_TOKENS - 1)))
+        ),
+        pool_frontend_pb2.PoolFrontendServiceGenerateResponse(
+            finish=pool_frontend_pb2.PoolFinish(reason=pool_frontend_pb2.POOL_FINISH_REASON_LENGTH)
+        ),
+    ]
+    admission = pool_frontend_pb2.PoolAdmission(worker_id="w0", prompt_blocks=8)
+
+    class Stream:  # the pool's messages as the gRPC link delivers them (1 + 15 tokens, finish)
+        def __init__(self) -> None:
+            self._left = iter(messages)
+
+        async def read(self):
+            return next(self._left, None)
+
+        def cancel(self) -> None:
+            pass
+
+    class Links(ServingLinks):
+        async def admit(self, pool, request):
+            url = self.next_frontend(pool)
+            self._in_flight[url] = self._in_flight.get(url, 0) + 1
+            return Admitted(pool_id=pool.pool_id, url=url, stream=Stream(), admission=admission)
+
+    class Context:
+        def set_trailing_metadata(self, metadata) -> None:
+            pass
+
+        async def abort(self, *args) -> None:
+            raise AssertionError(args)
+
+    router = create_server(RouterConfig(listen="127.0.0.1:0"))
+    router.core.table.apply_listed(
+        discovery_pb2.Pool(pool_id="bench-pool", model=MODEL, region="r1", frontends=["http://127.0.0.1:1"])
+    )
+    servicer = RouterServicer(router.core, Links(0.1, 1.0), router.config)
+    context = Context()
+    requests_ = [
+        router_pb2.GenerateRequest(
+            model=MODEL,
+            prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=prompt(i))),
+            max_tokens=OUTPUT_TOKENS,
+        )
+        for i in range(requests)
+    ]
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.process_time()
+        for request in requests_:
+            async for _ in servicer.Generate(request, context):
+                pass
+        best = min(best, (time.process_time() - started) / requests * 1e6)
+    await router.handle.server.stop(0)
+    return best
+
+
+def python_work_of(src: Path | None) -> float:
+    """python_work() of the source tree `src` (this one when None), in a child process."""
+    env = {**os.environ, "BENCH_SRC": str(src or ROOT)}
+    out = subprocess.run(
+        [sys.executable, __file__, "--python-work"], env=env, capture_output=True, text=True, timeout=600
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"--python-work failed: {out.stderr[-2000:]}")
+    return float(out.stdout.split()[-1])
+
+
 def start_frontend(mesh: Mesh, name: str, src: Path | None) -> RouterProc:
     """A global frontend process; from another source tree when `src` is given."""
     if src is None:
@@ -345,7 +430,14 @@ def main() -> int:
     )
     parser.add_argument("--profile-seconds", type=float, default=6.0, help="seconds of py-spy sampling")
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="skip the py-spy profile")
+    parser.add_argument("--python-work", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.python_work:
+        print(f"{asyncio.run(python_work(3000, 5)):.1f}")
+        return 0
+    work = {"this tree": python_work_of(None)}
+    if args.baseline_src is not None:
+        work["baseline"] = python_work_of(args.baseline_src.resolve())
     with tempfile.TemporaryDirectory(prefix="bench-frontend-") as tmp, process_group(Path(tmp)) as group:
         mesh = Mesh(group)
         mesh.start_discovery()
@@ -370,6 +462,10 @@ def main() -> int:
         result = asyncio.run(measure(pool.pool.pid, pool.address, frontends, args, Path(tmp)))
         profiles = {n: top_entries(out) for n, out in result["profiles"].items() if out.exists()}
     lines, table = summarize(result, args)
+    lines.append(
+        "frontend's own Python work per request (no gRPC): "
+        + ", ".join(f"{name} {us:.0f} us CPU" for name, us in work.items())
+    )
     for line in lines:
         print(line)
     cmd = (
@@ -396,6 +492,11 @@ def main() -> int:
         + "\nOn 2 shared cores the request rate is set by CPU: through a frontend, every request costs the\n"
         "client's and the pool's CPU plus the frontend's, which is one more gRPC server stream and one\n"
         "more gRPC client stream. The frontend CPU per request is the figure to compare between versions.\n\n"
+        "The frontend's own Python work per request (validation, routing decision, the run loop,\n"
+        "metrics; RouterServicer.Generate over in-memory doubles of the pool link and the client, no\n"
+        "gRPC, best of 5 × 3,000 requests, CPU time): "
+        + ", ".join(f"{name} **{us:.0f} µs**" for name, us in work.items())
+        + ". The rest of the frontend's CPU per request above is gRPC's (two calls, their messages).\n\n"
         "### Where a frontend spends its time (py-spy under the throughput load)\n\n" + profile_text
     )
     return 0
