@@ -8,8 +8,7 @@ import pytest
 
 from globalrouter.metrics import RouterMetrics
 from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc, router_pb2
-from meshkit.server import create_server as create_grpc_server
-from tests.router.fakes import gen_request, pool_msg, start_router
+from tests.router.fakes import gen_request, pool_msg, start_fake_pool, start_router
 
 pytestmark = pytest.mark.timeout(30)
 PROMPT = list(range(200, 248))
@@ -40,17 +39,10 @@ class LingeringPool(pool_frontend_pb2_grpc.PoolFrontendServiceServicer):
 
 
 async def test_summary_follows_the_pools_finish_without_waiting_for_its_call_to_end():
-    pool = LingeringPool()
-
-    def register(server):
-        pool_frontend_pb2_grpc.add_PoolFrontendServiceServicer_to_server(pool, server)
-        return [pool_frontend_pb2.DESCRIPTOR.services_by_name["PoolFrontendService"].full_name]
-
-    handle = create_grpc_server("127.0.0.1:0", register)
-    await handle.server.start()
+    pool, server, url = await start_fake_pool(LingeringPool())
     router, stub, channel = await start_router()
     try:
-        router.core.table.apply_listed(pool_msg("p1", f"http://127.0.0.1:{handle.port}"))
+        router.core.table.apply_listed(pool_msg("p1", url))
         messages = [m async for m in stub.Generate(gen_request(PROMPT, 10), timeout=5)]
         chunks = [m.tokens for m in messages if m.WhichOneof("payload") == "tokens"]
         assert [(c.offset, list(c.token_ids)) for c in chunks] == [
@@ -67,7 +59,7 @@ async def test_summary_follows_the_pools_finish_without_waiting_for_its_call_to_
     finally:
         await channel.close()
         await router.handle.server.stop(0)
-        await handle.server.stop(0)
+        await server.stop(0)
 
 
 def test_labelled_is_the_metric_child_looked_up_once():
