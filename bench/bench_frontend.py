@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import itertools
 import os
 import platform
 import shutil
@@ -58,8 +59,9 @@ TOP = 12
 
 
 def prompt(i: int) -> list[int]:
-    """A 128-token prompt; distinct per request so no run is a pure cache hit."""
-    return [(i * 7919 + k * 31) % 30_000 for k in range(128)]
+    """A 128-token prompt, distinct for every i (its first two tokens spell i), so no request finds
+    a cached prefix whatever ran before."""
+    return [i % 30_000, i // 30_000 % 30_000] + [(i * 7919 + k * 31) % 30_000 for k in range(2, 128)]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -149,6 +151,16 @@ async def empty_round_trips(channel: grpc.aio.Channel, n: int) -> list[float]:
     return out
 
 
+async def idle_cpu_rate(pid: int, seconds: float) -> float:
+    """CPU seconds per second `pid` spends with no request in flight."""
+    before = cpu_seconds(pid)
+    await asyncio.sleep(seconds)
+    return (cpu_seconds(pid) - before) / seconds
+
+
+_RUNS = itertools.count()
+
+
 @dataclass
 class Run:
     """One closed-loop throughput run of one target."""
@@ -169,14 +181,15 @@ async def throughput_run(
 ) -> Run:
     done = messages = 0
     deadline = time.perf_counter() + seconds
-    counter = iter(range(max_requests))
+    first = 30_000_000 + next(_RUNS) * max_requests  # prompts no earlier run sent
+    counter = iter(range(first, first + max_requests))
 
     async def worker() -> None:
         nonlocal done, messages
         for i in counter:
             if time.perf_counter() >= deadline:
                 return
-            _, n, m = await target.one(30_000_000 + i, OUTPUT_TOKENS)
+            _, n, m = await target.one(i, OUTPUT_TOKENS)
             assert n == OUTPUT_TOKENS
             done += 1
             messages += m
@@ -356,6 +369,7 @@ async def measure(
         ttft = await ttft_run(targets, args.ttft_requests)
         round_trips = await empty_round_trips(channels["frontend"], args.ttft_requests)
         runs: dict[str, list[Run]] = {t.name: [] for t in targets}
+        pool_idle = await idle_cpu_rate(pool_pid, 2.0)
         for r in range(args.rounds):
             for target in rotated(targets, r):
                 idle = tuple(p for p in all_frontends if p not in target.pids)
@@ -363,8 +377,16 @@ async def measure(
                 if idle:  # frontends not serving this run only ingest its telemetry
                     pids["telemetry"] = idle
                 run = await throughput_run(target, args.seconds, args.concurrency, 1_000_000, pids)
+                # What serving these requests cost a frontend: its CPU less what a frontend that
+                # served none spent meanwhile (its background work and the telemetry ingest, which
+                # weigh more per request when the rate is low).
                 if idle:
                     run.cpu_us["telemetry"] /= len(idle)
+                    run.cpu_us["serving"] = run.cpu_us["frontend"] - run.cpu_us["telemetry"] * len(
+                        target.pids
+                    )
+                # The pool's own background (its relay feeds, load reports) likewise.
+                run.cpu_us["pool"] -= pool_idle / run.rate * 1e6
                 runs[target.name].append(run)
         profiles = {}
         spy = py_spy() if args.profile else None
@@ -392,19 +414,21 @@ def summarize(result: dict, args) -> tuple[list[str], str]:
         rates = " / ".join(f"{r.rate:.0f}" for r in rs)
         rows.append(
             f"| {name} | {p50 * 1e3:.2f} ms | {p99 * 1e3:.2f} ms | {(p50 - d50) * 1e3:+.2f} ms | {rates} | "
-            f"{ratio:.2f} | {cpu['frontend']:.0f} | {cpu['pool']:.0f} | {cpu['client']:.0f} | "
+            f"{ratio:.2f} | {cpu['frontend']:.0f} | {_us(cpu.get('serving'))} | {cpu['pool']:.0f} | "
+            f"{cpu['client']:.0f} | "
             f"{_us(cpu.get('telemetry'))} | {msgs:.2f} |"
         )
         lines.append(
             f"{name:18s} TTFT p50 {p50 * 1e3:.2f} ms p99 {p99 * 1e3:.2f} ms (added p50 {(p50 - d50) * 1e3:+.2f} ms); "
             f"req/s {rates} (ratio to direct {ratio:.2f}); CPU us/request frontend {cpu['frontend']:.0f} "
+            f"(serving {_us(cpu.get('serving'))}) "
             f"pool {cpu['pool']:.0f} client {cpu['client']:.0f}; token messages/request {msgs:.2f}"
         )
     table = (
         "| path | TTFT p50 | TTFT p99 | added TTFT p50 | req/s per round | req/s ratio to direct (median) "
-        "| frontend CPU µs/req | pool CPU µs/req | client CPU µs/req | telemetry ingest CPU µs/req "
-        "per idle frontend | token messages/req |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+        "| frontend CPU µs/req | of which serving | pool CPU µs/req (less idle) | client CPU µs/req "
+        "| CPU µs/req of an idle frontend | token messages/req |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     return lines, table
 
@@ -501,13 +525,17 @@ def main() -> int:
         f"rotating every round; {OUTPUT_TOKENS}-token outputs, {args.concurrency} concurrent clients for the "
         "request rates.\n"
         "'two frontends' is the scale-out: two frontend processes, the client spreading its requests\n"
-        "over both. CPU µs per request come from /proc (utime+stime) over each throughput run; the\n"
-        "telemetry column is what a frontend that serves none of the run's requests spends ingesting\n"
-        "their KV events and load reports (every frontend does this for all traffic).\n\n"
+        "over both. CPU µs per request come from /proc (utime+stime) over each throughput run. A\n"
+        "frontend's CPU includes work that does not scale with its own requests (telemetry ingest of all\n"
+        "traffic, its background tasks): 'of which serving' subtracts what a frontend that served none\n"
+        "of the run's requests spent meanwhile (the 'idle frontend' column); the pool's figure\n"
+        "subtracts its CPU rate with no request in flight, measured before the rounds.\n\n"
         + table
         + "\nOn 2 shared cores the request rate is set by CPU: through a frontend, every request costs the\n"
         "client's and the pool's CPU plus the frontend's, which is one more gRPC server stream and one\n"
-        "more gRPC client stream. The frontend CPU per request is the figure to compare between versions.\n\n"
+        "more gRPC client stream. The frontend CPU per request is the figure to compare between versions,\n"
+        "over repeated runs: other work on the machine moves it between rounds and paths (the per-round\n"
+        "rates show how much).\n\n"
         "The frontend's own Python work per request (validation, routing decision, the run loop,\n"
         "metrics; RouterServicer.Generate over in-memory doubles of the pool link and the client, no\n"
         "gRPC, best of 5 × 3,000 requests, CPU time): "
