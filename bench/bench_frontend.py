@@ -17,7 +17,7 @@ machine noise:
 and profiled beside this tree's: a before/after in one run.
 Writes bench/results/bench_frontend.md.
 
-Run: .venv/bin/python bench/bench_frontend.py [--ttft-requests N] [--seconds S] [--rounds R]
+Run: .venv/bin/python -m bench.bench_frontend [--ttft-requests N] [--seconds S] [--rounds R]
      [--concurrency C] [--baseline-src DIR] [--no-profile]
 """
 
@@ -37,19 +37,15 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-ROOT = Path(__file__).resolve().parent.parent
-# --python-work runs in a child process whose BENCH_SRC names the source tree to measure.
-sys.path.insert(0, os.environ.get("BENCH_SRC") or str(ROOT))
-if os.environ.get("BENCH_SRC"):
-    sys.path.insert(1, str(ROOT))  # tests.* helpers
+from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc, router_pb2, router_pb2_grpc
+from meshlaunch import MODEL, Mesh, RouterProc, free_port, process_group, wait_healthy
 
-from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc, router_pb2, router_pb2_grpc  # noqa: E402
-from tests.router.mesh import MODEL, Mesh, RouterProc  # noqa: E402
-from tests.support import free_port, process_group, wait_healthy  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULT = ROOT / "bench" / "results" / "bench_frontend.md"
 OUTPUT_TOKENS = 16
@@ -92,6 +88,7 @@ class Target:
         started = time.perf_counter()
         ttft = None
         count = messages = 0
+        call: grpc.aio.UnaryStreamCall[Any, Any]
         if self.via_router:
             self._next += 1
             call = self._stubs[self._next % len(self._stubs)].Generate(
@@ -307,7 +304,7 @@ async def python_work(requests: int, repeats: int) -> float:
     for _ in range(repeats):
         started = time.process_time()
         for request in requests_:
-            async for _ in servicer.Generate(request, context):
+            async for _ in servicer.Generate(request, cast("grpc.aio.ServicerContext[Any, Any]", context)):
                 pass
         best = min(best, (time.process_time() - started) / requests * 1e6)
     await router.handle.server.stop(0)
@@ -316,19 +313,20 @@ async def python_work(requests: int, repeats: int) -> float:
 
 def python_work_of(src: Path | None) -> float:
     """python_work() of the source tree `src` (this one when None), in a child process."""
-    env = {**os.environ, "BENCH_SRC": str(src or ROOT)}
-    out = subprocess.run(
-        [sys.executable, __file__, "--python-work"], env=env, capture_output=True, text=True, timeout=600
+    # This file run as __main__ with `src` first on the path: its globalrouter is the one measured.
+    code = (
+        f"import runpy, sys; sys.path.insert(0, {str(src or ROOT)!r}); sys.argv[1:] = ['--python-work']; "
+        f"runpy.run_path({__file__!r}, run_name='__main__')"
     )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"--python-work failed: {out.stderr[-2000:]}")
     return float(out.stdout.split()[-1])
 
 
-def start_frontend(mesh: Mesh, name: str, src: Path | None) -> RouterProc:
-    """A global frontend process; from another source tree when `src` is given."""
-    if src is None:
-        return mesh.start_router("--log-level", "warning")
+def start_frontend(mesh: Mesh, name: str, src: Path) -> RouterProc:
+    """A global frontend process running the source tree `src`; every frontend of the run is
+    started this same way (no /metrics endpoint), so they differ only in their code."""
     address = f"127.0.0.1:{free_port()}"
     proc = mesh.group.start(
         name,
@@ -390,10 +388,11 @@ async def measure(
                 runs[target.name].append(run)
         profiles = {}
         spy = py_spy() if args.profile else None
-        for target in [targets[1], *targets[3:]] if spy else []:
-            out = tmp / f"profile-{target.name.replace(' ', '-')}.txt"
-            await profile(spy, target, target.pids[0], args.profile_seconds, args.concurrency, out)
-            profiles[target.name] = out
+        if spy is not None:
+            for target in [targets[1], *targets[3:]]:
+                out = tmp / f"profile-{target.name.replace(' ', '-')}.txt"
+                await profile(spy, target, target.pids[0], args.profile_seconds, args.concurrency, out)
+                profiles[target.name] = out
         return {"ttft": ttft, "runs": runs, "profiles": profiles, "round_trips": round_trips}
     finally:
         for c in channels.values():
@@ -491,8 +490,8 @@ def main() -> int:
             "--max-running-per-worker",
             "16",
         )
-        frontends = {"frontend": start_frontend(mesh, "frontend", None)}
-        frontends["second"] = start_frontend(mesh, "second", None)
+        frontends = {"frontend": start_frontend(mesh, "frontend", ROOT)}
+        frontends["second"] = start_frontend(mesh, "second", ROOT)
         if args.baseline_src is not None:
             frontends["baseline"] = start_frontend(mesh, "baseline", args.baseline_src.resolve())
         for f in frontends.values():
@@ -509,7 +508,7 @@ def main() -> int:
     for line in lines:
         print(line)
     cmd = (
-        f".venv/bin/python bench/bench_frontend.py --ttft-requests {args.ttft_requests} --seconds {args.seconds:g} "
+        f".venv/bin/python -m bench.bench_frontend --ttft-requests {args.ttft_requests} --seconds {args.seconds:g} "
         f"--rounds {args.rounds} --concurrency {args.concurrency}"
         + (f" --baseline-src {args.baseline_src}" if args.baseline_src else "")
         + ("" if args.profile else " --no-profile")

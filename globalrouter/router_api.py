@@ -42,6 +42,7 @@ def prompt_tokens(
     Token ids come back as the request's repeated field itself: copying it to a list costs more
     than building the pool's request from it."""
     kind = prompt.WhichOneof("content")
+    tokens: Sequence[int]
     if kind == "text":
         tokens = text_to_tokens(prompt.text)
         if not tokens:

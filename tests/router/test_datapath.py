@@ -39,7 +39,8 @@ class LingeringPool(pool_frontend_pb2_grpc.PoolFrontendServiceServicer):
 
 
 async def test_summary_follows_the_pools_finish_without_waiting_for_its_call_to_end():
-    pool, server, url = await start_fake_pool(LingeringPool())
+    pool = LingeringPool()
+    _, server, url = await start_fake_pool(pool)
     router, stub, channel = await start_router()
     try:
         router.core.table.apply_listed(pool_msg("p1", url))
