@@ -102,7 +102,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         finally:
             self._streams.release(caller)
 
-    async def _generate(self, request: router_pb2.GenerateRequest, tokens: list[int], context):
+    async def _generate(self, request: router_pb2.GenerateRequest, tokens: Sequence[int], context):
         request_id = request.request_id or new_request_id()
         metrics = self._core.metrics
         decision = self._core.decide(request.model, tokens, request.max_tokens)
