@@ -67,6 +67,17 @@ class RouterMetrics:
         self.telemetry_snapshot_requests = Counter(
             "globalrouter_telemetry_snapshot_requests", "SnapshotRequests sent to relays (gaps)", registry=r
         )
+        self._children: dict[tuple[object, tuple[str, ...]], object] = {}
+
+    def labelled(self, metric, *values: str):
+        """`metric.labels(*values)`, looked up once per label set: prometheus validates the values
+        and takes a lock on every labels() call, four times per request on the data path. Bounded
+        as prometheus's own children are, by the label values the callers admit."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def serve(self, listen: str) -> int:
         """Serves /metrics on HOST:PORT (port 0 picks one) in a background thread; returns the port."""

@@ -70,12 +70,16 @@ class GenerateRun:
         self._links = links
         self._request_id = request_id
         self._model = model
-        self._prompt = list(prompt)
+        self._prompt = prompt  # not copied: a request's repeated field copies natively into the pool's
         self._max_tokens = max_tokens
         self._migration_limit = migration_limit
         self._admission_tries = admission_tries
         self.record = RunRecord()
-        self._log = log.bind(request_id=request_id, model=model)
+
+    @property
+    def _log(self):
+        # Bound when something is logged (a refusal, a migration), not on every request.
+        return log.bind(request_id=self._request_id, model=self._model)
 
     async def stream(self, first: Decision) -> AsyncIterator[router_pb2.GenerateResponse]:
         """Yields TokenChunks then the GenerateSummary; raises GenerateError on failure."""
@@ -105,7 +109,9 @@ class GenerateRun:
                                 )
                             )
                     elif kind == "finish":
+                        # The last message: answer the client now, not after the pool's trailers.
                         finish = msg.finish
+                        break
             except StreamBroken as exc:
                 broken = exc
             finally:
@@ -136,7 +142,8 @@ class GenerateRun:
                     self._error_metadata(),
                 )
             rec.migrations += 1
-            self._core.metrics.migrations.labels(admitted.pool_id).inc()
+            metrics = self._core.metrics
+            metrics.labelled(metrics.migrations, admitted.pool_id).inc()
             self._log.info(
                 "migrating",
                 from_pool=admitted.pool_id,
@@ -146,7 +153,7 @@ class GenerateRun:
             )
             decision = self._core.decide(
                 self._model,
-                self._prompt + rec.tokens,
+                [*self._prompt, *rec.tokens],
                 self._max_tokens - sent,
                 exclude=failed_pools,
             )
@@ -168,7 +175,7 @@ class GenerateRun:
     async def _admit(self, decision: Decision) -> Admitted:
         """Asks the candidates in rank order, at most `admission_tries` of them; raises GenerateError."""
         rec = self.record
-        prompt = self._prompt + rec.tokens
+        prompt = [*self._prompt, *rec.tokens] if rec.tokens else self._prompt
         remaining = self._max_tokens - len(rec.tokens)
         request = PoolRequest(
             request_id=self._request_id, model=self._model, token_ids=prompt, max_tokens=remaining
@@ -180,14 +187,14 @@ class GenerateRun:
             if pool is None or not pool.frontends:
                 continue
             pool.record_sent(candidate.uncached_tokens, remaining)
-            metrics.decisions.labels(pool.pool_id).inc()
+            metrics.labelled(metrics.decisions, pool.pool_id).inc()
             try:
                 admitted = await self._links.admit(pool, request)
             except AdmissionFailed as exc:
                 failures.append(exc)
                 if exc.refused:
                     rec.refused_by.append(exc.pool_id)
-                    metrics.refusals.labels(exc.pool_id, exc.code.name).inc()
+                    metrics.labelled(metrics.refusals, exc.pool_id, exc.code.name).inc()
                     self._log.info(
                         "refused",
                         pool_id=exc.pool_id,
@@ -204,8 +211,8 @@ class GenerateRun:
                 continue
             self._links.link_ok(pool)
             adm = admitted.admission
-            metrics.prompt_blocks.labels(pool.pool_id).inc(adm.prompt_blocks)
-            metrics.cached_blocks.labels(pool.pool_id).inc(adm.cached_blocks)
+            metrics.labelled(metrics.prompt_blocks, pool.pool_id).inc(adm.prompt_blocks)
+            metrics.labelled(metrics.cached_blocks, pool.pool_id).inc(adm.cached_blocks)
             if adm.prompt_blocks:
                 metrics.cached_prefix_ratio.observe(adm.cached_blocks / adm.prompt_blocks)
             return admitted

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import grpc
 
@@ -35,15 +36,19 @@ FILTER_REASONS = {r: router_pb2.FilterReason.Value(f"FILTER_REASON_{r.name}") fo
 
 def prompt_tokens(
     v: Violations, field_path: str, prompt: router_pb2.Prompt, max_tokens: int = MAX_PROMPT_TOKENS
-) -> list[int]:
-    """The prompt as token ids (text: one token per UTF-8 byte); records what is wrong with it."""
+) -> Sequence[int]:
+    """The prompt as token ids (text: one token per UTF-8 byte); records what is wrong with it.
+
+    Token ids come back as the request's repeated field itself: copying it to a list costs more
+    than building the pool's request from it."""
     kind = prompt.WhichOneof("content")
+    tokens: Sequence[int]
     if kind == "text":
         tokens = text_to_tokens(prompt.text)
         if not tokens:
             v.add(f"{field_path}.text", "must not be empty")
     elif kind == "token_ids":
-        tokens = list(prompt.token_ids.ids)
+        tokens = prompt.token_ids.ids
         if not tokens:
             v.add(f"{field_path}.token_ids.ids", "must list at least one token id")
     else:
@@ -97,7 +102,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         finally:
             self._streams.release(caller)
 
-    async def _generate(self, request: router_pb2.GenerateRequest, tokens: list[int], context):
+    async def _generate(self, request: router_pb2.GenerateRequest, tokens: Sequence[int], context):
         request_id = request.request_id or new_request_id()
         metrics = self._core.metrics
         decision = self._core.decide(request.model, tokens, request.max_tokens)
@@ -105,7 +110,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         if error is not None:
             # A model no pool serves is labelled as such: clients must not grow the label set.
             label = request.model if decision.model_served else "(not served)"
-            metrics.requests.labels(label, error.code.name).inc()
+            metrics.labelled(metrics.requests, label, error.code.name).inc()
             await _abort(context, error)
         run = GenerateRun(
             self._core,
@@ -128,7 +133,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             outcome = "CANCELLED"
             raise
         finally:
-            metrics.requests.labels(request.model, outcome).inc()
+            metrics.labelled(metrics.requests, request.model, outcome).inc()
         context.set_trailing_metadata(self._trailers(run))
 
     @staticmethod

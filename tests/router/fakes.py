@@ -80,9 +80,9 @@ async def eventually(predicate, within: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def start_fake_pool() -> tuple[FakePool, grpc.aio.Server, str]:
-    """A started fake pool and its URL."""
-    fake = FakePool()
+async def start_fake_pool(servicer=None) -> tuple[FakePool, grpc.aio.Server, str]:
+    """A started fake pool (a FakePool, or the PoolFrontendService `servicer` given) and its URL."""
+    fake = servicer if servicer is not None else FakePool()
 
     def register(server):
         pool_frontend_pb2_grpc.add_PoolFrontendServiceServicer_to_server(fake, server)
