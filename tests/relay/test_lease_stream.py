@@ -138,9 +138,11 @@ async def test_a_refused_message_fails_only_its_call(started):
 
 
 async def test_unimplemented_stream_falls_back_to_unary(started):
-    disco = UnaryOnlyDiscovery(heartbeat=0.1, lease=0.5)
+    # A 1 s heartbeat: a renewal's reply is late after min(heartbeat, 2 s), and a loaded machine must
+    # not turn a slow reply into the failure this test says the fallback is not.
+    disco = UnaryOnlyDiscovery(heartbeat=1.0, lease=3.0)
     relay = await started(disco)
-    await wait_for(lambda: len(disco.registers) >= 3, message="unary registrations")
+    await wait_for(lambda: len(disco.registers) >= 2, message="unary registrations")
     assert set(disco.transports) == {"unary"}
     assert relay.keepalive.unary and relay.keepalive.streams_opened == 1
     assert relay.call_error == ""  # the fallback is not a failure
