@@ -28,17 +28,16 @@ import grpc
 import zmq
 import zmq.asyncio
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshkit.logs import configure_logging
+from meshlaunch import free_port
+from meshlaunch.vllm_wire import KVCacheEvent, encode, removed, stored
+from poolrelay.engine.config import EngineWorker
+from poolrelay.engine.feed import WorkerFeed, ZmqWorkerTransport
+from poolrelay.engine.translate import WorkerBlocks
+from poolrelay.pool_blocks import PoolBlocks
 
-from globalrouter.v1 import router_pb2, router_pb2_grpc  # noqa: E402
-from meshkit.logs import configure_logging  # noqa: E402
-from poolrelay.engine.config import EngineWorker  # noqa: E402
-from poolrelay.engine.feed import WorkerFeed, ZmqWorkerTransport  # noqa: E402
-from poolrelay.engine.translate import WorkerBlocks  # noqa: E402
-from poolrelay.pool_blocks import PoolBlocks  # noqa: E402
-from tests.engines.vllm_wire import encode, removed, stored  # noqa: E402
-from tests.support import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 ENGINE_BLOCK = 32
 BLOCKS_PER_EVENT = 4
@@ -53,7 +52,7 @@ def workload(n: int) -> list[bytes]:
     for i in range(n):
         new = [f"b{i}-{k}".encode() for k in range(BLOCKS_PER_EVENT)]
         tokens = [(i * 131 + t) % 2048 for t in range(BLOCKS_PER_EVENT * ENGINE_BLOCK)]
-        events: list[object] = [stored(new, parent, tokens, ENGINE_BLOCK)]
+        events: list[KVCacheEvent] = [stored(new, parent, tokens, ENGINE_BLOCK)]
         names.append(new)  # type: ignore[arg-type]
         if i >= 64:
             events.append(removed(names[i - 64]))

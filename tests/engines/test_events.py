@@ -7,6 +7,8 @@ from array import array
 import msgspec
 import pytest
 
+from meshlaunch.vllm_wire import AllBlocksCleared as WireCleared
+from meshlaunch.vllm_wire import BlockMoved, encode, removed, stored
 from poolrelay.engine.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -15,8 +17,6 @@ from poolrelay.engine.events import (
     UnknownEvent,
     decode_batch,
 )
-from tests.engines.vllm_wire import AllBlocksCleared as WireCleared
-from tests.engines.vllm_wire import BlockMoved, encode, removed, stored
 
 
 def test_vllm_batch_decodes_every_event_kind():

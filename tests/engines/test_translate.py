@@ -7,12 +7,12 @@ import asyncio
 import pytest
 
 from meshkit.blocks import block_hashes
+from meshlaunch.vllm_wire import AllBlocksCleared, BlockMoved, encode, removed, stored
 from poolrelay.engine.config import EngineWorker
 from poolrelay.engine.events import decode_batch
 from poolrelay.engine.feed import WorkerFeed, parse_frames, parse_replay
 from poolrelay.engine.translate import WorkerBlocks, check_block_sizes
 from poolrelay.pool_blocks import PoolBlocks
-from tests.engines.vllm_wire import AllBlocksCleared, BlockMoved, encode, removed, stored
 
 MESH = 16
 ENGINE = 32

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -53,7 +54,10 @@ class BlockMoved(KVCacheEvent):
 _encoder = msgspec.msgpack.Encoder()
 
 
-def stored(hashes, parent, tokens, block_size=32, **extra) -> BlockStored:
+def stored(
+    hashes: Iterable[Any], parent: Any, tokens: Iterable[int], block_size: int = 32, **extra: Any
+) -> BlockStored:
+    """A BlockStored event (fields vLLM may add later pass through `extra`)."""
     return BlockStored(
         block_hashes=list(hashes),
         parent_block_hash=parent,
@@ -66,10 +70,11 @@ def stored(hashes, parent, tokens, block_size=32, **extra) -> BlockStored:
     )
 
 
-def removed(hashes, medium="GPU") -> BlockRemoved:
+def removed(hashes: Iterable[Any], medium: str = "GPU") -> BlockRemoved:
+    """A BlockRemoved event."""
     return BlockRemoved(block_hashes=list(hashes), medium=medium)
 
 
-def encode(*events, ts: float = 1.0, rank: int | None = 0) -> bytes:
+def encode(*events: KVCacheEvent, ts: float = 1.0, rank: int | None = 0) -> bytes:
     """One batch payload as vLLM's ZmqEventPublisher sends it."""
     return _encoder.encode(EventBatch(ts=ts, events=list(events), data_parallel_rank=rank))
