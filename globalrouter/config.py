@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
 from meshkit.tls import SecurityConfig
 
@@ -52,3 +53,5 @@ class RouterConfig:
     """Block hashes one telemetry snapshot may carry across its chunks (bounds a stream's memory)."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS, identities and API keys (the shared security flags)."""
+    http: HttpConfig = field(default_factory=HttpConfig)
+    """The OpenAI-compatible HTTP front (off unless http.listen is set) and per-model tokenizers."""

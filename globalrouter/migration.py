@@ -10,7 +10,7 @@ import grpc
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import Decision
 from globalrouter.serving import AdmissionFailed, Admitted, PoolRequest, ServingLinks, StreamBroken
-from globalrouter.v1 import pool_frontend_pb2, router_pb2
+from globalrouter.v1 import pool_frontend_pb2, router_pb2, sampling_pb2
 from meshkit.errors import Reason
 from meshkit.logs import get_logger
 
@@ -65,6 +65,7 @@ class GenerateRun:
         max_tokens: int,
         migration_limit: int,
         admission_tries: int,
+        sampling: sampling_pb2.SamplingParams | None = None,
     ) -> None:
         self._core = core
         self._links = links
@@ -74,6 +75,7 @@ class GenerateRun:
         self._max_tokens = max_tokens
         self._migration_limit = migration_limit
         self._admission_tries = admission_tries
+        self._sampling = sampling
         self.record = RunRecord()
 
     @property
@@ -144,6 +146,7 @@ class GenerateRun:
             rec.migrations += 1
             metrics = self._core.metrics
             metrics.labelled(metrics.migrations, admitted.pool_id).inc()
+            self._event("migration", admitted.pool_id, detail=detail)
             self._log.info(
                 "migrating",
                 from_pool=admitted.pool_id,
@@ -178,7 +181,11 @@ class GenerateRun:
         prompt = [*self._prompt, *rec.tokens] if rec.tokens else self._prompt
         remaining = self._max_tokens - len(rec.tokens)
         request = PoolRequest(
-            request_id=self._request_id, model=self._model, token_ids=prompt, max_tokens=remaining
+            request_id=self._request_id,
+            model=self._model,
+            token_ids=prompt,
+            max_tokens=remaining,
+            sampling=self._sampling,
         )
         failures: list[AdmissionFailed] = []
         metrics = self._core.metrics
@@ -195,6 +202,7 @@ class GenerateRun:
                 if exc.refused:
                     rec.refused_by.append(exc.pool_id)
                     metrics.labelled(metrics.refusals, exc.pool_id, exc.code.name).inc()
+                    self._event("refusal", exc.pool_id, detail=str(exc.reason or exc.code.name))
                     self._log.info(
                         "refused",
                         pool_id=exc.pool_id,
@@ -215,6 +223,9 @@ class GenerateRun:
             metrics.labelled(metrics.cached_blocks, pool.pool_id).inc(adm.cached_blocks)
             if adm.prompt_blocks:
                 metrics.cached_prefix_ratio.observe(adm.cached_blocks / adm.prompt_blocks)
+            self._event(
+                "decision", pool.pool_id, cached_blocks=adm.cached_blocks, prompt_blocks=adm.prompt_blocks
+            )
             return admitted
         tried = "; ".join(str(f) for f in failures) or "no candidate had a frontend"
         if rec.tokens:
@@ -235,6 +246,17 @@ class GenerateRun:
             grpc.StatusCode.UNAVAILABLE,
             Reason.POOLS_UNREACHABLE,
             f"no candidate pool could be reached: {tried}",
+        )
+
+    def _event(self, kind: str, pool_id: str, **fields) -> None:
+        """Records what happened in the core's ring of recent events (the status page shows it)."""
+        self._core.events.add(
+            kind,
+            wall=self._core.clock.wall(),
+            request_id=self._request_id,
+            model=self._model,
+            pool_id=pool_id,
+            **fields,
         )
 
     def _summary(self, reason: int) -> router_pb2.GenerateSummary:

@@ -21,6 +21,7 @@ from meshkit.errors import Reason, abort_with_reason, grpc_status_for
 from meshkit.ids import new_request_id
 from meshkit.limits import LimitExceeded, Slots
 from meshkit.logs import get_logger
+from meshkit.sampling import check_sampling
 from meshkit.timeconv import duration
 from meshkit.validation import Violations, check_identifier
 
@@ -90,6 +91,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             v.add("max_tokens", f"must be 1 to {cap} (got {request.max_tokens})")
         if request.request_id:
             check_identifier(v, "request_id", request.request_id)
+        check_sampling(v, "sampling", request.sampling)
         await v.abort_if_any(context)
         caller = str(current_identity())
         try:
@@ -121,6 +123,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             max_tokens=request.max_tokens,
             migration_limit=self.config.migration_limit,
             admission_tries=self.config.admission_tries,
+            sampling=request.sampling if request.HasField("sampling") else None,
         )
         outcome = "OK"
         try:

@@ -10,6 +10,7 @@ from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import PoolState
+from globalrouter.recent_events import RecentEvents
 from globalrouter.selection import Decision, FilterReason, Selector, pool_overlaps
 from meshkit.blocks import DEFAULT_BLOCK_SIZE, block_hashes
 from meshkit.clock import Clock
@@ -45,6 +46,8 @@ class RoutingCore:
         self.selector = selector
         self.clock = clock
         self.metrics = metrics
+        self.events = RecentEvents()
+        """Recent decisions, migrations and refusals (bounded), for the status page."""
 
     def overlaps(self, pools: Sequence[PoolState], tokens: Sequence[int], now: float) -> dict[str, int]:
         """Cached leading blocks per pool; the prompt is hashed once per distinct block size."""

@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 
 from globalrouter.config import RouterConfig
+from globalrouter.http_api.config import HttpConfig
 from globalrouter.server import serve
-from meshkit.cli import add_security_flags, host_port, identifier, int_at_least, url
+from meshkit.cli import add_security_flags, host_port, identifier, int_at_least, positive_seconds, url
 from meshkit.logs import configure_logging, get_logger
 
 log = get_logger(module="globalrouter.serve_cli")
+
+
+def tokenizer_spec(value: str) -> tuple[str, str]:
+    """argparse type: MODEL=DIR where DIR holds a tokenizer.json."""
+    model, sep, directory = value.partition("=")
+    if not sep or not model.strip() or not directory:
+        raise argparse.ArgumentTypeError(f"expected MODEL=DIR, got {value!r}")
+    if not (Path(directory) / "tokenizer.json").is_file():
+        raise argparse.ArgumentTypeError(f"{directory!r} has no tokenizer.json")
+    return model.strip(), directory
 
 
 def add_parser(subparsers) -> None:
@@ -34,6 +46,39 @@ def add_parser(subparsers) -> None:
         "--admission-tries", type=int_at_least(1), default=4, help="pools asked per admission round"
     )
     p.add_argument("--metrics-listen", type=host_port, default=None, help="HOST:PORT for Prometheus /metrics")
+    p.add_argument(
+        "--http-listen",
+        type=host_port,
+        default=None,
+        help="HOST:PORT of the OpenAI-compatible HTTP front and status page (default: off)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        type=tokenizer_spec,
+        action="append",
+        default=[],
+        metavar="MODEL=DIR",
+        help="a Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json) for MODEL "
+        "(repeatable); other models use one token per UTF-8 byte",
+    )
+    p.add_argument(
+        "--http-max-body-bytes",
+        type=int_at_least(1024),
+        default=8 * 1024 * 1024,
+        help="larger bodies get 413",
+    )
+    p.add_argument(
+        "--http-write-timeout",
+        type=positive_seconds,
+        default=30.0,
+        help="seconds a streaming client may stop reading before its request is ended",
+    )
+    p.add_argument(
+        "--http-default-max-tokens",
+        type=int_at_least(1),
+        default=256,
+        help="output tokens when an HTTP request sets no max_tokens",
+    )
     p.add_argument("--grace", type=float, default=5.0, help="seconds in-flight calls get on SIGTERM")
     p.add_argument(
         "--max-streams-per-client",
@@ -79,6 +124,13 @@ def _run(args: argparse.Namespace) -> int:
         max_telemetry_streams=args.max_telemetry_streams,
         max_snapshot_blocks=args.max_snapshot_blocks,
         security=args.security,
+        http=HttpConfig(
+            listen=args.http_listen or "",
+            tokenizers=tuple(args.tokenizer),
+            max_body_bytes=args.http_max_body_bytes,
+            write_timeout=args.http_write_timeout,
+            default_max_tokens=args.http_default_max_tokens,
+        ),
     )
     try:
         asyncio.run(serve(config))

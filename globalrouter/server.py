@@ -11,6 +11,8 @@ import grpc
 
 from globalrouter.config import RouterConfig
 from globalrouter.frontend_lease import FrontendRegistration
+from globalrouter.http_api.app import OpenAIFront
+from globalrouter.http_api.server import HttpServer
 from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import DirectoryWatcher, PoolTable
@@ -19,6 +21,7 @@ from globalrouter.routing import RoutingCore
 from globalrouter.selection import SelectionConfig, Selector
 from globalrouter.serving import ServingLinks
 from globalrouter.telemetry_ingest import TelemetryIngest, TelemetryServicer
+from globalrouter.tokenizer import TokenizerError, Tokenizers
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.authz import Authorizer
 from meshkit.channels import aio_channel
@@ -47,6 +50,9 @@ class Router:
     watcher: DirectoryWatcher | None = None
     registration: FrontendRegistration | None = None
     metrics_port: int = 0
+    http: HttpServer | None = None
+    """The OpenAI-compatible HTTP front, when config.http.listen is set."""
+    _http_stopping: asyncio.Task | None = None
     _tasks: tuple[asyncio.Task, ...] = ()
     _discovery_channel: grpc.aio.Channel | None = None
 
@@ -55,7 +61,9 @@ class Router:
         return self.handle.port
 
     def start_background(self) -> None:
-        """Starts the directory watch and the lease renewals (needs a running loop)."""
+        """Starts the directory watch, the lease renewals and the HTTP front (needs a running loop)."""
+        if self.http is not None:
+            self._tasks += (asyncio.create_task(self.http.start(), name="http-front-start"),)
         if self.config.discovery:
             self._discovery_channel = aio_channel(self.config.discovery)
             self.registration = registration = FrontendRegistration(
@@ -73,7 +81,7 @@ class Router:
                 on_change=self._directory_changed,
                 resync_after=lambda: registration.lease_duration,
             )
-            self._tasks = (
+            self._tasks += (
                 asyncio.create_task(self.watcher.run(), name="directory-watch"),
                 asyncio.create_task(self.registration.run(), name="frontend-registration"),
             )
@@ -89,6 +97,10 @@ class Router:
         """First half of a stop, before the server's grace period: stops renewing and watching,
         unregisters (so relays stop streaming here) and ends telemetry streams, which never finish
         by themselves and must not hold the grace period in-flight Generates need."""
+        if self.http is not None:
+            # The HTTP front stops taking requests now; its open streams finish during the same
+            # grace period as the gRPC ones (close() waits for them before the links go).
+            self._http_stopping = asyncio.create_task(self.http.stop(), name="http-front-stop")
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -101,6 +113,10 @@ class Router:
     async def close(self) -> None:
         """Second half, after the server stopped: in-flight Generates are done, so the serving
         links (which they stream over) and the discovery channel can close."""
+        if self._http_stopping is not None:
+            await self._http_stopping
+        elif self.http is not None:
+            await self.http.stop()
         if self._discovery_channel is not None:
             await self._discovery_channel.close()
         await self.links.close()
@@ -151,6 +167,22 @@ def create_server(
     final = _advertised(config, handle.port)
     telemetry_servicer.frontend_id = final.frontend_id
     router_servicer.config = final
+    http = None
+    if final.http.listen:
+        try:
+            tokenizers = Tokenizers.load(final.http.tokenizers)
+        except TokenizerError as exc:
+            raise RuntimeError(str(exc)) from exc
+        front = OpenAIFront(
+            core,
+            links,
+            tokenizers,
+            final.http,
+            migration_limit=final.migration_limit,
+            admission_tries=final.admission_tries,
+            frontend_id=final.frontend_id,
+        )
+        http = HttpServer(front, final.http.listen, grace=final.grace)
     return Router(
         config=final,
         handle=handle,
@@ -160,6 +192,7 @@ def create_server(
         telemetry=telemetry_servicer,
         metrics=metrics,
         clock=clock,
+        http=http,
     )
 
 
@@ -174,6 +207,7 @@ async def serve(config: RouterConfig) -> None:
         advertise=router.config.advertise,
         frontend_id=router.config.frontend_id,
         discovery=config.discovery,
+        http_port=router.http.port if router.http else None,
     )
     router.start_background()
     await serve_until_signalled(

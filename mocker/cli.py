@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prefill-tokens-per-second", type=positive_number, default=d.prefill_tokens_per_second)
     s.add_argument("--decode-tokens-per-second", type=positive_number, default=d.decode_tokens_per_second)
     s.add_argument(
+        "--vocab-size",
+        type=int_at_least(1, 2**32),
+        default=d.vocab_size,
+        help="output token ids are below this (match the tokenizer that decodes them)",
+    )
+    s.add_argument(
         "--drain-timeout",
         type=positive_seconds,
         default=d.drain_timeout,
@@ -96,6 +102,7 @@ def parse_serve(argv: list[str] | None) -> tuple[argparse.Namespace, PoolConfig,
         decode_tokens_per_second=args.decode_tokens_per_second,
         drain_timeout=args.drain_timeout,
         not_ready=tuple(args.not_ready),
+        vocab_size=args.vocab_size,
     )
     faults = Faults(
         fail_after_tokens=args.fail_after_tokens, added_latency=args.added_latency, refuse_all=args.refuse_all

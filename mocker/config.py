@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
+from mocker.tokens import VOCAB_SIZE
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class PoolConfig:
     """Seconds accepted work may run after SIGTERM before it is handed back."""
     not_ready: tuple[str, ...] = ()
     """Models that start NOT_READY (SetModelReady makes them Ready)."""
+    vocab_size: int = VOCAB_SIZE
+    """Output token ids are below this (set it to the vocabulary of the tokenizer that decodes them)."""
     kv_subscriber_queue: int = 10_000
     """KV events buffered per WatchKvEvents subscriber before it is ended as too slow."""
 

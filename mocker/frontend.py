@@ -13,6 +13,7 @@ from globalrouter.v1 import pool_frontend_pb2 as pf
 from globalrouter.v1 import pool_frontend_pb2_grpc as pf_grpc
 from meshkit.errors import Reason, abort_with_reason
 from meshkit.logs import get_logger
+from meshkit.sampling import check_sampling
 from meshkit.validation import Violations, check_identifier
 from mocker.pool import Pool, RefusalKind, Refused
 
@@ -49,6 +50,7 @@ def validate_generate(request: pf.PoolFrontendServiceGenerateRequest) -> Violati
         v.add("max_tokens", "must be at least 1")
     elif request.max_tokens > MAX_OUTPUT_TOKENS:
         v.add("max_tokens", f"must be at most {MAX_OUTPUT_TOKENS} (got {request.max_tokens})")
+    check_sampling(v, "sampling", request.sampling)
     return v
 
 
@@ -69,7 +71,14 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
             await self.pool.clock.sleep(faults.added_latency)
         try:
             ticket = self.pool.admit(
-                request.request_id, request.model, list(request.token_ids), request.max_tokens
+                request.request_id,
+                request.model,
+                list(request.token_ids),
+                request.max_tokens,
+                # Temperature and top_p change nothing here: the mocker's output is a function of
+                # the sequence (and seed), which is what makes a migrated stream verifiable.
+                seed=request.sampling.seed,
+                stop_token_ids=frozenset(request.sampling.stop_token_ids),
             )
         except Refused as refused:
             rlog.debug("refused", reason=refused.kind.value)
@@ -99,7 +108,10 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
                     sent += len(batch)
             await context.write(
                 pf.PoolFrontendServiceGenerateResponse(
-                    finish=pf.PoolFinish(reason=pf.POOL_FINISH_REASON_LENGTH, tokens_generated=sent)
+                    finish=pf.PoolFinish(
+                        reason=pf.POOL_FINISH_REASON_STOP if ticket.stopped else pf.POOL_FINISH_REASON_LENGTH,
+                        tokens_generated=sent,
+                    )
                 )
             )
         except asyncio.CancelledError:

@@ -68,6 +68,12 @@ class Ticket:
     decode_remaining: int = 0
     """Output tokens still to generate."""
     generated: int = 0
+    seed: int = 0
+    """The request's sampling seed (its output stream depends on it)."""
+    stop_token_ids: frozenset[int] = frozenset()
+    """Generation ends after the first of these ids (finish reason STOP)."""
+    stopped: bool = False
+    """Set when a stop token id ended generation."""
     handed_back: bool = False
     """Set when the drain deadline ends this request (its task is cancelled)."""
     task: asyncio.Task | None = None
@@ -144,7 +150,16 @@ class Pool:
 
     # --- admission -------------------------------------------------------------------------------
 
-    def admit(self, request_id: str, model: str, tokens: list[int], max_tokens: int) -> Ticket:
+    def admit(
+        self,
+        request_id: str,
+        model: str,
+        tokens: list[int],
+        max_tokens: int,
+        *,
+        seed: int = 0,
+        stop_token_ids: frozenset[int] = frozenset(),
+    ) -> Ticket:
         """Admits a (validated) request or raises Refused. Binds the ticket to the calling task."""
         if model not in self.models:
             raise Refused(RefusalKind.UNKNOWN_MODEL, f"pool {self.config.pool_id} does not serve {model!r}")
@@ -176,6 +191,8 @@ class Pool:
             cached_blocks=cached,
             prefill_pending=len(tokens) - cached * self.config.block_size,
             decode_remaining=max_tokens,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
             task=asyncio.current_task(),
         )
         self.tickets.add(ticket)
@@ -221,11 +238,11 @@ class Pool:
 
     async def _decode(self, ticket: Ticket) -> AsyncIterator[list[int]]:
         """Token i is due one interval after token i-1 (the first one interval after prefill)."""
-        stream = TokenStream(ticket.tokens)
+        stream = TokenStream(ticket.tokens, self.config.vocab_size, ticket.seed)
         interval = self.timing.token_interval()
         start = self.clock.monotonic()
         last_sent = -math.inf
-        while ticket.generated < ticket.max_tokens:
+        while ticket.generated < ticket.max_tokens and not ticket.stopped:
             next_due = start + (ticket.generated + 1) * interval
             wake = max(next_due, last_sent + BATCH_WINDOW_S)
             await self.clock.sleep(wake - self.clock.monotonic())
@@ -234,6 +251,10 @@ class Pool:
             due = min(ticket.max_tokens, math.floor((now - start) / interval + 1e-9))
             n = max(1, due - ticket.generated)
             batch = stream.next(n)
+            if ticket.stop_token_ids:
+                cut = next((i for i, t in enumerate(batch) if t in ticket.stop_token_ids), None)
+                if cut is not None:
+                    batch, n, ticket.stopped = batch[: cut + 1], cut + 1, True
             ticket.generated += n
             ticket.decode_remaining -= n
             self.stats.tokens_generated += n

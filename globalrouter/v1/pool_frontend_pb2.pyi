@@ -1,3 +1,4 @@
+from globalrouter.v1 import sampling_pb2 as _sampling_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -17,16 +18,18 @@ POOL_FINISH_REASON_LENGTH: PoolFinishReason
 POOL_FINISH_REASON_STOP: PoolFinishReason
 
 class PoolFrontendServiceGenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "token_ids", "max_tokens")
+    __slots__ = ("request_id", "model", "token_ids", "max_tokens", "sampling")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+    sampling: _sampling_pb2.SamplingParams
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class PoolAdmission(_message.Message):
     __slots__ = ("worker_id", "cached_blocks", "prompt_blocks")

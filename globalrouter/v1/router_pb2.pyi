@@ -1,5 +1,6 @@
 import datetime
 
+from globalrouter.v1 import sampling_pb2 as _sampling_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -49,16 +50,18 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "prompt", "max_tokens", "request_id")
+    __slots__ = ("model", "prompt", "max_tokens", "request_id", "sampling")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: Prompt
     max_tokens: int
     request_id: str
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ..., max_tokens: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    sampling: _sampling_pb2.SamplingParams
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ..., max_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("token_ids", "offset", "pool_id")

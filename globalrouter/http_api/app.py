@@ -1,0 +1,520 @@
+"""The OpenAI API on the routing core: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics, /.
+
+A request is tokenized once with its model's tokenizer, then goes down the same path as a gRPC
+Generate: RoutingCore.decide, then GenerateRun (admission, streaming, migration), with the same
+metrics. Output tokens are detokenized incrementally; stop strings and stop token ids end it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from globalrouter.detokenizer import TextStream
+from globalrouter.http_api.config import HttpConfig
+from globalrouter.http_api.errors import ApiError, from_grpc
+from globalrouter.http_api.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    InvalidField,
+    check_supported,
+    parse,
+)
+from globalrouter.http_api.status_page import PAGE, status
+from globalrouter.http_api.streaming import EventStreamResponse
+from globalrouter.migration import GenerateError, GenerateRun
+from globalrouter.router_api import MAX_PROMPT_TOKENS
+from globalrouter.routing import RoutingCore, describe_filtered
+from globalrouter.serving import ServingLinks
+from globalrouter.tokenizer import ModelTokenizer, TokenizerError, Tokenizers, prompt_context
+from globalrouter.v1 import router_pb2, sampling_pb2
+from meshkit.blocks import DEFAULT_BLOCK_SIZE
+from meshkit.ids import new_request_id
+from meshkit.logs import get_logger
+from meshkit.validation import Violations, check_identifier
+
+log = get_logger(module="globalrouter.http_api")
+
+REQUEST_ID_HEADER = "x-request-id"
+_FINISH = {router_pb2.FINISH_REASON_LENGTH: "length", router_pb2.FINISH_REASON_STOP: "stop"}
+
+
+class HttpMetrics:
+    """What only the HTTP front counts, in the frontend's one registry (so /metrics shows both)."""
+
+    def __init__(self, registry) -> None:
+        self.responses = Counter(
+            "globalrouter_http_responses",
+            "HTTP responses by route and status (streams count when they start)",
+            ["route", "status"],
+            registry=registry,
+        )
+        self.slow_clients = Counter(
+            "globalrouter_http_slow_clients",
+            "Streams ended because the client stopped reading for longer than the write timeout",
+            registry=registry,
+        )
+
+
+def request_id_from(header: str | None) -> str:
+    """The client's x-request-id when it is a usable id, else a new one (the id then is ours)."""
+    if header:
+        v = Violations()
+        check_identifier(v, REQUEST_ID_HEADER, header)
+        if not v and header.isascii():
+            return header
+    return new_request_id()
+
+
+class RequestIdMiddleware:
+    """Gives every request an id (the client's x-request-id or a new one), puts it on every response
+    and binds it to the request's log lines; the same id goes to the pools as the request id."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
+        request_id = request_id_from(header.decode("latin-1") if header is not None else None)
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                headers.append((b"x-request-id", request_id.encode("latin-1")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        with structlog.contextvars.bound_contextvars(request_id=request_id):
+            await self.app(scope, receive, send_with_id)
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def _sampling(req: CompletionRequest | ChatCompletionRequest) -> sampling_pb2.SamplingParams:
+    params = sampling_pb2.SamplingParams(stop_token_ids=req.stop_token_ids or [])
+    for name in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None:
+            setattr(params, name, value)
+    return params
+
+
+class OpenAIFront:
+    """The HTTP handlers of one global frontend; they share its routing core and serving links."""
+
+    def __init__(
+        self,
+        core: RoutingCore,
+        links: ServingLinks,
+        tokenizers: Tokenizers,
+        config: HttpConfig,
+        *,
+        migration_limit: int,
+        admission_tries: int,
+        frontend_id: str = "",
+    ) -> None:
+        self.core = core
+        self.links = links
+        self.tokenizers = tokenizers
+        self.config = config
+        self.migration_limit = migration_limit
+        self.admission_tries = admission_tries
+        self.frontend_id = frontend_id
+        self.serving = True
+        self.metrics = HttpMetrics(core.metrics.registry)
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/", self.page, methods=["GET"]),
+            Route("/status.json", self.status_json, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+        ]
+        app = Starlette(routes=routes, exception_handlers={404: self._not_found, 405: self._not_allowed})
+        app.add_middleware(RequestIdMiddleware)
+        return app
+
+    # ---- plain endpoints ----------------------------------------------------------------------
+    async def page(self, request: Request) -> Response:
+        return HTMLResponse(PAGE, headers={"cache-control": "no-cache"})
+
+    async def status_json(self, request: Request) -> Response:
+        return JSONResponse(status(self.core, self.frontend_id), headers={"cache-control": "no-store"})
+
+    async def health(self, request: Request) -> Response:
+        if not self.serving:
+            return JSONResponse({"status": "stopping"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(generate_latest(self.core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def models(self, request: Request) -> Response:
+        served = sorted({p.model for p in self.core.table.pools.values() if p.listed and p.model})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": 0, "owned_by": "globalrouter"} for m in served
+                ],
+            }
+        )
+
+    async def _not_found(self, request: Request, exc: Exception) -> Response:
+        return _error_response(ApiError(404, f"no route {request.url.path}", code="not_found"))
+
+    async def _not_allowed(self, request: Request, exc: Exception) -> Response:
+        return _error_response(
+            ApiError(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed")
+        )
+
+    # ---- generation ---------------------------------------------------------------------------
+    async def completions(self, request: Request) -> Response:
+        return await self._handle(request, "completions")
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._handle(request, "chat")
+
+    async def _handle(self, request: Request, kind: str) -> Response:
+        request_id: str = request.state.request_id
+        route = request.url.path
+        try:
+            body = await self._read_json(request)
+            if kind == "chat":
+                req = parse(ChatCompletionRequest, body)
+            else:
+                req = parse(CompletionRequest, body)
+            check_supported(req)
+            tokenizer = self.tokenizers.for_model(req.model)
+            prompt = self._prompt(req, tokenizer)
+            response = await self._generate(request_id, kind, req, tokenizer, prompt)
+        except InvalidField as exc:
+            response = _error_response(ApiError(400, exc.message, param=exc.param, code="invalid_value"))
+        except ApiError as exc:
+            response = _error_response(exc)
+        self.metrics.responses.labels(route, str(response.status_code)).inc()
+        return response
+
+    async def _read_json(self, request: Request) -> Any:
+        """The body, bounded in size and in the time the client takes to send it, as JSON."""
+        limit = self.config.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise ApiError(
+                413, f"request body is {length} bytes; the limit is {limit}", code="body_too_large"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.config.body_timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise ApiError(
+                            413, f"request body exceeds the limit of {limit} bytes", code="body_too_large"
+                        )
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise ApiError(
+                408, f"request body not received within {self.config.body_timeout:g} s", code="body_timeout"
+            ) from None
+        except ClientDisconnect:
+            raise ApiError(
+                400, "client disconnected while sending the body", code="client_disconnected"
+            ) from None
+        try:
+            return json.loads(b"".join(chunks))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        except RecursionError:
+            raise ApiError(400, "request body is nested too deeply", code="invalid_json") from None
+
+    def _prompt(self, req: CompletionRequest | ChatCompletionRequest, tokenizer: ModelTokenizer) -> list[int]:
+        """The prompt as token ids: chat messages through the model's chat template, text encoded."""
+        if isinstance(req, ChatCompletionRequest):
+            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+            try:
+                text = tokenizer.render_chat(messages)
+            except TokenizerError as exc:
+                raise InvalidField("messages", f"messages: {exc}") from None
+            ids = tokenizer.encode(text, add_special_tokens=False)
+        else:
+            prompt = req.prompt
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+                prompt = prompt[0]
+            elif isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                ids = tokenizer.encode(prompt, add_special_tokens=True)
+            else:
+                ids = list(prompt)  # token ids, range-checked by the schema
+        if not ids:
+            raise InvalidField("prompt", "prompt: encodes to no token")
+        if len(ids) > MAX_PROMPT_TOKENS:
+            raise InvalidField(
+                "prompt", f"prompt: {len(ids)} tokens; at most {MAX_PROMPT_TOKENS} are allowed"
+            )
+        return ids
+
+    async def _generate(
+        self,
+        request_id: str,
+        kind: str,
+        req: CompletionRequest | ChatCompletionRequest,
+        tokenizer: ModelTokenizer,
+        prompt: list[int],
+    ) -> Response:
+        max_tokens = (
+            getattr(req, "max_completion_tokens", None) or req.max_tokens or self.config.default_max_tokens
+        )
+        core = self.core
+        decision = core.decide(req.model, prompt, max_tokens)
+        if not decision.model_served:
+            core.metrics.requests.labels("(not served)", "NOT_FOUND").inc()
+            raise ApiError(
+                404, f"the model {req.model!r} does not exist", param="model", code="model_not_found"
+            )
+        if not decision.candidates:
+            core.metrics.requests.labels(req.model, "UNAVAILABLE").inc()
+            raise ApiError(
+                503,
+                f"pools serve model {req.model!r} but none is eligible: {describe_filtered(decision)}",
+                type="service_unavailable_error",
+                code="NO_ELIGIBLE_POOL",
+            )
+        run = GenerateRun(
+            core,
+            self.links,
+            request_id=request_id,
+            model=req.model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            migration_limit=self.migration_limit,
+            admission_tries=self.admission_tries,
+            sampling=_sampling(req),
+        )
+        text = TextStream(
+            tokenizer,
+            prompt_context(prompt),
+            stop=req.stop_strings(),
+            stop_token_ids=req.stop_token_ids or (),
+        )
+        generation = Generation(self, run, decision, kind, req, text, request_id, len(prompt))
+        # Admission happens before any byte is sent, so that a refusal or an unreachable pool is a
+        # proper HTTP status even for a streaming request.
+        try:
+            await generation.start()
+        except GenerateError as exc:
+            raise from_grpc(exc.code, exc.message, getattr(exc, "reason", None)) from None
+        if req.stream:
+            return EventStreamResponse(
+                generation.sse(),
+                headers={},
+                write_timeout=self.config.write_timeout,
+                on_slow_client=self.metrics.slow_clients.inc,
+            )  # type: ignore[return-value]
+        try:
+            body = await generation.complete()
+        except GenerateError as exc:
+            raise from_grpc(exc.code, exc.message, getattr(exc, "reason", None)) from None
+        rec = run.record
+        return JSONResponse(
+            body, headers={"x-pools": ",".join(rec.pools), "x-migrations": str(rec.migrations)}
+        )
+
+
+class Generation:
+    """One OpenAI request's output: pulls GenerateRun's token stream and turns it into text chunks."""
+
+    def __init__(
+        self,
+        front: OpenAIFront,
+        run: GenerateRun,
+        decision,
+        kind: str,
+        req: CompletionRequest | ChatCompletionRequest,
+        text: TextStream,
+        request_id: str,
+        prompt_tokens: int,
+    ) -> None:
+        self.front = front
+        self.run = run
+        self.kind = kind
+        self.req = req
+        self.text = text
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.created = int(time.time())
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
+        self._stream: AsyncIterator[router_pb2.GenerateResponse] = run.stream(decision)
+        self._first: router_pb2.GenerateResponse | None = None
+        self._outcome = "OK"
+        self._recorded = False
+
+    async def start(self) -> None:
+        """Waits for the first message (a pool admitted the request and sent its first tokens)."""
+        try:
+            self._first = await anext(self._stream)
+        except GenerateError as exc:
+            self._record(exc.code.name)
+            raise
+
+    async def _texts(self) -> AsyncIterator[str]:
+        """The output text, in final pieces; sets finish_reason and completion_tokens."""
+        try:
+            message = self._first
+            while message is not None:
+                kind = message.WhichOneof("payload")
+                if kind == "tokens":
+                    delta = self.text.push(list(message.tokens.token_ids))
+                    self.completion_tokens += delta.tokens_used
+                    if delta.text:
+                        yield delta.text
+                    if delta.stopped:
+                        self.finish_reason = "stop"
+                        return
+                elif kind == "summary":
+                    tail = self.text.finish()
+                    if tail:
+                        yield tail
+                    self.finish_reason = (
+                        "stop" if self.text.stopped else _FINISH.get(message.summary.finish_reason, "length")
+                    )
+                    return
+                message = await anext(self._stream, None)
+        except GenerateError as exc:
+            self._outcome = exc.code.name
+            raise
+        except asyncio.CancelledError:
+            self._outcome = "CANCELLED"
+            raise
+        finally:
+            await self._stream.aclose()  # type: ignore[attr-defined]
+            self._record(self._outcome)
+
+    def _record(self, outcome: str) -> None:
+        """Counts the request once in the metric the gRPC API counts it in."""
+        if not self._recorded:
+            self._recorded = True
+            self.front.core.metrics.requests.labels(self.req.model, outcome).inc()
+
+    def usage(self) -> dict[str, Any]:
+        rec = self.run.record
+        cached = 0
+        if rec.pools:
+            pool = self.front.core.table.pools.get(rec.pools[0])
+            block = pool.block_size if pool is not None and pool.block_size > 0 else DEFAULT_BLOCK_SIZE
+            cached = min(self.prompt_tokens, rec.cached_blocks * block)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    async def complete(self) -> dict[str, Any]:
+        """The whole response of a non-streaming request."""
+        parts = [piece async for piece in self._texts()]
+        text = "".join(parts)
+        if self.kind == "chat":
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": self.finish_reason,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason}
+            obj = "text_completion"
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.req.model,
+            "choices": [choice],
+            "usage": self.usage(),
+        }
+
+    def _chunk(self, text: str | None, finish: str | None, *, first: bool = False) -> dict[str, Any]:
+        if self.kind == "chat":
+            delta: dict[str, Any] = {}
+            if first:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        chunk: dict[str, Any] = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.req.model,
+            "choices": [choice],
+        }
+        if self._include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    @property
+    def _include_usage(self) -> bool:
+        opts = self.req.stream_options
+        return bool(opts and opts.include_usage)
+
+    async def sse(self) -> AsyncIterator[str]:
+        """The response as server-sent events: chunks, a finish chunk, usage if asked, [DONE].
+
+        An error after the stream started is the last event, in OpenAI's error shape."""
+
+        def event(obj: dict[str, Any]) -> str:
+            return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+        if self.kind == "chat":
+            yield event(self._chunk("", None, first=True))
+        texts = self._texts()
+        try:
+            async for piece in texts:
+                yield event(self._chunk(piece, None))
+        except GenerateError as exc:
+            error = from_grpc(exc.code, exc.message, getattr(exc, "reason", None))
+            log.warning("stream failed after it started", code=exc.code.name, error=exc.message)
+            yield event(error.body())
+            return
+        finally:
+            await texts.aclose()  # type: ignore[attr-defined]
+        yield event(self._chunk(None if self.kind == "chat" else "", self.finish_reason))
+        if self._include_usage:
+            yield event(
+                {
+                    "id": self.id,
+                    "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+                    "created": self.created,
+                    "model": self.req.model,
+                    "choices": [],
+                    "usage": self.usage(),
+                }
+            )
+        yield "data: [DONE]\n\n"

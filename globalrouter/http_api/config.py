@@ -1,0 +1,27 @@
+"""Configuration of the HTTP front (`globalrouter serve --http-listen`); no web imports, so config loads light."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """The OpenAI-compatible HTTP front: where it listens, which tokenizers it uses, its bounds."""
+
+    listen: str = ""
+    """HOST:PORT of the HTTP front (OpenAI API, /health, /metrics, the status page); empty: off."""
+    tokenizers: tuple[tuple[str, str], ...] = ()
+    """(model, directory) pairs: a Hugging Face tokenizer.json + tokenizer_config.json per model;
+    other models use the byte tokenizer (one token per UTF-8 byte)."""
+    max_body_bytes: int = 8 * 1024 * 1024
+    """Request bodies larger than this are refused with 413 before they are parsed."""
+    body_timeout: float = 30.0
+    """Seconds a client may take to send its request body (then 408)."""
+    write_timeout: float = 30.0
+    """Seconds one write to a streaming client may wait for it to read; then the request is ended
+    (a client that stops reading cannot hold a pool slot and server memory for ever)."""
+    default_max_tokens: int = 256
+    """Output tokens when a request sets neither max_tokens nor max_completion_tokens."""
+    max_connections: int = 1024
+    """Concurrent HTTP connections; more are answered 503 by uvicorn."""

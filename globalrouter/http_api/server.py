@@ -1,0 +1,80 @@
+"""uvicorn serving the HTTP front inside the global frontend's own asyncio loop, beside grpc.aio.
+
+uvicorn.Server.serve() would install its own signal handlers and own the process; here the
+socket is bound up front (so the port is known when the frontend is built, as the gRPC one is)
+and the server is driven by its startup / main_loop / shutdown steps, so SIGTERM stays with
+meshkit.server and both APIs stop together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import uvicorn
+
+from globalrouter.http_api.app import OpenAIFront
+from meshkit.logs import get_logger
+
+log = get_logger(module="globalrouter.http_api.server")
+
+BACKLOG = 1024
+
+
+def bind(listen: str) -> socket.socket:
+    """A listening TCP socket on HOST:PORT (port 0 picks a free one); RuntimeError when it cannot."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+        sock.listen(BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"cannot listen on {listen} (--http-listen): {exc}") from exc
+    sock.setblocking(False)
+    return sock
+
+
+class HttpServer:
+    """The OpenAI-compatible HTTP front of one global frontend."""
+
+    def __init__(self, front: OpenAIFront, listen: str, *, grace: float) -> None:
+        self.front = front
+        self.listen = listen
+        self._sock = bind(listen)
+        self.port: int = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            front.app(),
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            ws="none",
+            server_header=False,
+            timeout_graceful_shutdown=max(grace, 0.1),
+            limit_concurrency=front.config.max_connections,
+        )
+        config.load()
+        self._server = uvicorn.Server(config)
+        # What Server.serve() sets up before startup(); lifespan is "off" (nothing to run).
+        self._server.lifespan = config.lifespan_class(config)
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Starts serving on the bound socket (needs the running loop)."""
+        await self._server.startup(sockets=[self._sock])
+        self._task = asyncio.create_task(self._server.main_loop(), name="http-front")
+        log.info("HTTP front serving", listen=self.listen, port=self.port)
+
+    async def stop(self) -> None:
+        """/health turns 503, new connections are refused, open requests get the grace period."""
+        self.front.serving = False
+        self._server.should_exit = True
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            await self._server.shutdown(sockets=[self._sock])
+        self._sock.close()

@@ -1,0 +1,141 @@
+"""The live status page (GET /) and its data (GET /status.json): one self-contained HTML file, no assets."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from globalrouter.routing import RoutingCore
+
+
+def pool_state(core: RoutingCore, pool, now: float) -> str:
+    """ready, draining, not-ready or stale (no fresh readiness or load signal), as shown on the page."""
+    limits = core.selector_limits
+    if pool.draining():
+        return "draining"
+    if not (pool.state_fresh(now, limits) or pool.load_fresh(now, limits)):
+        return "stale"
+    return "ready" if pool.ready(pool.model, now, limits) else "not-ready"
+
+
+def status(core: RoutingCore, frontend_id: str) -> dict[str, Any]:
+    """What the page shows: pools by region with their signals, and the recent events of the core."""
+    now = core.clock.monotonic()
+    regions: dict[str, list[dict[str, Any]]] = {}
+    for pool in sorted(core.table.pools.values(), key=lambda p: (p.region, p.pool_id)):
+        if not pool.listed:
+            continue
+        ages = [now - at for at in (pool.load_at, pool.kv_at, pool.state_at) if at is not None]
+        load = pool.load
+        regions.setdefault(pool.region or "(none)", []).append(
+            {
+                "pool_id": pool.pool_id,
+                "model": pool.model,
+                "state": pool_state(core, pool, now),
+                "requests_running": load.requests_running if load else None,
+                "requests_waiting": load.requests_waiting if load else None,
+                "max_running": load.max_running_requests if load else None,
+                "kv_blocks_used": load.kv_blocks_used if load else None,
+                "kv_blocks_total": load.kv_blocks_total if load else None,
+                "indexed_blocks": max((core.index.block_count(s) for s in pool.kv_sources), default=0),
+                "telemetry_age_s": round(min(ages), 3) if ages else None,
+                "pending_requests": pool.pending_requests,
+            }
+        )
+    events = getattr(core, "events", None)
+    recent = [e.as_dict() for e in events.latest(100)] if events is not None else []
+    return {
+        "frontend_id": frontend_id,
+        "time": time.time(),
+        "regions": [{"region": r, "pools": pools} for r, pools in sorted(regions.items())],
+        "decisions": [e for e in recent if e["kind"] == "decision"][:30],
+        "migrations": [e for e in recent if e["kind"] == "migration"][:20],
+        "refusals": [e for e in recent if e["kind"] == "refusal"][:20],
+    }
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>Global Router status</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#1b1f24;background:#fafbfc}
+h1{font-size:20px;margin:0 0 .2em}h2{font-size:16px;margin:1.4em 0 .4em}h3{font-size:14px;margin:1em 0 .3em;color:#444}
+table{border-collapse:collapse;background:#fff;min-width:50%}
+th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;white-space:nowrap}
+th{background:#eef1f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.state{font-weight:600;padding:0 6px;border-radius:3px}
+.ready{background:#d8f5dc;color:#116329}.draining{background:#fff1c2;color:#7a4d00}
+.stale{background:#eee;color:#555}.not-ready{background:#ffd8d3;color:#8c1d18}
+#meta{color:#57606a}.empty{color:#8c959f;font-style:italic}
+</style></head>
+<body>
+<h1>Global Router</h1>
+<div id="meta">loading…</div>
+<h2>Pools</h2><div id="pools"></div>
+<h2>Recent decisions</h2><div id="decisions"></div>
+<h2>Migrations</h2><div id="migrations"></div>
+<h2>Refusals</h2><div id="refusals"></div>
+<script>
+"use strict";
+const REFRESH_MS = 1000;
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  for (const c of children) e.append(c === null || c === undefined ? "–" : String(c));
+  return e;
+}
+function table(headers, rows) {
+  if (!rows.length) return el("div", {class: "empty"}, "none yet");
+  const t = el("table");
+  const head = el("tr");
+  head.append(...headers.map(h => el("th", {}, h)));
+  t.append(head);
+  for (const r of rows) {
+    const tr = el("tr");
+    for (const cell of r) tr.append(cell instanceof Node ? wrap(cell) : el("td", typeof cell === "number" ? {class: "num"} : {}, cell));
+    t.append(tr);
+  }
+  return t;
+}
+function wrap(node) { const td = el("td"); td.append(node); return td; }
+function clock(wall) { return new Date(wall * 1000).toLocaleTimeString(); }
+function share(e) { return e.prompt_blocks ? Math.round(100 * e.cached_blocks / e.prompt_blocks) + "%" : "–"; }
+function render(s) {
+  document.getElementById("meta").textContent =
+    "frontend " + s.frontend_id + " · updated " + clock(s.time);
+  const pools = document.getElementById("pools");
+  pools.replaceChildren();
+  if (!s.regions.length) pools.append(el("div", {class: "empty"}, "no pool listed"));
+  for (const region of s.regions) {
+    pools.append(el("h3", {}, "region " + region.region));
+    pools.append(table(
+      ["pool", "model", "state", "running", "waiting", "KV blocks used / total", "indexed blocks", "telemetry age"],
+      region.pools.map(p => [
+        p.pool_id, p.model, el("span", {class: "state " + p.state, "data-pool": p.pool_id}, p.state),
+        p.requests_running, p.requests_waiting,
+        p.kv_blocks_used === null ? null : p.kv_blocks_used + " / " + p.kv_blocks_total,
+        p.indexed_blocks, p.telemetry_age_s === null ? null : p.telemetry_age_s.toFixed(1) + " s"])));
+  }
+  document.getElementById("decisions").replaceChildren(table(["time", "request", "model", "pool", "cached share"],
+    s.decisions.map(e => [clock(e.wall), e.request_id, e.model, e.pool_id, share(e)])));
+  document.getElementById("migrations").replaceChildren(table(["time", "request", "left pool", "why"],
+    s.migrations.map(e => [clock(e.wall), e.request_id, e.pool_id, e.detail])));
+  document.getElementById("refusals").replaceChildren(table(["time", "request", "pool", "reason"],
+    s.refusals.map(e => [clock(e.wall), e.request_id, e.pool_id, e.detail])));
+}
+async function refresh() {
+  try {
+    const r = await fetch("status.json", {cache: "no-store"});
+    if (r.ok) render(await r.json());
+    else document.getElementById("meta").textContent = "status unavailable: HTTP " + r.status;
+  } catch (err) {
+    document.getElementById("meta").textContent = "status unavailable: " + err;
+  } finally {
+    setTimeout(refresh, REFRESH_MS);
+  }
+}
+refresh();
+</script>
+</body></html>
+"""
