@@ -31,21 +31,22 @@ class IncrementalDecoder:
 
     def push(self, ids: Iterable[int]) -> str:
         """Appends ids; returns the text that became final."""
-        self._ids.extend(ids)
-        if len(self._ids) == self._read:
-            return ""
+        # One token at a time, so that "pending" counts the tokens of one unfinished character.
+        return "".join(self._step(token) for token in ids)
+
+    def _step(self, token: int) -> str:
+        self._ids.append(token)
         decode = self._tokenizer.decode
         prefix_text = decode(self._ids[self._prefix : self._read])
         new_text = decode(self._ids[self._prefix :])
-        if new_text.endswith(REPLACEMENT) and len(self._ids) - self._read < MAX_PENDING_TOKENS:
-            return ""  # the last token ends inside a character: wait for the rest of it
         if new_text.endswith(REPLACEMENT):
+            if len(self._ids) - self._read < MAX_PENDING_TOKENS:
+                return ""  # the last token ends inside a character: wait for the rest of it
             # Invalid bytes for good: emit them as replacement characters and restart the window.
             self._prefix = self._read = len(self._ids)
             return new_text[len(prefix_text) :]
-        delta = new_text[len(prefix_text) :] if new_text.startswith(prefix_text) else new_text
         self._prefix, self._read = self._read, len(self._ids)
-        return delta
+        return new_text[len(prefix_text) :]
 
     def flush(self) -> str:
         """The text still held (an incomplete character at the very end decodes as U+FFFD)."""

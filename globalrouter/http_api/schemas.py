@@ -106,19 +106,19 @@ class InvalidField(Exception):
         self.message = message
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
 def field_path(loc: tuple[Any, ...]) -> str:
     """pydantic's location as a field path: ("messages", 0, "role") -> "messages[0].role".
 
-    Union member names (e.g. "str", "list[...]") that pydantic inserts are dropped."""
+    The union member tags pydantic inserts ("str", "list[int]", "constrained-str", a model's class
+    name) are not fields and are dropped; field names here are lower-case identifiers."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and (
-            "[" in part
-            or part in ("str", "int", "float", "bool", "list", "dict")
-            or part.startswith("function-")
-        ):
+        elif isinstance(part, str) and (not part.isidentifier() or part in _TYPE_TAGS or part[0].isupper()):
             continue
         else:
             out += ("." if out else "") + str(part)

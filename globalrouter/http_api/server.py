@@ -20,6 +20,11 @@ from meshkit.logs import get_logger
 log = get_logger(module="globalrouter.http_api.server")
 
 BACKLOG = 1024
+# The kernel send buffer of every connection (accepted sockets inherit it from the listening one).
+# Fixed rather than autotuned (up to 4 MiB): a client that stops reading then holds at most this
+# much kernel memory, and its stream hits the write timeout after seconds rather than after
+# minutes of output. Token streams need far less bandwidth than this buffers.
+SEND_BUFFER_BYTES = 256 * 1024
 
 
 def bind(listen: str) -> socket.socket:
@@ -30,6 +35,7 @@ def bind(listen: str) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         sock.bind((host, int(port)))
         sock.listen(BACKLOG)
     except OSError as exc:
