@@ -174,7 +174,7 @@ async def test_streaming_client_that_never_reads_is_ended(front):
     finally:
         s.close()
     assert (await asyncio.to_thread(request, port, "GET", "/health"))[0] == 200
-    ok, _, reply = await asyncio.to_thread(
+    ok, _, _reply = await asyncio.to_thread(
         request,
         port,
         "POST",

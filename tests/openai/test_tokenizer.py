@@ -131,7 +131,7 @@ def test_loading_names_the_model_and_the_problem(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match=r"--tokenizer m=.*is not a tokenizer"):
         Tokenizers.load([("m", str(tmp_path))])
-    with pytest.raises(TokenizerError, match="has no tokenizer.json"):
+    with pytest.raises(TokenizerError, match=r"has no tokenizer\.json"):
         Tokenizers.load([("m", str(tmp_path / "missing"))])
 
 
