@@ -180,7 +180,9 @@ class HfTokenizer:
         )
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        # encode_batch releases the GIL while the Rust code runs (encode does not), so a long
+        # prompt encoded in a worker thread does not stall the event loop's other streams.
+        return list(self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
