@@ -53,5 +53,8 @@ class RouterConfig:
     """Block hashes one telemetry snapshot may carry across its chunks (bounds a stream's memory)."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS, identities and API keys (the shared security flags)."""
+    tokenizers: tuple[tuple[str, str], ...] = ()
+    """(model, directory) pairs: a Hugging Face tokenizer.json + tokenizer_config.json per model,
+    for text prompts of both APIs; other models use one token per UTF-8 byte."""
     http: HttpConfig = field(default_factory=HttpConfig)
-    """The OpenAI-compatible HTTP front (off unless http.listen is set) and per-model tokenizers."""
+    """The OpenAI-compatible HTTP front (off unless http.listen is set)."""

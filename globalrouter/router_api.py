@@ -13,12 +13,13 @@ from globalrouter.pool_state import PoolState
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import FilterReason
 from globalrouter.serving import ServingLinks
+from globalrouter.tokenizer import ModelTokenizer, Tokenizers
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit import pagination
 from meshkit.authz import Authorizer, current_identity
 from meshkit.blocks import text_to_tokens
 from meshkit.errors import Reason, abort_with_reason, grpc_status_for
-from meshkit.ids import new_request_id
+from meshkit.ids import request_id_from
 from meshkit.limits import LimitExceeded, Slots
 from meshkit.logs import get_logger
 from meshkit.sampling import check_sampling
@@ -36,16 +37,25 @@ FILTER_REASONS = {r: router_pb2.FilterReason.Value(f"FILTER_REASON_{r.name}") fo
 
 
 def prompt_tokens(
-    v: Violations, field_path: str, prompt: router_pb2.Prompt, max_tokens: int = MAX_PROMPT_TOKENS
+    v: Violations,
+    field_path: str,
+    prompt: router_pb2.Prompt,
+    max_tokens: int = MAX_PROMPT_TOKENS,
+    tokenizer: ModelTokenizer | None = None,
 ) -> Sequence[int]:
-    """The prompt as token ids (text: one token per UTF-8 byte); records what is wrong with it.
+    """The prompt as token ids (text: the model's tokenizer, else one token per UTF-8 byte);
+    records what is wrong with it.
 
     Token ids come back as the request's repeated field itself: copying it to a list costs more
     than building the pool's request from it."""
     kind = prompt.WhichOneof("content")
     tokens: Sequence[int]
     if kind == "text":
-        tokens = text_to_tokens(prompt.text)
+        tokens = (
+            tokenizer.encode(prompt.text, add_special_tokens=True)
+            if tokenizer
+            else text_to_tokens(prompt.text)
+        )
         if not tokens:
             v.add(f"{field_path}.text", "must not be empty")
     elif kind == "token_ids":
@@ -68,6 +78,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         core: RoutingCore,
         links: ServingLinks,
         config: RouterConfig,
+        tokenizers: Tokenizers | None = None,
         authorizer: Authorizer | None = None,
     ) -> None:
         self._core = core
@@ -80,12 +91,19 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             per_key=per_client or config.max_generate_streams,
             total=config.max_generate_streams,
         )
+        self._tokenizers = tokenizers or Tokenizers()
 
     # ---- Generate ---------------------------------------------------------------------------
     async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         v = Violations()
         check_identifier(v, "model", request.model)
-        tokens = prompt_tokens(v, "prompt", request.prompt, self.config.max_prompt_tokens)
+        tokens = prompt_tokens(
+            v,
+            "prompt",
+            request.prompt,
+            self.config.max_prompt_tokens,
+            self._tokenizers.for_model(request.model),
+        )
         cap = self.config.max_output_tokens
         if request.max_tokens == 0 or request.max_tokens > cap:
             v.add("max_tokens", f"must be 1 to {cap} (got {request.max_tokens})")
@@ -105,7 +123,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             self._streams.release(caller)
 
     async def _generate(self, request: router_pb2.GenerateRequest, tokens: Sequence[int], context):
-        request_id = request.request_id or new_request_id()
+        # The id a caller gives (field, else the x-request-id header, as on the HTTP front) names
+        # the request in every log line and at every pool; it is sent back as x-request-id.
+        header = dict(context.invocation_metadata() or ()).get("x-request-id")
+        request_id = request.request_id or request_id_from(header if isinstance(header, str) else None)
+        await context.send_initial_metadata((("x-request-id", request_id),))
         metrics = self._core.metrics
         decision = self._core.decide(request.model, tokens, request.max_tokens)
         error = self._no_candidate_error(request.model, decision)
@@ -160,7 +182,13 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     async def Route(self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext):
         v = Violations()
         check_identifier(v, "model", request.model)
-        tokens = prompt_tokens(v, "prompt", request.prompt, self.config.max_prompt_tokens)
+        tokens = prompt_tokens(
+            v,
+            "prompt",
+            request.prompt,
+            self.config.max_prompt_tokens,
+            self._tokenizers.for_model(request.model),
+        )
         if request.max_tokens > self.config.max_output_tokens:
             v.add("max_tokens", f"must be at most {self.config.max_output_tokens} (got {request.max_tokens})")
         await v.abort_if_any(context)

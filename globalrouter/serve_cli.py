@@ -124,9 +124,9 @@ def _run(args: argparse.Namespace) -> int:
         max_telemetry_streams=args.max_telemetry_streams,
         max_snapshot_blocks=args.max_snapshot_blocks,
         security=args.security,
+        tokenizers=tuple(args.tokenizer),
         http=HttpConfig(
             listen=args.http_listen or "",
-            tokenizers=tuple(args.tokenizer),
             max_body_bytes=args.http_max_body_bytes,
             write_timeout=args.http_write_timeout,
             default_max_tokens=args.http_default_max_tokens,

@@ -149,7 +149,11 @@ def create_server(
     links = ServingLinks(config.link_backoff_initial, config.link_backoff_max)
     ingest = TelemetryIngest(table, index, clock, metrics, max_snapshot_blocks=config.max_snapshot_blocks)
     authorizer = Authorizer(config.security, service="globalrouter", registry=metrics.registry)
-    router_servicer = RouterServicer(core, links, config, authorizer=authorizer)
+    try:
+        tokenizers = Tokenizers.load(config.tokenizers)
+    except TokenizerError as exc:
+        raise RuntimeError(str(exc)) from exc
+    router_servicer = RouterServicer(core, links, config, tokenizers, authorizer=authorizer)
     telemetry_servicer = TelemetryServicer(
         ingest, config.frontend_id, authorizer=authorizer, max_streams=config.max_telemetry_streams
     )
@@ -169,10 +173,6 @@ def create_server(
     router_servicer.config = final
     http = None
     if final.http.listen:
-        try:
-            tokenizers = Tokenizers.load(final.http.tokenizers)
-        except TokenizerError as exc:
-            raise RuntimeError(str(exc)) from exc
         front = OpenAIFront(
             core,
             links,

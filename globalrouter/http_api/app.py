@@ -39,9 +39,8 @@ from globalrouter.serving import ServingLinks
 from globalrouter.tokenizer import ModelTokenizer, TokenizerError, Tokenizers, prompt_context
 from globalrouter.v1 import router_pb2, sampling_pb2
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
-from meshkit.ids import new_request_id
+from meshkit.ids import request_id_from
 from meshkit.logs import get_logger
-from meshkit.validation import Violations, check_identifier
 
 log = get_logger(module="globalrouter.http_api")
 
@@ -67,16 +66,6 @@ class HttpMetrics:
             "Streams ended because the client stopped reading for longer than the write timeout",
             registry=registry,
         )
-
-
-def request_id_from(header: str | None) -> str:
-    """The client's x-request-id when it is a usable id, else a new one (the id then is ours)."""
-    if header:
-        v = Violations()
-        check_identifier(v, REQUEST_ID_HEADER, header)
-        if not v and header.isascii():
-            return header
-    return new_request_id()
 
 
 class RequestIdMiddleware:

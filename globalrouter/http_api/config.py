@@ -7,13 +7,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
-    """The OpenAI-compatible HTTP front: where it listens, which tokenizers it uses, its bounds."""
+    """The OpenAI-compatible HTTP front: where it listens and its bounds."""
 
     listen: str = ""
     """HOST:PORT of the HTTP front (OpenAI API, /health, /metrics, the status page); empty: off."""
-    tokenizers: tuple[tuple[str, str], ...] = ()
-    """(model, directory) pairs: a Hugging Face tokenizer.json + tokenizer_config.json per model;
-    other models use the byte tokenizer (one token per UTF-8 byte)."""
     max_body_bytes: int = 8 * 1024 * 1024
     """Request bodies larger than this are refused with 413 before they are parsed."""
     body_timeout: float = 30.0

@@ -78,9 +78,9 @@ async def front(tokenizer_dir):
         migration_limit=2,
         admission_tries=3,
         grace=0.5,
+        tokenizers=((MODEL, str(tokenizer_dir)),),
         http=HttpConfig(
             listen="127.0.0.1:0",
-            tokenizers=((MODEL, str(tokenizer_dir)),),
             max_body_bytes=64 * 1024,
             write_timeout=1.0,
             body_timeout=2.0,
