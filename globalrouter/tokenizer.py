@@ -35,7 +35,9 @@ class ModelTokenizer(Protocol):
     """What the HTTP front needs of a model's tokenizer."""
 
     kind: str
-    vocab_size: int
+
+    @property
+    def vocab_size(self) -> int: ...
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
 

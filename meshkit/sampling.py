@@ -14,7 +14,7 @@ def check_sampling(v: Violations, field_path: str, params: sampling_pb2.Sampling
     """Records every out-of-range field of `params` (each under `field_path`.<name>)."""
 
     def bounded(name: str, low: float, high: float, *, low_open: bool = False) -> None:
-        if not params.HasField(name):  # type: ignore[arg-type]
+        if not params.HasField(name):
             return
         value = getattr(params, name)
         below = value <= low if low_open else value < low

@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
@@ -259,14 +259,12 @@ class OpenAIFront:
             ids = await _encode(tokenizer, text, add_special_tokens=False)
         else:
             prompt = req.prompt
-            if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
-                prompt = prompt[0]
-            elif isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-                prompt = prompt[0]
+            if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+                prompt = prompt[0]  # one prompt in a list (more are refused by check_supported)
             if isinstance(prompt, str):
                 ids = await _encode(tokenizer, prompt, add_special_tokens=True)
             else:
-                ids = list(prompt)  # token ids, range-checked by the schema
+                ids = [int(t) for t in cast("list[int]", prompt)]  # token ids, range-checked by the schema
         if not ids:
             raise InvalidField("prompt", "prompt: encodes to no token")
         if len(ids) > MAX_PROMPT_TOKENS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 
 import uvicorn
@@ -65,7 +66,7 @@ class HttpServer:
             http="httptools",  # the C parser: h11 (pure Python) costs a third of the throughput
             ws="none",
             server_header=False,
-            timeout_graceful_shutdown=max(grace, 0.1),
+            timeout_graceful_shutdown=max(1, math.ceil(grace)),  # whole seconds for uvicorn
             limit_concurrency=front.config.max_connections,
         )
         config.load()

@@ -79,7 +79,8 @@ def test_pool_killed_mid_stream_is_invisible_to_the_sdk(procs, tokenizer_dir, hf
         stream_options={"include_usage": True},
         extra_headers={"x-request-id": "migrating-request-1"},
     )
-    pieces, usage, killed = [], None, None
+    pieces: list[str] = []
+    usage, killed = None, None
     for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage

@@ -23,7 +23,8 @@ def request(**kw) -> router_pb2.GenerateRequest:
 async def generate(front, req, metadata=()):
     async with grpc.aio.insecure_channel(f"127.0.0.1:{front.router.port}") as channel:
         call = router_pb2_grpc.RouterServiceStub(channel).Generate(req, metadata=metadata, timeout=10)
-        tokens, summary = [], None
+        tokens: list[int] = []
+        summary = None
         async for msg in call:
             if msg.WhichOneof("payload") == "tokens":
                 tokens.extend(msg.tokens.token_ids)
