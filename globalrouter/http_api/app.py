@@ -202,6 +202,8 @@ class OpenAIFront:
             else:
                 req = parse(CompletionRequest, body)
             check_supported(req)
+            if req.user:
+                structlog.contextvars.bind_contextvars(user=req.user)  # the end user, in every log line
             tokenizer = self.tokenizers.for_model(req.model)
             prompt = await self._prompt(req, tokenizer)
             response = await self._generate(request_id, kind, req, tokenizer, prompt)

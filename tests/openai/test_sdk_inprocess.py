@@ -164,3 +164,29 @@ async def test_request_id_is_echoed_or_made(front):
     assert len(made.headers["x-request-id"]) >= 16
     events = front.router.core.events.latest(10, kind="decision")
     assert "req-abc-1" in {e.request_id for e in events}
+
+
+async def test_error_after_streaming_started_is_the_last_event(front):
+    """Both pools fail after 3 tokens: the request moves from one to the other, then no pool can continue. The
+    client already has text, so the failure arrives as a final SSE error event, never a silent cut."""
+    for pool_id in ("p1", "p2"):
+        pool = front.pools[pool_id]
+        pool.set_faults(pool.faults.__class__(fail_after_tokens=3))
+    stream = await front.client().chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=40, stream=True
+    )
+    received = []
+    with pytest.raises(openai.APIError) as err:
+        async for chunk in stream:
+            received.extend(c.delta.content or "" for c in chunk.choices)
+    assert "no other pool can continue" in err.value.message
+    assert "".join(received)  # text arrived before the error
+    assert (
+        front.router.metrics.migrations.labels("p1")._value.get()
+        + front.router.metrics.migrations.labels("p2")._value.get()
+        == 2
+    )
+    # Non-streaming: the same failure is an HTTP error status (no partial body).
+    with pytest.raises(openai.InternalServerError) as err2:
+        await front.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40)
+    assert err2.value.status_code in (502, 503)
