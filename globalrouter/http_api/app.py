@@ -137,7 +137,7 @@ class OpenAIFront:
         self.serving = True
         self.metrics = HttpMetrics(core.metrics.registry)
 
-    def app(self) -> Starlette:
+    def app(self) -> RequestIdMiddleware:
         routes = [
             Route("/", self.page, methods=["GET"]),
             Route("/status.json", self.status_json, methods=["GET"]),
@@ -147,9 +147,12 @@ class OpenAIFront:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
         ]
-        app = Starlette(routes=routes, exception_handlers={404: self._not_found, 405: self._not_allowed})
-        app.add_middleware(RequestIdMiddleware)
-        return app
+        app = Starlette(
+            routes=routes,
+            exception_handlers={404: self._not_found, 405: self._not_allowed, Exception: self._internal},
+        )
+        # Outermost, so that even the 500 of Starlette's error middleware carries the request id.
+        return RequestIdMiddleware(app)
 
     # ---- plain endpoints ----------------------------------------------------------------------
     async def page(self, request: Request) -> Response:
@@ -179,6 +182,12 @@ class OpenAIFront:
 
     async def _not_found(self, request: Request, exc: Exception) -> Response:
         return _error_response(ApiError(404, f"no route {request.url.path}", code="not_found"))
+
+    async def _internal(self, request: Request, exc: Exception) -> Response:
+        log.error("request failed unexpectedly", error=repr(exc))
+        return _error_response(
+            ApiError(500, f"internal error: {exc!r}", type="server_error", code="internal_error")
+        )
 
     async def _not_allowed(self, request: Request, exc: Exception) -> Response:
         return _error_response(
@@ -502,6 +511,12 @@ class Generation:
             error = from_grpc(exc.code, exc.message, getattr(exc, "reason", None))
             log.warning("stream failed after it started", code=exc.code.name, error=exc.message)
             yield event(error.body())
+            return
+        except Exception as exc:  # a defect: still end the stream with an error event, not a cut
+            log.exception("stream failed unexpectedly")
+            yield event(
+                ApiError(500, f"internal error: {exc!r}", type="server_error", code="internal_error").body()
+            )
             return
         finally:
             await texts.aclose()  # type: ignore[attr-defined]

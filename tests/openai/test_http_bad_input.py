@@ -182,3 +182,15 @@ async def test_streaming_client_that_never_reads_is_ended(front):
         json.dumps({"model": BYTE_MODEL, "prompt": "x", "max_tokens": 3}).encode(),
     )
     assert ok == 200
+
+
+async def test_an_unexpected_failure_is_a_json_500_with_the_request_id(front, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(front.router.core, "decide", broken)
+    status, headers, payload = await asyncio.to_thread(
+        request, front.router.http.port, "POST", CHAT, chat(), {"x-request-id": "req-500"}
+    )
+    assert status == 500 and payload["error"]["code"] == "internal_error"
+    assert headers["x-request-id"] == "req-500"
