@@ -175,7 +175,7 @@ async def test_error_after_streaming_started_is_the_last_event(front):
     stream = await front.client().chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=40, stream=True
     )
-    received = []
+    received: list[str] = []
     with pytest.raises(openai.APIError) as err:
         async for chunk in stream:
             received.extend(c.delta.content or "" for c in chunk.choices)
