@@ -94,7 +94,8 @@ async def front(tokenizer_dir):
     await f.add_pool("p2")
     await f.add_pool("pb", model=BYTE_MODEL, vocab_size=128)
     yield f
-    await router.stop_background()
+    await router.leave()
+    await router.close()
     await router.handle.server.stop(0)
     for server in f.servers:
         await server.stop(0)
