@@ -4,6 +4,7 @@ mocker pools (with relays and discovery), including a pool killed mid-stream."""
 from __future__ import annotations
 
 import json
+import signal
 import urllib.request
 
 import openai
@@ -102,3 +103,23 @@ def test_pool_killed_mid_stream_is_invisible_to_the_sdk(procs, tokenizer_dir, hf
         return any(e["request_id"] == "migrating-request-1" for e in status["migrations"])
 
     wait_until(migration_shown, 5, message="the migration on the status page")
+
+
+def test_sigterm_lets_an_open_http_stream_finish(procs, tokenizer_dir, hf_tokenizer):
+    mesh = Mesh(procs)
+    mesh.start_discovery()
+    mesh.start_pool("pool-a", "eu", "--vocab-size", str(VOCAB), "--speedup", "1")  # 50 tokens/s
+    http = f"127.0.0.1:{free_port()}"
+    router = mesh.start_router(
+        "--http-listen", http, "--tokenizer", f"{MODEL}={tokenizer_dir}", "--grace", "10"
+    )
+    mesh.wait_routable(router, mesh.pools)
+    client = openai.OpenAI(base_url=f"http://{http}/v1", api_key="unused", max_retries=0, timeout=30)
+    _, text = expected(hf_tokenizer, 100)
+    pieces: list[str] = []
+    for chunk in client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=100, stream=True):
+        pieces.extend(c.delta.content or "" for c in chunk.choices)
+        if len(pieces) == 3:
+            router.proc.signal(signal.SIGTERM)  # about 2 s of output still to come
+    assert "".join(pieces) == text
+    assert router.proc.popen.wait(timeout=20) == 0
