@@ -32,6 +32,7 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.measure import closed_loop, pct, ttft_interleaved  # noqa: E402
 from globalrouter.tokenizer import ByteTokenizer, HfTokenizer  # noqa: E402
 from globalrouter.tokenizer_train import train_tokenizer  # noqa: E402
 from globalrouter.v1 import router_pb2, router_pb2_grpc  # noqa: E402
@@ -124,48 +125,13 @@ class Http:
         return ttft or float("nan"), count
 
 
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
-
-
-async def ttft_run(a, b, n: int) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {a.name: [], b.name: []}
-    for i in range(20):  # warm-up: connections, code paths
-        await a.one(10_000_000 + i, 1)
-        await b.one(20_000_000 + i, 1)
-    for i in range(n):
-        for target in (a, b) if i % 2 else (b, a):
-            ttft, _ = await target.one(i * 2 + (target is b), 1)
-            out[target.name].append(ttft)
-    return out
-
-
-async def throughput_run(target, seconds: float, concurrency: int, max_requests: int) -> tuple[float, int]:
-    done = 0
-    deadline = time.perf_counter() + seconds
-    counter = iter(range(max_requests))
-
-    async def worker() -> None:
-        nonlocal done
-        for i in counter:
-            if time.perf_counter() >= deadline:
-                return
-            _, n = await target.one(30_000_000 + i, OUTPUT_TOKENS)
-            assert n == OUTPUT_TOKENS, n
-            done += 1
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return done / (time.perf_counter() - started), done
-
-
 async def measure(grpc_address: str, http_address: str, args) -> dict:
     async with grpc.aio.insecure_channel(grpc_address) as channel:
         g, h = Grpc(channel), Http(http_address)
-        ttft = await ttft_run(g, h, args.ttft_requests)
+        ttft = await ttft_interleaved(g, h, args.ttft_requests)
         rps: dict[str, tuple[float, int]] = {}
         for target in (g, h, g, h):  # twice each, alternating; keep the better
-            rate, n = await throughput_run(target, args.seconds, args.concurrency, 100_000)
+            rate, n = await closed_loop(target, args.seconds, args.concurrency, 100_000, OUTPUT_TOKENS)
             rps[target.name] = max(rps.get(target.name, (0.0, 0)), (rate, n))
     return {"ttft": ttft, "rps": rps}
 
