@@ -11,7 +11,7 @@ interleaved, so both see the same machine noise:
   against the byte tokenizer on the same conversation as the baseline.
 Writes bench/results/bench_http.md.
 
-Run: .venv/bin/python bench/bench_http.py [--ttft-requests N] [--seconds S] [--concurrency C]
+Run: .venv/bin/python -m bench.bench_http [--ttft-requests N] [--seconds S] [--concurrency C]
 """
 
 from __future__ import annotations
@@ -29,15 +29,13 @@ from pathlib import Path
 
 import grpc
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.measure import closed_loop, pct, ttft_interleaved
+from globalrouter.tokenizer import ByteTokenizer, HfTokenizer
+from globalrouter.tokenizer_train import train_tokenizer
+from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshlaunch import MODEL, Mesh, free_port, process_group
 
-from bench.measure import closed_loop, pct, ttft_interleaved  # noqa: E402
-from globalrouter.tokenizer import ByteTokenizer, HfTokenizer  # noqa: E402
-from globalrouter.tokenizer_train import train_tokenizer  # noqa: E402
-from globalrouter.v1 import router_pb2, router_pb2_grpc  # noqa: E402
-from tests.router.mesh import MODEL, Mesh  # noqa: E402
-from tests.support import free_port, process_group  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULT = ROOT / "bench" / "results" / "bench_http.md"
 OUTPUT_TOKENS = 16
@@ -219,7 +217,7 @@ def main() -> int:
     for line in lines:
         print(line)
     cmd = (
-        f".venv/bin/python bench/bench_http.py --ttft-requests {args.ttft_requests} --seconds {args.seconds:g} "
+        f".venv/bin/python -m bench.bench_http --ttft-requests {args.ttft_requests} --seconds {args.seconds:g} "
         f"--concurrency {args.concurrency} --repeats {args.repeats}"
     )
     RESULT.parent.mkdir(exist_ok=True)

@@ -49,8 +49,9 @@ def completions_url(frontend: str) -> str:
 
 
 def request_body(request: PoolRequest) -> dict:
-    """The JSON body of one completion request."""
-    return {
+    """The JSON body of one completion request: greedy unless the request's sampling parameters
+    say otherwise (they pass through as the engine's own fields; stop token ids as vLLM's)."""
+    body = {
         "model": request.model,
         "prompt": list(request.token_ids),
         "max_tokens": request.max_tokens,
@@ -59,6 +60,13 @@ def request_body(request: PoolRequest) -> dict:
         "return_token_ids": True,
         "stream_options": {"include_usage": True},
     }
+    sampling = request.sampling
+    for name in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
+        if sampling.HasField(name):
+            body[name] = getattr(sampling, name)
+    if sampling.stop_token_ids:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    return body
 
 
 class LinkError(Exception):

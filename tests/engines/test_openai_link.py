@@ -154,3 +154,14 @@ async def test_an_error_event_or_an_abort_mid_stream_is_broken():
     finally:
         await client.close()
         await runner.cleanup()
+
+
+def test_sampling_parameters_pass_through_to_the_engine():
+    request = pf.PoolFrontendServiceGenerateRequest()
+    request.CopyFrom(REQUEST)
+    request.sampling.temperature = 0.5
+    request.sampling.seed = 7
+    request.sampling.stop_token_ids.extend([2, 3])
+    body = request_body(request)
+    assert (body["temperature"], body["seed"], body["stop_token_ids"]) == (0.5, 7, [2, 3])
+    assert "top_p" not in body and "presence_penalty" not in body
