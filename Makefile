@@ -29,6 +29,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@bash scripts/ensure_etcd.sh
+	@bash scripts/ensure_chromium.sh
 	@touch $(STAMP)
 
 proto: setup

@@ -18,12 +18,14 @@ from pathlib import Path
 from types import FrameType
 
 import grpc
+import openai
 
+from demo.openai_chat import chat, demo_tokenizer
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.channels import sync_channel, use_security
 from meshkit.devcerts import write_dev_pki
 from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig
-from meshlaunch import MODEL, LaunchError, Mesh, RouterProc, local_mesh, route, wait_until
+from meshlaunch import MODEL, LaunchError, Mesh, RouterProc, free_port, local_mesh, route, wait_until
 from mocker.tokens import continue_sequence
 
 POOLS = (  # pool id, region, workers (pools differ in size)
@@ -189,7 +191,7 @@ def unlisted(router: RouterProc, pool_id: str) -> bool:
     return pool_id not in views or not views[pool_id].listed
 
 
-def crash(mesh: Mesh, drained: str) -> None:
+def crash(mesh: Mesh, drained: str, vocab: int) -> None:
     left = [p for p in mesh.pools if p != drained]
     say(f"Step 4 — a crash mid-stream. {' and '.join(left)} remain. A request for 600 tokens starts; after")
     say("40 tokens the pool serving it is killed with SIGKILL (no goodbye, no drain).")
@@ -203,7 +205,7 @@ def crash(mesh: Mesh, drained: str) -> None:
             say(f"  {pool_id} was killed after {count} tokens had reached the client.")
 
     tokens, summary = generate(mesh.routers[0].address, prompt, 600, on_token)
-    expected = continue_sequence(prompt, 600)
+    expected = continue_sequence(prompt, 600, vocab)
     say(
         f"  The request finished with {len(tokens)} tokens, served by {' then '.join(summary.pools)} "
         f"({summary.migrations} migration): the router replayed the prompt plus the tokens so far to another pool."
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                 certs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mesh-certs-")))
                 _make_certs(certs)
             run(certs)
-    except (LaunchError, DemoFailed, grpc.RpcError) as exc:
+    except (LaunchError, DemoFailed, grpc.RpcError, openai.OpenAIError) as exc:
         say(f"\nThe demo failed: {exc}")
         return 1
     say(f"All processes stopped. The demo took {time.monotonic() - started:.0f} s.")
@@ -267,7 +269,9 @@ def _make_certs(certs: Path) -> None:
 
 
 def run(certs: Path | None = None) -> None:
-    with local_mesh(certs=certs) as mesh:
+    with local_mesh(certs=certs) as mesh, tempfile.TemporaryDirectory(prefix="demo-tokenizer-") as tmp:
+        tokenizer, vocab = demo_tokenizer(Path(tmp))
+        http: list[str] = []
         say("Step 1 — start the mesh on 127.0.0.1 (free ports; logs in a temporary directory).")
         if certs is not None:
             say(
@@ -278,20 +282,32 @@ def run(certs: Path | None = None) -> None:
         mesh.start_discovery()
         say(f"  Discovery is up at {mesh.discovery} (heartbeat 0.5 s, lease 1.5 s).")
         for pool_id, region, workers in POOLS:
-            p = mesh.start_pool(pool_id, region, "--workers", str(workers), "--speedup", SPEEDUP)
+            p = mesh.start_pool(
+                pool_id, region, "--workers", str(workers), "--speedup", SPEEDUP, "--vocab-size", str(vocab)
+            )
             say(
                 f"  Pool {pool_id} ({region}, {workers} worker{'s' if workers > 1 else ''}) serves at {p.url}; its relay registers it."
             )
         for _ in range(2):
-            r = mesh.start_router()
-            say(f"  Global frontend at {r.address} registered with discovery; relays dial in with telemetry.")
+            http.append(f"127.0.0.1:{free_port()}")
+            r = mesh.start_router("--http-listen", http[-1], "--tokenizer", f"{MODEL}={tokenizer}")
+            say(
+                f"  Global frontend at {r.address} (OpenAI HTTP API at http://{http[-1]}/v1) registered with "
+                "discovery; relays dial in with telemetry."
+            )
         for router in mesh.routers:
             mesh.wait_routable(router, mesh.pools)
         say("  Both frontends list all three pools with fresh load and KV telemetry.")
         apps, homes = workload(mesh)
         drained = drain(mesh, apps, homes)
-        crash(mesh, drained)
-        say("Step 5 — stop everything.")
+        crash(mesh, drained, vocab)
+        say("Step 5 — the OpenAI API. The official openai client streams a chat completion through a")
+        say(
+            "  frontend's HTTP port: the chat template and tokenizer turn it into tokens, the frontend routes"
+        )
+        say("  them like any request, and detokenizes the pool's tokens as they arrive.")
+        chat(http[0], say)
+        say("Step 6 — stop everything.")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 # A template in the layout of real ones (system prompt, BOS, generation prompt), exercising the
 # parts of Jinja that real chat templates use: loops, conditions, raise_exception.
@@ -55,6 +56,27 @@ def train_tokenizer(
     tokenizer.train_from_iterator(list(corpus), trainer)
     bos = tokenizer.token_to_id("<s>")
     tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    return _save(tokenizer, path)
+
+
+def train_word_tokenizer(directory: str | Path, corpus: Iterable[str] = DEFAULT_CORPUS) -> Path:
+    """Like train_tokenizer, but one token per word (WordLevel): every id decodes to a whole word,
+    so the mocker's pseudo-random ids read as words (the demo uses it). Unknown words are <unk>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=["<unk>", *SPECIAL_TOKENS], show_progress=False)
+    tokenizer.train_from_iterator(list(corpus), trainer)
+    bos = tokenizer.token_to_id("<s>")
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    return _save(tokenizer, path)
+
+
+def _save(tokenizer: Any, path: Path) -> Path:
+    """tokenizer.json, and tokenizer_config.json with the special tokens and CHAT_TEMPLATE."""
     tokenizer.save(str(path / "tokenizer.json"))
     config = {
         "bos_token": "<s>",

@@ -21,4 +21,6 @@ def test_the_mesh_demo_runs_to_the_end() -> None:
     assert "Both frontends list all three pools with fresh load and KV telemetry." in out
     assert "left the directory of both frontends" in out
     assert "The client's tokens are identical to an uninterrupted run's" in out
+    assert "client.chat.completions.create(model='demo-model', stream=True" in out
+    assert "completion tokens" in out  # the streamed chat's usage
     assert "All processes stopped." in out

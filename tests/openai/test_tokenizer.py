@@ -146,3 +146,19 @@ def test_chat_template_jinja_file_and_named_templates(tmp_path):
     assert HfTokenizer.load(d).render_chat([]) == "D<s>"
     (d / "chat_template.jinja").write_text("J")
     assert HfTokenizer.load(d).render_chat([]) == "J"
+
+
+def test_word_tokenizer_decodes_every_id_to_a_word(tmp_path):
+    from globalrouter.tokenizer_train import train_word_tokenizer
+
+    tok = HfTokenizer.load(train_word_tokenizer(tmp_path / "w"))
+    specials = {
+        tok.tokenizer.token_to_id(t)
+        for t in ("<unk>", "<s>", "</s>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>")
+    }
+    words = [tok.decode([i]) for i in range(tok.vocab_size) if i not in specials]
+    assert words and all(w.strip() for w in words)
+    assert tok.encode("hello mesh", add_special_tokens=False) == [
+        tok.tokenizer.token_to_id("hello"),
+        tok.tokenizer.token_to_id("mesh"),
+    ]
