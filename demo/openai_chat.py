@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from globalrouter.tokenizer import HfTokenizer
 from globalrouter.tokenizer_train import train_word_tokenizer
@@ -23,7 +24,7 @@ def demo_tokenizer(directory: Path) -> tuple[Path, int]:
 def chat(http: str, say: Callable[[str], None]) -> str:
     """Streams one chat completion from the frontend at `http` and prints it as it arrives."""
     client = openai.OpenAI(base_url=f"http://{http}/v1", api_key="unused", max_retries=0, timeout=30)
-    messages = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "You are a simulated pool: your words are deterministic."},
         {"role": "user", "content": "Say something about prefix-aware routing."},
     ]

@@ -43,7 +43,7 @@ class ModelTokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str: ...
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str: ...
 
 
 def _raise_exception(message: str) -> None:
@@ -74,7 +74,7 @@ def compile_chat_template(source: str) -> jinja2.Template:
 
 
 def render(
-    template: jinja2.Template, messages: Sequence[Mapping[str, str]], special: Mapping[str, str]
+    template: jinja2.Template, messages: Sequence[Mapping[str, Any]], special: Mapping[str, str]
 ) -> str:
     """Renders a conversation with the generation prompt appended (what a completion continues)."""
     try:
@@ -100,7 +100,7 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i if i < BYTE_VOCAB_SIZE else 0xFF for i in ids).decode("utf-8", errors="replace")
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
         return render(self._template, messages, {})
 
 
@@ -189,7 +189,7 @@ class HfTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
         return render(self.template, messages, self.special)
 
 

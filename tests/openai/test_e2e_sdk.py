@@ -9,6 +9,7 @@ import urllib.request
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from globalrouter.detokenizer import TextStream
 from globalrouter.tokenizer import prompt_context
@@ -19,7 +20,7 @@ from tests.support import free_port, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
-MESSAGES = [
+MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "You are the mesh. Answer in full sentences, naïvely if you must."},
     {"role": "user", "content": "Tell me about prefix-aware routing across pools 🙂"},
 ]

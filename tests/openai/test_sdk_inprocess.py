@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from globalrouter.detokenizer import TextStream
 from mocker.tokens import continue_sequence
@@ -11,7 +12,10 @@ from tests.openai.conftest import BYTE_MODEL, MODEL, VOCAB
 
 pytestmark = pytest.mark.timeout(60)
 
-MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello mesh"}]
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "hello mesh"},
+]
 
 
 def expected_text(tokenizer, prompt: list[int], n: int, seed: int = 0) -> str:

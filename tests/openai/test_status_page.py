@@ -76,7 +76,7 @@ def test_status_page_lists_every_pool_and_follows_a_drain(procs, browser, tmp_pa
     )
     reader = threading.Thread(target=lambda: urllib.request.urlopen(post, timeout=30).read(), daemon=True)
     reader.start()
-    busy = wait_until(lambda: decided_pool(http, "long-1"), 10, message="the long request's pool")
+    busy = wait_until(lambda: decided_pool(http, "long-1") or "", 10, message="the long request's pool")
     mesh.drain(busy, 30)
     others = set(POOLS) - {busy}
     states = wait_for(
