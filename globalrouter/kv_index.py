@@ -20,17 +20,17 @@ a non-empty source's snapshot or dropping a source clears its bit with one pass 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 
 import numpy as np
 
 _EMPTY = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
 """Key of a never-used slot. The one block hash equal to it lives outside the table (_special)."""
 _EMPTY_INT = int(_EMPTY)
-_GOLDEN = np.uint64(0x9E37_79B9_7F4A_7C15)
-_GOLDEN_INT = int(_GOLDEN)
 _M64 = (1 << 64) - 1
-_SHIFT = np.uint64(32)
+_BYTE_INDEX = np.uint64(0x0001_0203_0405_0607)
+"""(w * _BYTE_INDEX) >> 56 is j for w = 1 << 8j: which of a bucket's 8 comparison bytes is set."""
+_TOP_BYTE = np.uint64(56)
 MAX_LOAD = 0.8
 """Used slots (live + tombstones) / capacity above which the table is rebuilt."""
 REBUILD_LOAD = 0.55
@@ -40,9 +40,13 @@ BUCKET = 8
 """Slots per bucket (one 64-byte cache line of keys): a key lives in its home bucket or, when
 that is full, in the next one with room. Most lookups end in their home bucket; the few that
 go on are finished one key at a time (SCALAR_TAIL)."""
-SMALL = 64
-"""Deltas of at most this many keys and prompts of at most this many blocks go one key at a
-time through memoryviews: a vectorised batch costs dozens of numpy calls whatever its size."""
+SMALL = 256
+"""Deltas of at most this many keys go one key at a time through memoryviews: a vectorised batch
+costs dozens of numpy calls whatever its size (measured on the 2-core host, 16 sources: a delta
+of 128 stored + 128 removed still cost less one key at a time)."""
+WALK_SMALL = 128
+"""Prompts of at most this many blocks are walked one block at a time (measured crossover on the
+2-core host, 16 sources: 128 blocks cost the same both ways, 64 scalar 50 µs vs vectorised 71)."""
 SCALAR_TAIL = 16
 """Keys left after vectorised rounds that are looked up one at a time (also whole small batches)."""
 FIRST_CHUNK = 1024
@@ -51,12 +55,13 @@ whose cached prefix is short stops after a few small steps instead of looking up
 
 
 def _as_keys(hashes: Iterable[int]) -> np.ndarray:
-    """Block hashes (64-bit unsigned ints) -> a uint64 array."""
+    """Block hashes (64-bit unsigned ints) -> a uint64 array (np.fromiter: np.array took four
+    times as long on Python ints above 2^63)."""
     if isinstance(hashes, np.ndarray):
         return hashes.astype(np.uint64, copy=False)
-    if not isinstance(hashes, (list, tuple)):
-        hashes = list(hashes)
-    return np.array(hashes, dtype=np.uint64)
+    if isinstance(hashes, Sized):
+        return np.fromiter(hashes, np.uint64, len(hashes))
+    return np.fromiter(hashes, np.uint64)
 
 
 def _distinct(keys: np.ndarray) -> np.ndarray:
@@ -78,6 +83,7 @@ class KvIndex:
         "_masks",
         "_mmv",
         "_names",
+        "_nb",
         "_number",
         "_special",
         "_used",
@@ -87,7 +93,7 @@ class KvIndex:
     def __init__(self, capacity: int = MIN_CAPACITY) -> None:
         self._words = 1
         """Mask words per slot (64 sources each)."""
-        self._cap = 0
+        self._cap = self._nb = 0
         self._keys = np.empty(0, np.uint64)
         self._masks = np.empty((0, 1), np.uint64)
         self._kmv = self._mmv = memoryview(b"")
@@ -107,10 +113,10 @@ class KvIndex:
         """Numbers of dropped sources, reused so masks stay narrow."""
 
     def _alloc(self, capacity: int) -> None:
-        buckets = -(-capacity // BUCKET)
+        buckets = -(-capacity // BUCKET) | 1  # odd: key % buckets mixes keys with a common factor of 2
         if buckets >= 1 << 32:
             raise ValueError(f"KvIndex capacity {capacity} exceeds 2^32 buckets")
-        self._cap = buckets * BUCKET
+        self._cap, self._nb = buckets * BUCKET, buckets
         self._keys = np.full(self._cap, _EMPTY, np.uint64)
         self._masks = np.zeros((self._cap, self._words), np.uint64)
         self._views()
@@ -118,15 +124,15 @@ class KvIndex:
     def _views(self) -> None:
         """Memoryviews of the arrays: one element of a memoryview reads and writes as a Python
         int several times faster than numpy scalar indexing (the small-batch paths use them)."""
-        self._kmv = memoryview(self._keys)
-        self._mmv = memoryview(self._masks.reshape(-1))
+        self._kmv = self._keys.data
+        self._mmv = self._masks.reshape(-1).data
 
     # ---- slots ---------------------------------------------------------------------------------
     def _home(self, keys: np.ndarray) -> np.ndarray:
-        """Home bucket of each key: the high bits of a multiplicative hash, scaled to the number
-        of buckets (keys may be small sequential ids, so they are mixed first)."""
-        mixed = (keys * _GOLDEN) >> _SHIFT
-        return ((mixed * np.uint64(self._cap // BUCKET)) >> _SHIFT).astype(np.int64)
+        """Home bucket of each key: key % buckets (block hashes are already uniform, sequential
+        ids spread one per bucket, and one modulo is the cheapest hash on a Python int, which the
+        one-key-at-a-time paths compute: a multiplicative hash took five big-int operations)."""
+        return (keys % np.uint64(self._cap // BUCKET)).astype(np.int64)
 
     def _find(self, keys: np.ndarray) -> np.ndarray:
         """Slot of each key, -1 where absent (keys equal to _EMPTY are reported absent).
@@ -141,36 +147,39 @@ class KvIndex:
         table, nb = self._keys.reshape(-1, BUCKET), self._cap // BUCKET
         while todo.size > SCALAR_TAIL:
             b = buckets[todo]
-            rows = table[b]
-            # A bucket's 16 comparisons are 16 bytes: read as two uint64 per key, non-zero is a
+            rows = np.take(table, b, axis=0)  # np.take: several times faster than table[b]
+            # A bucket's 8 comparisons are 8 bytes: read as one uint64 per key, non-zero is a
             # hit and the set byte's index is the slot (numpy reductions over a short axis cost
             # more than the comparisons themselves).
-            eq = (rows == keys[todo, None]).view(np.uint64)
-            lo, hi = eq[:, 0], eq[:, -1]
-            hit = (lo | hi) != 0
-            lo, hi = lo[hit], hi[hit]
-            pos = np.where(lo != 0, np.log2(lo | (lo == 0)), 64 + np.log2(hi | (hi == 0)))
-            out[todo[hit]] = b[hit] * BUCKET + (pos.astype(np.int64) >> 3)
-            empty = (rows == _EMPTY).view(np.uint64)
-            go = ~hit & ((empty[:, 0] | empty[:, -1]) == 0)
+            eq = (rows == keys[todo, None]).view(np.uint64)[:, 0]
+            hit = eq != 0
+            out[todo[hit]] = b[hit] * BUCKET + ((eq[hit] * _BYTE_INDEX) >> _TOP_BYTE).astype(np.int64)
+            go = ~hit & ((rows == _EMPTY).view(np.uint64)[:, 0] == 0)
             todo = todo[go]
             buckets[todo] = (b[go] + 1) % nb
         for i in todo.tolist():  # the few keys whose buckets overflowed, one at a time
-            out[i] = self._slot_of(int(keys[i]), int(buckets[i]))
+            out[i] = self._slot_of(int(keys[i]), int(buckets[i]) * BUCKET)
         out[keys == _EMPTY] = -1
         return out
 
-    def _slot_of(self, key: int, bucket: int) -> int:
-        """Slot of one key searched from `bucket` on, -1 when absent (scalar: a few keys cost
-        less this way than a vectorised round each)."""
-        table, nb = self._kmv, self._cap // BUCKET
-        while True:
-            keys = table[bucket * BUCKET : (bucket + 1) * BUCKET].tolist()
-            if key in keys:
-                return bucket * BUCKET + keys.index(key)
-            if _EMPTY_INT in keys:
+    def _slot_of(self, key: int, slot: int = -1) -> int:
+        """Slot of one key (not the empty-slot key) searched from `slot` on (from its home
+        bucket's first slot by default), -1 when absent. Scalar: a few keys cost less this way
+        than a vectorised round each. Within a bucket the keyed slots come before the empty
+        ones (keys take a bucket's first free slot), so reading slot after slot and stopping at
+        the first empty one is the bucket-wise search; one element read costs less than a
+        bucket's slice."""
+        km = self._kmv
+        s = (key % (self._cap >> 3)) << 3 if slot < 0 else slot
+        k = km[s]
+        while k != key:
+            if k == _EMPTY_INT:
                 return -1
-            bucket = bucket + 1 if bucket + 1 < nb else 0
+            s += 1
+            if s == self._cap:
+                s = 0
+            k = km[s]
+        return s
 
     def _place(self, keys: np.ndarray, rows: np.ndarray, reuse: bool = True) -> None:
         """Puts absent, distinct keys into free slots with masks `rows` (one row for all, or one
@@ -348,35 +357,38 @@ class KvIndex:
             keys.discard(_EMPTY_INT)
             added = self._set_special(word, np.uint64(bit), True)
         self._reserve(len(keys))
-        km, mm, nb = self._kmv, self._mmv, self._cap // BUCKET
+        km, mm, nb, cap = self._kmv, self._mmv, self._nb, self._cap
+        one = words == 1  # one mask word per slot: a slot's mask is one element, read inline
+        row_zero = self._row_zero
         for h in keys:
-            b = ((((h * _GOLDEN_INT) & _M64) >> 32) * nb) >> 32
+            s = h % nb * BUCKET
             free = -1
-            while True:
-                base = b * BUCKET
-                ks = km[base : base + BUCKET].tolist()
-                if h in ks:
-                    i = (base + ks.index(h)) * words + word
-                    m = mm[i]
-                    if not m & bit:
-                        self._live += self._row_zero(base + ks.index(h))
-                        mm[i] = m | bit
-                        added += 1
-                    break
-                if free < 0:  # the chain's first empty or tombstone slot (its mask is 0)
-                    ms = mm[base * words : (base + BUCKET) * words].tolist()
-                    if words > 1:
-                        ms = [any(ms[j * words : (j + 1) * words]) for j in range(BUCKET)]
-                    if 0 in ms:
-                        free = base + ms.index(0)
-                if _EMPTY_INT in ks:  # absent: it takes that slot
-                    self._used += km[free] == _EMPTY_INT
+            k = km[s]
+            while k != h:
+                if k == _EMPTY_INT:  # absent: it takes the chain's first free slot
+                    if free < 0:
+                        free = s
+                        self._used += 1
                     km[free] = h
                     mm[free * words + word] = bit
                     self._live += 1
                     added += 1
                     break
-                b = b + 1 if b + 1 < nb else 0
+                if free < 0 and (
+                    not mm[s] if one else row_zero(s)
+                ):  # a tombstone: free unless h is further on
+                    free = s
+                s += 1
+                if s == cap:
+                    s = 0
+                k = km[s]
+            else:
+                i = s * words + word
+                m = mm[i]
+                if not m & bit:
+                    self._live += (not m) if one else row_zero(s)
+                    mm[i] = m | bit
+                    added += 1
         self._counts[self._names[n]] += added
 
     def _remove_small(self, n: int, keys: set[int]) -> None:
@@ -386,17 +398,25 @@ class KvIndex:
         if _EMPTY_INT in keys:
             keys.discard(_EMPTY_INT)
             removed = self._set_special(word, np.uint64(bit), False)
-        mm, nb = self._mmv, self._cap // BUCKET
+        km, mm, nb, cap = self._kmv, self._mmv, self._nb, self._cap
+        one = words == 1
         for h in keys:
-            slot = self._slot_of(h, ((((h * _GOLDEN_INT) & _M64) >> 32) * nb) >> 32)
-            if slot < 0:
-                continue
-            i = slot * words + word
-            m = mm[i]
-            if m & bit:
-                mm[i] = m ^ bit
-                removed += 1
-                self._live -= self._row_zero(slot)
+            s = h % nb * BUCKET  # _slot_of, inlined (a call per key showed)
+            k = km[s]
+            while k != h:
+                if k == _EMPTY_INT:
+                    break
+                s += 1
+                if s == cap:
+                    s = 0
+                k = km[s]
+            else:
+                i = s * words + word
+                m = mm[i]
+                if m & bit:
+                    mm[i] = m ^ bit
+                    removed += 1
+                    self._live -= (m == bit) if one else self._row_zero(s)
         self._counts[self._names[n]] -= removed
 
     def apply_snapshot(self, source: str, hashes: Iterable[int]) -> None:
@@ -451,19 +471,18 @@ class KvIndex:
     def _mask_of(self, block_hash: int) -> int:
         """The mask of one block as a Python int (all words), 0 when no source holds it."""
         if block_hash == _EMPTY_INT:
-            row = self._special
+            row: list[int] = self._special.tolist()
         else:
-            nb = self._cap // BUCKET
-            slot = self._slot_of(block_hash, ((((block_hash * _GOLDEN_INT) & _M64) >> 32) * nb) >> 32)
+            slot = self._slot_of(block_hash)
             if slot < 0:
                 return 0
             words = self._words
             if words == 1:
-                return self._mmv[slot]
+                return int(self._mmv[slot])
             row = self._mmv[slot * words : (slot + 1) * words].tolist()
         out = 0
         for w, value in enumerate(row):
-            out |= int(value) << (64 * w)
+            out |= value << (64 * w)
         return out
 
     def holds(self, block_hash: int) -> bool:
@@ -474,7 +493,7 @@ class KvIndex:
     def _rows(self, keys: np.ndarray) -> np.ndarray:
         """Masks of the keys (zero rows where absent)."""
         slots = self._find(keys)
-        rows = self._masks[slots]  # -1 reads the last slot: zeroed below
+        rows: np.ndarray = self._masks[slots]  # -1 reads the last slot: zeroed below
         rows[slots < 0] = 0
         special = keys == _EMPTY
         if special.any():
@@ -484,21 +503,23 @@ class KvIndex:
     def _walk(self, block_hashes: Sequence[int], alive: int, out: dict[str, int]) -> dict[str, int]:
         """The prefix walk one block at a time, for a short prompt."""
         names, mask_of = self._names, self._mask_of
-        km, mm, nb = self._kmv, self._mmv, self._cap // BUCKET
+        km, mm, nb, cap = self._kmv, self._mmv, self._nb, self._cap
         inline = self._words == 1  # the common case, inlined: a method call per block showed
         for i in range(1, len(block_hashes)):
             h = block_hashes[i]
             if inline and h != _EMPTY_INT:
-                b = ((((h * _GOLDEN_INT) & _M64) >> 32) * nb) >> 32
-                while True:
-                    ks = km[b * BUCKET : b * BUCKET + BUCKET].tolist()
-                    if h in ks:
-                        held = mm[b * BUCKET + ks.index(h)]
-                        break
-                    if _EMPTY_INT in ks:
+                s = h % nb * BUCKET
+                k = km[s]
+                while k != h:
+                    if k == _EMPTY_INT:
                         held = 0
                         break
-                    b = b + 1 if b + 1 < nb else 0
+                    s += 1
+                    if s == cap:
+                        s = 0
+                    k = km[s]
+                else:
+                    held = mm[s]
             else:
                 held = mask_of(h)
             mask = alive & held
@@ -530,7 +551,7 @@ class KvIndex:
             return {}
         out: dict[str, int] = {}
         names, words = self._names, self._words
-        if len(block_hashes) <= SMALL:
+        if len(block_hashes) <= WALK_SMALL:
             return self._walk(block_hashes, alive, out)
         keys = _as_keys(block_hashes)
         start, step = 1, FIRST_CHUNK
