@@ -3,7 +3,8 @@
 Pools (4, 16, 64) x indexed blocks per pool (10k, 100k; 1M only with 4 pools, to bound memory).
 Every pool holds its own random blocks plus part of one shared 128-block prompt (2,048 tokens at
 block size 16): pool k holds its first 128 >> (k % 8) blocks, so the one-pass walk runs the
-whole prompt. Baseline in the same run: a walk per pool (the naive index), same data.
+whole prompt. Baselines in the same run, same data: a walk per pool (the naive index), and the
+previous KvIndex (a dict of hash -> source mask plus a set per source, bench/baseline_kv_index.py).
 Memory: tracemalloc of what a one-source index of 1M fresh 64-bit hashes allocates.
 
     .venv/bin/python bench/bench_routing.py [--requests N]
@@ -19,8 +20,10 @@ import sys
 import time
 import timeit
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
+from bench.baseline_kv_index import DictKvIndex
 from globalrouter.kv_index import KvIndex
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
@@ -85,6 +88,16 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
     return samples[len(samples) // 2], samples[min(len(samples) - 1, int(len(samples) * 0.99))]
 
 
+def latencies(call: Callable[[], object], requests: int) -> tuple[float, float]:
+    """(p50, p99) in µs of `requests` calls."""
+    lat = []
+    for _ in range(requests):
+        t0 = time.perf_counter_ns()
+        call()
+        lat.append((time.perf_counter_ns() - t0) / 1000)
+    return percentiles(lat)
+
+
 def measure(index, states, prompt, sets, requests: int) -> dict:
     selector = Selector()
     limits = selector.config.freshness
@@ -100,18 +113,12 @@ def measure(index, states, prompt, sets, requests: int) -> dict:
             lat.append((time.perf_counter_ns() - t0) / 1000)
         assert decision.candidates
         out[name] = percentiles(lat)
-    lat = []
-    for _ in range(requests):
-        t0 = time.perf_counter_ns()
-        index.prefix_overlaps(prompt)
-        lat.append((time.perf_counter_ns() - t0) / 1000)
-    out["one_pass"] = percentiles(lat)
-    lat = []
-    for _ in range(requests):
-        t0 = time.perf_counter_ns()
-        naive_overlaps(sets, prompt)
-        lat.append((time.perf_counter_ns() - t0) / 1000)
-    out["naive"] = percentiles(lat)
+    old = DictKvIndex()
+    for source, held in sets.items():
+        old.apply_snapshot(source, held)
+    out["one_pass"] = latencies(lambda: index.prefix_overlaps(prompt), requests)
+    out["naive"] = latencies(lambda: naive_overlaps(sets, prompt), requests)
+    out["dict"] = latencies(lambda: old.prefix_overlaps(prompt), requests)
     return out
 
 
@@ -182,7 +189,8 @@ def main() -> int:
             f"pools={pools:3} blocks/pool={blocks:>9,} decision warm p50={m['warm'][0]:7.1f}us "
             f"p99={m['warm'][1]:7.1f}us cold p50={m['cold'][0]:6.1f}us p99={m['cold'][1]:6.1f}us | "
             f"overlaps one-pass p50={m['one_pass'][0]:6.1f}us naive p50={m['naive'][0]:7.1f}us "
-            f"(x{m['naive'][0] / m['one_pass'][0]:.1f}) | build {build_s:.1f}s",
+            f"(x{m['naive'][0] / m['one_pass'][0]:.1f}) dict index p50={m['dict'][0]:6.1f}us "
+            f"(table/dict x{m['one_pass'][0] / m['dict'][0]:.2f}) | build {build_s:.1f}s",
             flush=True,
         )
         del index, states, prompt, sets
@@ -204,18 +212,21 @@ def main() -> int:
         "prompt) + `Selector.select`. *Warm*: the prompt's blocks are held (pool k holds the first "
         f"{PROMPT_BLOCKS} >> (k mod 8)), so the walk covers the whole prompt; *cold*: no pool holds its "
         "first block. Baseline in the same run: the naive index walking the prompt once per pool "
-        "(overlaps only), ratio = naive / one-pass p50. 1M blocks per pool was run with 4 pools only "
-        "(memory).",
+        "(overlaps only), ratio = naive / one-pass p50; and the previous index (a dict of hash -> source "
+        "mask plus a set per source, `bench/baseline_kv_index.py`) answering the same one-pass overlaps, "
+        "ratio = table / dict p50. 1M blocks per pool was run with 4 pools only (memory).",
         "",
         "| pools | blocks/pool | decision warm p50 / p99 (µs) | decision cold p50 / p99 (µs) "
-        "| overlaps one-pass p50 (µs) | naive per-pool p50 (µs) | naive / one-pass |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| overlaps one-pass p50 (µs) | naive per-pool p50 (µs) | naive / one-pass "
+        "| dict index one-pass p50 (µs) | table / dict |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for pools, blocks, m, _ in rows:
         lines.append(
             f"| {pools} | {blocks:,} | {m['warm'][0]:.1f} / {m['warm'][1]:.1f} | {m['cold'][0]:.1f} / "
             f"{m['cold'][1]:.1f} | {m['one_pass'][0]:.1f} | {m['naive'][0]:.1f} | "
-            f"{m['naive'][0] / m['one_pass'][0]:.1f}x |"
+            f"{m['naive'][0] / m['one_pass'][0]:.1f}x | {m['dict'][0]:.1f} | "
+            f"{m['one_pass'][0] / m['dict'][0]:.2f} |"
         )
     lines += [
         "",

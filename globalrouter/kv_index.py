@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence, Sized
+from itertools import islice
 
 import numpy as np
 
@@ -505,8 +506,7 @@ class KvIndex:
         names, mask_of = self._names, self._mask_of
         km, mm, nb, cap = self._kmv, self._mmv, self._nb, self._cap
         inline = self._words == 1  # the common case, inlined: a method call per block showed
-        for i in range(1, len(block_hashes)):
-            h = block_hashes[i]
+        for i, h in enumerate(islice(block_hashes, 1, None), 1):
             if inline and h != _EMPTY_INT:
                 s = h % nb * BUCKET
                 k = km[s]
