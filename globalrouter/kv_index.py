@@ -13,8 +13,11 @@ dict of int -> int plus a set per source cost about 111 bytes per block. Here a 
 load kept between 0.55 and 0.8), so about 20 to 29 bytes per distinct block with up to 64 sources.
 A block no source holds any more stays as a tombstone (mask 0) that the next new key on its
 probe path reuses, and the table is rebuilt (live keys only) when used slots pass 0.8 of it.
-Lookups and batch updates are vectorised; a source's whole set is not kept apart, so replacing
-a non-empty source's snapshot or dropping a source clears its bit with one pass over the table.
+Long prompts and big batches are looked up and updated vectorised; short prompts and the usual
+small deltas one key at a time through memoryviews (a numpy call costs about a microsecond
+whatever its size; below the crossovers SMALL and WALK_SMALL, pure-Python reads cost less).
+A source's whole set is not kept apart, so replacing a non-empty source's snapshot or dropping
+a source clears its bit with one pass over the table.
 """
 
 from __future__ import annotations
@@ -43,11 +46,11 @@ that is full, in the next one with room. Most lookups end in their home bucket; 
 go on are finished one key at a time (SCALAR_TAIL)."""
 SMALL = 256
 """Deltas of at most this many keys go one key at a time through memoryviews: a vectorised batch
-costs dozens of numpy calls whatever its size (measured on the 2-core host, 16 sources: a delta
-of 128 stored + 128 removed still cost less one key at a time)."""
+costs dozens of numpy calls whatever its size (on the 2-core host, a delta of 128 stored + 128
+removed over 16 sources still cost less one key at a time)."""
 WALK_SMALL = 128
-"""Prompts of at most this many blocks are walked one block at a time (measured crossover on the
-2-core host, 16 sources: 128 blocks cost the same both ways, 64 scalar 50 µs vs vectorised 71)."""
+"""Prompts of at most this many blocks are walked one block at a time (the crossover measured on
+the 2-core host with 16 sources: about 128 blocks cost the same both ways)."""
 SCALAR_TAIL = 16
 """Keys left after vectorised rounds that are looked up one at a time (also whole small batches)."""
 FIRST_CHUNK = 1024
