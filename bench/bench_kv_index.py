@@ -179,9 +179,9 @@ def small_paths(pools: int, blocks: int, rng: np.random.Generator) -> list[tuple
         # Interleaved, one call of each at a time, so both see the same load on the shared host.
         samples: tuple[list[int], list[int]] = ([], [])
         for _ in range(DELTAS):
-            for fn, got in ((old, samples[0]), (new, samples[1])):
+            for call, got in ((old, samples[0]), (new, samples[1])):
                 started = time.thread_time_ns()
-                fn()
+                call()
                 got.append(time.thread_time_ns() - started)
         out[name] = [sorted(got)[DELTAS // 2] / 1000 for got in samples]
     return [(name, old, new) for name, (old, new) in out.items()]
