@@ -70,6 +70,17 @@ def prompt_tokens(
     return tokens
 
 
+def generate_streams(config: RouterConfig, *, enforced: bool) -> Slots:
+    """The limit of concurrent Generate streams (gRPC and HTTP share one): per client identity
+    only when callers are identified, since unchecked callers all look alike."""
+    per_client = config.max_streams_per_client if enforced else None
+    return Slots(
+        "Generate streams",
+        per_key=per_client or config.max_generate_streams,
+        total=config.max_generate_streams,
+    )
+
+
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     """The client API of one global frontend."""
 
@@ -80,17 +91,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         config: RouterConfig,
         tokenizers: Tokenizers | None = None,
         authorizer: Authorizer | None = None,
+        streams: Slots | None = None,
     ) -> None:
         self._core = core
         self._links = links
         self.config = config
-        # Per client identity only when callers are identified: unchecked callers all look alike.
-        per_client = config.max_streams_per_client if authorizer and authorizer.enforced else None
-        self._streams = Slots(
-            "Generate streams",
-            per_key=per_client or config.max_generate_streams,
-            total=config.max_generate_streams,
-        )
+        self._streams = streams or generate_streams(config, enforced=bool(authorizer and authorizer.enforced))
         self._tokenizers = tokenizers or Tokenizers()
 
     # ---- Generate ---------------------------------------------------------------------------

@@ -79,6 +79,18 @@ def add_parser(subparsers) -> None:
         default=256,
         help="output tokens when an HTTP request sets no max_tokens",
     )
+    p.add_argument(
+        "--http-max-header-bytes",
+        type=int_at_least(1024),
+        default=32 * 1024,
+        help="request line and headers of one HTTP request, in bytes (more: 431)",
+    )
+    p.add_argument(
+        "--http-max-headers",
+        type=int_at_least(8),
+        default=100,
+        help="headers of one HTTP request (more: 431)",
+    )
     p.add_argument("--grace", type=float, default=5.0, help="seconds in-flight calls get on SIGTERM")
     p.add_argument(
         "--max-streams-per-client",
@@ -130,6 +142,8 @@ def _run(args: argparse.Namespace) -> int:
             max_body_bytes=args.http_max_body_bytes,
             write_timeout=args.http_write_timeout,
             default_max_tokens=args.http_default_max_tokens,
+            max_head_bytes=args.http_max_header_bytes,
+            max_headers=args.http_max_headers,
         ),
     )
     try:

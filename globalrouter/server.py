@@ -16,7 +16,7 @@ from globalrouter.http_api.server import HttpServer
 from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import DirectoryWatcher, PoolTable
-from globalrouter.router_api import RouterServicer
+from globalrouter.router_api import RouterServicer, generate_streams
 from globalrouter.routing import RoutingCore
 from globalrouter.selection import SelectionConfig, Selector
 from globalrouter.serving import ServingLinks
@@ -153,7 +153,9 @@ def create_server(
         tokenizers = Tokenizers.load(config.tokenizers)
     except TokenizerError as exc:
         raise RuntimeError(str(exc)) from exc
-    router_servicer = RouterServicer(core, links, config, tokenizers, authorizer=authorizer)
+    # One limit of concurrent generations per identity, over gRPC Generate and the HTTP front.
+    streams = generate_streams(config, enforced=authorizer.enforced)
+    router_servicer = RouterServicer(core, links, config, tokenizers, authorizer=authorizer, streams=streams)
     telemetry_servicer = TelemetryServicer(
         ingest, config.frontend_id, authorizer=authorizer, max_streams=config.max_telemetry_streams
     )
@@ -181,8 +183,18 @@ def create_server(
             migration_limit=final.migration_limit,
             admission_tries=final.admission_tries,
             frontend_id=final.frontend_id,
+            authorizer=authorizer,
+            streams=streams,
+            max_prompt_tokens=final.max_prompt_tokens,
+            max_output_tokens=final.max_output_tokens,
         )
-        http = HttpServer(front, final.http.listen, grace=final.grace)
+        http = HttpServer(
+            front,
+            final.http.listen,
+            grace=final.grace,
+            security=final.security,
+            certificates=handle.certificates,  # one reloader (and SIGHUP) for both listeners
+        )
     return Router(
         config=final,
         handle=handle,

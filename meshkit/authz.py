@@ -41,10 +41,26 @@ class Rule:
     """A client stream: the servicer checks each request message with check_message()."""
     note: str = ""
     """Why, for SECURITY.md."""
+    anonymous: bool = False
+    """Callable without any credentials (an HTTP liveness probe); everything else needs an identity."""
 
 
-def _rule(*roles: Role, pool: str = "", name: str = "", stream: bool = False, note: str = "") -> Rule:
-    return Rule(frozenset(roles), pool_field=pool, name_field=name, per_message=stream, note=note)
+def _rule(
+    *roles: Role,
+    pool: str = "",
+    name: str = "",
+    stream: bool = False,
+    note: str = "",
+    anonymous: bool = False,
+) -> Rule:
+    return Rule(
+        frozenset(roles), pool_field=pool, name_field=name, per_message=stream, note=note, anonymous=anonymous
+    )
+
+
+HTTP = "HTTP "
+"""Prefix of the HTTP front's entries: "HTTP /path" (exact paths; an unlisted path is 404 to callers
+who identified themselves)."""
 
 
 R, F, A, C = Role.RELAY, Role.FRONTEND, Role.ADMIN, Role.CLIENT
@@ -88,6 +104,14 @@ TABLE: Mapping[str, Rule] = {
     _M + "SetFaults": _rule(A, note="operators (simulation control)"),
     _M + "GetWorkerBlocks": _rule(A, note="operators (simulation control)"),
     _M + "GetPoolStats": _rule(A, note="operators (simulation control)"),
+    # The global frontend's OpenAI-compatible HTTP front (same identities, same table).
+    HTTP + "/v1/models": _rule(C, note="clients (certificate or API key)"),
+    HTTP + "/v1/completions": _rule(C, note="clients (certificate or API key)"),
+    HTTP + "/v1/chat/completions": _rule(C, note="clients (certificate or API key)"),
+    HTTP + "/": _rule(A, C, note="the status page: operators and clients (it shows what ListPools shows)"),
+    HTTP + "/status.json": _rule(A, C, note="the status page's data"),
+    HTTP + "/metrics": _rule(A, note="operators (Prometheus scrapes with an admin certificate)"),
+    HTTP + "/health": _rule(*_ALL, anonymous=True, note="liveness probes: no credentials needed"),
     # Standard services: any authenticated peer may ask whether a server is healthy, or what it serves.
     "/grpc.health.v1.Health/": _rule(*_ALL, note="any authenticated peer"),
     "/grpc.reflection.v1alpha.ServerReflection/": _rule(*_ALL, note="any authenticated peer"),
@@ -194,20 +218,29 @@ class Authorizer:
         if not self.enforced:
             return UNCHECKED
         uris = [u.decode(errors="replace") for u in context.auth_context().get("peer_uri", [])]
+        authorization = next(
+            (v for k, v in context.invocation_metadata() or () if k == "authorization"), None
+        )
+        return self.identify_peer(uris, authorization if isinstance(authorization, str | None) else "")
+
+    def identify_peer(self, uris: list[str], authorization: str | None) -> Identity:
+        """Who is calling, from a verified peer certificate's URI SANs or an `authorization` value
+        (gRPC metadata or HTTP header). Raises Refusal."""
+        if not self.enforced:
+            return UNCHECKED
         if uris:
             try:
                 return identity_from_uris(uris, self.trust_domain)
             except IdentityError as exc:
                 raise Refusal(grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED, str(exc)) from exc
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization":
-                token = bearer_token(value if isinstance(value, str) else "")
-                who = self.api_keys.identify(token) if token else None
-                if who is None:
-                    raise Refusal(
-                        grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED, "the API key is not valid"
-                    )
-                return who
+        if authorization is not None:
+            token = bearer_token(authorization)
+            who = self.api_keys.identify(token) if token else None
+            if who is None:
+                raise Refusal(
+                    grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED, "the API key is not valid"
+                )
+            return who
         raise Refusal(
             grpc.StatusCode.UNAUTHENTICATED,
             Reason.UNAUTHENTICATED,
@@ -217,7 +250,8 @@ class Authorizer:
     def record(self, method: str, refusal: Refusal) -> None:
         """Counts and logs a refusal."""
         self.refused[(method, str(refusal.reason))] += 1
-        self._refusals.labels(self.service, method.rsplit("/", 1)[-1], refusal.code.name).inc()
+        label = method.rsplit("/", 1)[-1] if method.startswith("/") else method  # HTTP: "HTTP /path"
+        self._refusals.labels(self.service, label, refusal.code.name).inc()
         log.info(
             "call refused", service=self.service, method=method, code=refusal.code.name, why=str(refusal)
         )
@@ -228,6 +262,24 @@ class Authorizer:
             identity = self.identify(context)
             if self.enforced:
                 refusal = decide(identity, method, request)
+                if refusal is not None:
+                    raise refusal
+        except Refusal as refusal:
+            self.record(method, refusal)
+            raise
+        return identity
+
+    def admit_http(self, path: str, uris: list[str], authorization: str | None) -> Identity:
+        """The caller of an HTTP request for `path`, when TABLE lets it call that path; raises
+        Refusal (already counted). Paths without an entry need only an identity (they are 404)."""
+        method = HTTP + path
+        rule = TABLE.get(method)
+        if not self.enforced or (rule is not None and rule.anonymous):
+            return UNCHECKED
+        try:
+            identity = self.identify_peer(uris, authorization)
+            if rule is not None:
+                refusal = decide(identity, method)
                 if refusal is not None:
                     raise refusal
         except Refusal as refusal:

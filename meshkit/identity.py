@@ -98,6 +98,18 @@ def identity_from_certificate(pem: bytes, trust_domain: str) -> Identity:
     return identity_from_uris(sans.get_values_for_type(x509.UniformResourceIdentifier), trust_domain)
 
 
+def certificate_uris(der: bytes) -> list[str]:
+    """The URI SANs of a DER certificate (a verified TLS peer's); [] when it has none or cannot be read."""
+    from cryptography import x509
+
+    try:
+        cert = x509.load_der_x509_certificate(der)
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, x509.ExtensionNotFound):
+        return []
+    return list(sans.get_values_for_type(x509.UniformResourceIdentifier))
+
+
 def identity_from_uris(uris: Iterable[str], trust_domain: str) -> Identity:
     """The identity among a verified peer certificate's URI SANs: exactly one spiffe:// id is required."""
     spiffe = [u for u in uris if u.startswith("spiffe:")]

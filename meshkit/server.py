@@ -21,7 +21,7 @@ from meshkit.authz import Authorizer
 from meshkit.keepalive import SERVER_OPTIONS
 from meshkit.limits import size_cap_interceptor
 from meshkit.logs import get_logger
-from meshkit.tls import SecurityConfig, ServerCertificates, is_loopback
+from meshkit.tls import SecurityConfig, ServerCertificates, check_listen
 from meshkit.wire import ParseRequests
 
 log = get_logger(module="meshkit.server")
@@ -67,15 +67,7 @@ def create_server(
     loopback unless `security.insecure` says otherwise, and then says so in its log.
     """
     security = security or SecurityConfig()
-    if security.tls_ca and not security.tls:
-        raise RuntimeError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key to serve")
-    if not security.tls and not is_loopback(listen):
-        if not security.insecure:
-            raise RuntimeError(
-                f"cannot listen on {listen} without TLS: give --tls-cert and --tls-key (and --tls-ca "
-                "for mutual TLS), listen on 127.0.0.1, or pass --insecure"
-            )
-        log.warning("serving WITHOUT TLS on a non-loopback address (--insecure)", listen=listen)
+    check_listen(listen, security)
     authorizer = authorizer or Authorizer(security, service="mesh")
     # Outermost first. ParseRequests parses (a request that does not parse is INVALID_ARGUMENT, not
     # UNKNOWN) and hands parsed requests to the authorization and size checks inside it; each of

@@ -95,6 +95,19 @@ def is_loopback(listen: str) -> bool:
     return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
+def check_listen(listen: str, security: SecurityConfig, flag: str = "--listen") -> None:
+    """Safe by default: without TLS only loopback, unless --insecure (then logged). Raises RuntimeError."""
+    if security.tls_ca and not security.tls:
+        raise RuntimeError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key to serve")
+    if not security.tls and not is_loopback(listen):
+        if not security.insecure:
+            raise RuntimeError(
+                f"cannot listen on {listen} ({flag}) without TLS: give --tls-cert and --tls-key (and "
+                "--tls-ca for mutual TLS), listen on 127.0.0.1, or pass --insecure"
+            )
+        log.warning("serving WITHOUT TLS on a non-loopback address (--insecure)", listen=listen, flag=flag)
+
+
 @dataclass(frozen=True)
 class Material:
     """One consistent read of the certificate files."""
@@ -155,7 +168,11 @@ class CertificateFiles:
 
 
 class ServerCertificates:
-    """Server credentials whose certificate is re-read when its files change or on request (SIGHUP)."""
+    """Server credentials whose certificate is re-read when its files change or on request (SIGHUP).
+
+    One instance serves both listeners of a process (gRPC and HTTP): a reload bumps `generation`,
+    and each listener installs the new material before its next handshake.
+    """
 
     def __init__(self, config: SecurityConfig) -> None:
         self.config = config
@@ -164,6 +181,9 @@ class ServerCertificates:
         self._stamp = self.files.stamp()
         self._material = self.files.read()
         self._forced = False
+        self.generation = 0
+        """Bumped each time new material is read (listeners compare it with what they serve)."""
+        self._grpc_generation = 0
         self.reloads = 0
         """How many times a new certificate was picked up (tests and logs)."""
 
@@ -184,31 +204,76 @@ class ServerCertificates:
         """Re-read the files before the next handshake even if they look unchanged (SIGHUP)."""
         self._forced = True
 
+    def current(self) -> tuple[Material, int]:
+        """The current material and its generation, re-read first when the files changed. Never raises."""
+        with self._lock:
+            stamp = self.files.stamp()
+            if stamp == self._stamp and not self._forced:
+                return self._material, self.generation
+            self._forced = False
+            try:
+                material = self.files.read()
+            except ValueError as exc:
+                # Half-written files (a cert without its new key yet) are retried next handshake.
+                log.warning("certificate reload failed; keeping the current one", error=str(exc))
+                return self._material, self.generation
+            self._stamp = stamp
+            if material != self._material:
+                self._material = material
+                self.generation += 1
+                self.reloads += 1
+                log.info("certificate reloaded", cert=self.config.tls_cert, reloads=self.reloads)
+            return self._material, self.generation
+
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """grpc's fetcher: called before handshakes; None keeps the current certificate."""
         # Called on a gRPC core thread: it must be quick and must never raise.
         try:
-            with self._lock:
-                stamp = self.files.stamp()
-                if stamp == self._stamp and not self._forced:
-                    return None
-                self._forced = False
-                try:
-                    material = self.files.read()
-                except ValueError as exc:
-                    # Half-written files (a cert without its new key yet) are retried next handshake.
-                    log.warning("certificate reload failed; keeping the current one", error=str(exc))
-                    return None
-                self._stamp = stamp
-                if material == self._material:
-                    return None
-                self._material = material
-                self.reloads += 1
-            log.info("certificate reloaded", cert=self.config.tls_cert, reloads=self.reloads)
+            material, generation = self.current()
+            if generation == self._grpc_generation:
+                return None
+            self._grpc_generation = generation
             return self._configuration(material)
         except Exception as exc:  # never let an exception into grpc core
             log.warning("certificate fetch failed", error=repr(exc))
             return None
+
+    def _ssl_context(self, m: Material) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        # load_cert_chain takes files only; the pair was just checked by read(), and a pair that
+        # changes again in between fails to load here and is retried at the next handshake.
+        ctx.load_cert_chain(self.config.tls_cert, self.config.tls_key)
+        if m.ca is not None:
+            ctx.load_verify_locations(cadata=m.ca.decode())
+            ctx.verify_mode = ssl.CERT_REQUIRED  # mutual TLS: no certificate, no handshake
+        ctx.set_alpn_protocols(["http/1.1"])
+        return ctx
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A Python server context (the HTTP listener) that serves the current certificate.
+
+        Its SNI callback runs at every ClientHello (with or without SNI) and swaps in a context
+        built from reloaded files, so new connections get the rotated certificate and CA while
+        open connections keep theirs.
+        """
+        material, generation = self.current()
+        base = self._ssl_context(material)
+        serving = [generation, base]
+
+        def pick(conn: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None, ctx: ssl.SSLContext) -> None:
+            material, generation = self.current()
+            if generation != serving[0]:
+                try:
+                    serving[1] = self._ssl_context(material)
+                    serving[0] = generation
+                except (OSError, ssl.SSLError) as exc:
+                    log.warning("HTTP certificate reload failed; keeping the current one", error=str(exc))
+            if serving[1] is not ctx:
+                conn.context = serving[1]  # type: ignore[assignment]
+
+        base.sni_callback = pick
+        return base
 
 
 def channel_credentials(config: SecurityConfig) -> grpc.ChannelCredentials:

@@ -30,16 +30,19 @@ from globalrouter.http_api.schemas import (
     check_supported,
     parse,
 )
+from globalrouter.http_api.security import AuthMiddleware
 from globalrouter.http_api.status_page import PAGE, status
 from globalrouter.http_api.streaming import EventStreamResponse
 from globalrouter.migration import GenerateError, GenerateRun
-from globalrouter.router_api import MAX_PROMPT_TOKENS
+from globalrouter.router_api import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.serving import ServingLinks
 from globalrouter.tokenizer import ModelTokenizer, TokenizerError, Tokenizers, prompt_context
 from globalrouter.v1 import router_pb2, sampling_pb2
+from meshkit.authz import UNCHECKED, Authorizer
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.ids import request_id_from
+from meshkit.limits import LimitExceeded, Slots
 from meshkit.logs import get_logger
 
 log = get_logger(module="globalrouter.http_api")
@@ -126,8 +129,18 @@ class OpenAIFront:
         migration_limit: int,
         admission_tries: int,
         frontend_id: str = "",
+        authorizer: Authorizer | None = None,
+        streams: Slots | None = None,
+        max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+        max_output_tokens: int = MAX_OUTPUT_TOKENS,
     ) -> None:
         self.core = core
+        self.authorizer = authorizer
+        """Identifies callers and applies the mesh's table (None: nothing checked, as without flags)."""
+        self.streams = streams or Slots("Generate streams", per_key=10_000, total=10_000)
+        """Concurrent generations per identity, shared with gRPC Generate."""
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_output_tokens = max_output_tokens
         self.links = links
         self.tokenizers = tokenizers
         self.config = config
@@ -138,6 +151,7 @@ class OpenAIFront:
         self.metrics = HttpMetrics(core.metrics.registry)
 
     def app(self) -> RequestIdMiddleware:
+        """The ASGI app: request ids outermost, then authorization (when enforced), then the routes."""
         routes = [
             Route("/", self.page, methods=["GET"]),
             Route("/status.json", self.status_json, methods=["GET"]),
@@ -151,8 +165,11 @@ class OpenAIFront:
             routes=routes,
             exception_handlers={404: self._not_found, 405: self._not_allowed, Exception: self._internal},
         )
-        # Outermost, so that even the 500 of Starlette's error middleware carries the request id.
-        return RequestIdMiddleware(app)
+        inner: Any = app
+        if self.authorizer is not None and self.authorizer.enforced:
+            inner = AuthMiddleware(app, self.authorizer)
+        # Outermost, so that even the 500 of Starlette's error middleware (and a refusal) carries the request id.
+        return RequestIdMiddleware(inner)
 
     # ---- plain endpoints ----------------------------------------------------------------------
     async def page(self, request: Request) -> Response:
@@ -215,7 +232,18 @@ class OpenAIFront:
                 structlog.contextvars.bind_contextvars(user=req.user)  # the end user, in every log line
             tokenizer = self.tokenizers.for_model(req.model)
             prompt = await self._prompt(req, tokenizer)
-            response = await self._generate(request_id, kind, req, tokenizer, prompt)
+            self._check_max_tokens(req)
+            caller = str(request.scope.get("state", {}).get("identity", UNCHECKED))
+            try:
+                self.streams.acquire(caller)
+            except LimitExceeded as exc:
+                raise ApiError(429, str(exc), type="rate_limit_error", code="LIMIT_EXCEEDED") from None
+            try:
+                response = await self._generate(request_id, kind, req, tokenizer, prompt)
+            except BaseException:
+                self.streams.release(caller)
+                raise
+            response = _Releasing(response, lambda: self.streams.release(caller))
         except InvalidField as exc:
             response = _error_response(ApiError(400, exc.message, param=exc.param, code="invalid_value"))
         except ApiError as exc:
@@ -278,11 +306,18 @@ class OpenAIFront:
                 ids = [int(t) for t in cast("list[int]", prompt)]  # token ids, range-checked by the schema
         if not ids:
             raise InvalidField("prompt", "prompt: encodes to no token")
-        if len(ids) > MAX_PROMPT_TOKENS:
+        if len(ids) > self.max_prompt_tokens:
             raise InvalidField(
-                "prompt", f"prompt: {len(ids)} tokens; at most {MAX_PROMPT_TOKENS} are allowed"
+                "prompt", f"prompt: {len(ids)} tokens; at most {self.max_prompt_tokens} are allowed"
             )
         return ids
+
+    def _check_max_tokens(self, req: CompletionRequest | ChatCompletionRequest) -> None:
+        """The configured output cap (the same as gRPC's --max-output-tokens)."""
+        for name in ("max_completion_tokens", "max_tokens"):
+            value = getattr(req, name, None)
+            if value is not None and value > self.max_output_tokens:
+                raise InvalidField(name, f"{name}: must be at most {self.max_output_tokens} (got {value})")
 
     async def _generate(
         self,
@@ -293,7 +328,9 @@ class OpenAIFront:
         prompt: list[int],
     ) -> Response:
         max_tokens = (
-            getattr(req, "max_completion_tokens", None) or req.max_tokens or self.config.default_max_tokens
+            getattr(req, "max_completion_tokens", None)
+            or req.max_tokens
+            or min(self.config.default_max_tokens, self.max_output_tokens)
         )
         core = self.core
         decision = core.decide(req.model, prompt, max_tokens)
@@ -349,6 +386,22 @@ class OpenAIFront:
         return JSONResponse(
             body, headers={"x-pools": ",".join(rec.pools), "x-migrations": str(rec.migrations)}
         )
+
+
+class _Releasing:
+    """A response that runs `release` once it is over, however it ends (sent, failed, cancelled):
+    the ASGI call of a streaming response lasts as long as its stream."""
+
+    def __init__(self, response: Any, release: Any) -> None:
+        self.response = response
+        self.status_code = response.status_code
+        self._release = release
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            self._release()
 
 
 class Generation:

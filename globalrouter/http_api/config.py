@@ -22,3 +22,7 @@ class HttpConfig:
     """Output tokens when a request sets neither max_tokens nor max_completion_tokens."""
     max_connections: int = 1024
     """Concurrent HTTP connections; more are answered 503 by uvicorn."""
+    max_head_bytes: int = 32 * 1024
+    """Request line and headers of one request, in bytes; more is answered 431."""
+    max_headers: int = 100
+    """Headers of one request; more are answered 431."""

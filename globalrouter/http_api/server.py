@@ -16,7 +16,9 @@ import socket
 import uvicorn
 
 from globalrouter.http_api.app import OpenAIFront
+from globalrouter.http_api.security import BoundedHttpProtocol
 from meshkit.logs import get_logger
+from meshkit.tls import SecurityConfig, ServerCertificates, check_listen
 
 log = get_logger(module="globalrouter.http_api.server")
 
@@ -53,9 +55,24 @@ def bind(listen: str) -> socket.socket:
 class HttpServer:
     """The OpenAI-compatible HTTP front of one global frontend."""
 
-    def __init__(self, front: OpenAIFront, listen: str, *, grace: float) -> None:
+    def __init__(
+        self,
+        front: OpenAIFront,
+        listen: str,
+        *,
+        grace: float,
+        security: SecurityConfig | None = None,
+        certificates: ServerCertificates | None = None,
+    ) -> None:
+        """With `certificates` it serves TLS (mutual when the security config has a CA), reloading
+        them as the gRPC listener does; without, it binds loopback only unless --insecure."""
+        security = security or SecurityConfig()
+        check_listen(listen, security, "--http-listen")
+        if security.tls and certificates is None:
+            certificates = ServerCertificates(security)
         self.front = front
         self.listen = listen
+        self.tls = certificates is not None
         self._sock = bind(listen)
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
@@ -63,13 +80,16 @@ class HttpServer:
             log_config=None,
             access_log=False,
             lifespan="off",
-            http="httptools",  # the C parser: h11 (pure Python) costs a third of the throughput
+            # The C parser (h11, pure Python, costs a third of the throughput), with bounded heads.
+            http=BoundedHttpProtocol.bounded(front.config.max_head_bytes, front.config.max_headers),
             ws="none",
             server_header=False,
             timeout_graceful_shutdown=max(1, math.ceil(grace)),  # whole seconds for uvicorn
             limit_concurrency=front.config.max_connections,
         )
         config.load()
+        if certificates is not None:
+            config.ssl = certificates.ssl_context()  # after load(): uvicorn's own context would not reload
         self._server = uvicorn.Server(config)
         # What Server.serve() sets up before startup(); lifespan is "off" (nothing to run).
         self._server.lifespan = config.lifespan_class(config)
@@ -79,7 +99,7 @@ class HttpServer:
         """Starts serving on the bound socket (needs the running loop)."""
         await self._server.startup(sockets=[self._sock])
         self._task = asyncio.create_task(self._server.main_loop(), name="http-front")
-        log.info("HTTP front serving", listen=self.listen, port=self.port)
+        log.info("HTTP front serving", listen=self.listen, port=self.port, tls=self.tls)
 
     async def stop(self) -> None:
         """/health turns 503, new connections are refused, open requests get the grace period."""

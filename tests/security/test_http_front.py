@@ -1,0 +1,280 @@
+"""The OpenAI HTTP front under the mesh's security: TLS (mutual with a CA), identities by certificate or
+API key, the one authorization table, the shared stream limit, head and prompt bounds, rotation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from contextlib import asynccontextmanager
+
+import httpx2
+import openai
+import pytest
+
+from globalrouter.config import RouterConfig
+from globalrouter.http_api.config import HttpConfig
+from globalrouter.server import create_server
+from meshkit import devcerts
+from meshkit.clock import SystemClock
+from meshkit.identity import hash_api_key, new_api_key
+from meshkit.tls import SecurityConfig
+from mocker.config import Faults, PoolConfig
+from mocker.pool import Pool
+from mocker.server import build_server
+from tests.router.fakes import pool_msg
+
+pytestmark = pytest.mark.timeout(60)
+
+MODEL = "m"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+@asynccontextmanager
+async def front(security: SecurityConfig, **limits):
+    """A global frontend with its HTTP front under `security`, routing to one in-process mocker pool."""
+    config = RouterConfig(
+        listen="127.0.0.1:0",
+        grace=0.5,
+        security=security,
+        max_streams_per_client=limits.pop("max_streams_per_client", 64),
+        max_prompt_tokens=limits.pop("max_prompt_tokens", 1_048_576),
+        max_output_tokens=limits.pop("max_output_tokens", 1_048_576),
+        http=HttpConfig(listen="127.0.0.1:0", **limits),
+    )
+    router = create_server(config)
+    await router.handle.server.start()
+    router.start_background()
+    pool = Pool(
+        PoolConfig(pool_id="p1", models=(MODEL,), vocab_size=128, speedup=50.0), SystemClock(), Faults()
+    )
+    handle = build_server("127.0.0.1:0", pool, exit_process=lambda code: None)
+    await handle.server.start()
+    router.core.table.apply_listed(pool_msg("p1", f"http://127.0.0.1:{handle.port}", model=MODEL))
+    try:
+        yield router
+    finally:
+        await router.leave()
+        await router.close()
+        await router.handle.server.stop(0)
+        await handle.server.stop(0)
+
+
+def client_context(pki, cert: str | None) -> ssl.SSLContext:
+    """What a client trusts (the test CA) and presents (`cert`, or nothing)."""
+    ctx = ssl.create_default_context(cafile=pki.ca_path)
+    if cert is not None:
+        ctx.load_cert_chain(str(pki.root / f"{cert}.crt"), str(pki.root / f"{cert}.key"))
+    return ctx
+
+
+async def call(base: str, path: str, *, verify=False, key: str | None = None, body=None):
+    """(status, JSON or text) of one request."""
+    headers = {"authorization": f"Bearer {key}"} if key is not None else {}
+    async with httpx2.AsyncClient(verify=verify, timeout=10) as http:
+        if body is None:
+            reply = await http.get(base + path, headers=headers)
+        else:
+            reply = await http.post(base + path, headers=headers, json=body)
+    try:
+        return reply.status_code, reply.json()
+    except ValueError:
+        return reply.status_code, reply.text
+
+
+def refusals(router, code: str) -> float:
+    return sum(
+        s.value
+        for family in router.metrics.registry.collect()
+        for s in family.samples
+        if s.name == "mesh_auth_refusals_total" and s.labels.get("code") == code
+    )
+
+
+CHAT = {"model": MODEL, "messages": MSG, "max_tokens": 3}
+
+
+@pytest.fixture
+def keys(tmp_path):
+    key = new_api_key()
+    path = tmp_path / "keys"
+    path.write_text(f"bob {hash_api_key(key)}\n")
+    return key, str(path)
+
+
+async def test_mutual_tls_accepts_a_client_certificate_and_refuses_every_other_caller(pki):
+    async with front(pki.config("frontend")) as router:
+        assert router.http is not None
+        base = f"https://127.0.0.1:{router.http.port}"
+        good = client_context(pki, "client")
+        # The official client, presenting a client certificate.
+        async with httpx2.AsyncClient(verify=good) as http:
+            sdk = openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", http_client=http, max_retries=0)
+            reply = await sdk.chat.completions.create(model=MODEL, messages=MSG, max_tokens=3)  # type: ignore[arg-type]
+            assert reply.choices[0].finish_reason == "length"
+            assert [m.id for m in (await sdk.models.list()).data] == [MODEL]
+        requests_before = sum(s.value for s in router.metrics.requests.collect()[0].samples)
+        # No certificate, one from another CA, an expired one: the server ends the connection.
+        for cert in (None, "other-ca", "expired"):
+            with pytest.raises(httpx2.TransportError):  # TLS 1.3: refused right after the handshake
+                await call(base, "/v1/models", verify=client_context(pki, cert))
+        # Trusted, but no mesh identity, or another trust domain: 401.
+        for cert in ("no-id", "other-domain"):
+            status, body = await call(
+                base, "/v1/chat/completions", verify=client_context(pki, cert), body=CHAT
+            )
+            assert status == 401, body
+            assert body["error"]["code"] == "UNAUTHENTICATED"
+        # A mesh identity that is not a client: 403, for every generation path.
+        for cert in ("relay-a", "frontend", "admin"):
+            for path in ("/v1/chat/completions", "/v1/completions"):
+                status, body = await call(base, path, verify=client_context(pki, cert), body=CHAT)
+                assert status == 403, body
+                assert body["error"]["code"] == "NOT_AUTHORIZED"
+                assert "may not call HTTP " + path in body["error"]["message"]
+        # /metrics is for operators; /health needs no credentials beyond the handshake.
+        assert (await call(base, "/metrics", verify=good))[0] == 403
+        assert (await call(base, "/metrics", verify=client_context(pki, "admin")))[0] == 200
+        assert (await call(base, "/", verify=client_context(pki, "admin")))[0] == 200
+        assert (await call(base, "/health", verify=client_context(pki, "relay-a")))[0] == 200
+        # Every refusal was counted, and none reached the routing core.
+        assert refusals(router, "PERMISSION_DENIED") == 7
+        assert refusals(router, "UNAUTHENTICATED") == 2
+        assert sum(s.value for s in router.metrics.requests.collect()[0].samples) == requests_before
+        assert router.http.front.streams.in_use == 0
+
+
+async def test_api_keys_over_server_tls(pki, keys):
+    key, path = keys
+    server = pki.config("frontend")
+    security = SecurityConfig(tls_cert=server.tls_cert, tls_key=server.tls_key, api_keys=path)
+    async with front(security) as router:
+        assert router.http is not None
+        base = f"https://127.0.0.1:{router.http.port}"
+        verify = client_context(pki, None)
+        async with httpx2.AsyncClient(verify=verify) as http:
+            sdk = openai.AsyncOpenAI(base_url=base + "/v1", api_key=key, http_client=http, max_retries=0)
+            reply = await sdk.completions.create(model=MODEL, prompt="hello", max_tokens=2)
+            assert reply.choices[0].finish_reason == "length"
+            for bad in ("mk_wrong", key[:-1]):
+                wrong = openai.AsyncOpenAI(
+                    base_url=base + "/v1", api_key=bad, http_client=http, max_retries=0
+                )
+                with pytest.raises(openai.AuthenticationError) as err:
+                    await wrong.models.list()
+                assert err.value.code == "UNAUTHENTICATED"
+        status, body = await call(base, "/v1/models", verify=verify)  # no key at all
+        assert status == 401 and "no identity" in body["error"]["message"]
+        assert (await call(base, "/health", verify=verify))[0] == 200  # probes need no key
+        assert (await call(base, "/metrics", verify=verify, key=key))[0] == 403  # a client, not an admin
+        assert refusals(router, "UNAUTHENTICATED") == 3
+
+
+async def test_plain_http_with_api_keys_on_loopback(keys):
+    key, path = keys
+    async with front(SecurityConfig(api_keys=path)) as router:
+        assert router.http is not None
+        base = f"http://127.0.0.1:{router.http.port}"
+        assert (await call(base, "/v1/models"))[0] == 401
+        assert (await call(base, "/v1/models", key=key))[0] == 200
+
+
+async def test_the_stream_limit_per_identity_is_shared_with_grpc_generate(pki):
+    async with front(pki.config("frontend"), max_streams_per_client=1) as router:
+        assert router.http is not None
+        base = f"https://127.0.0.1:{router.http.port}"
+        streams = router.http.front.streams
+        streams.acquire("client/alice")  # alice's one stream, as gRPC Generate holds it
+        status, body = await call(
+            base, "/v1/chat/completions", verify=client_context(pki, "client"), body=CHAT
+        )
+        assert status == 429, body
+        assert body["error"]["code"] == "LIMIT_EXCEEDED"
+        streams.release("client/alice")
+        for stream in (False, True):
+            status, _ = await call(
+                base,
+                "/v1/chat/completions",
+                verify=client_context(pki, "client"),
+                body={**CHAT, "stream": stream},
+            )
+            assert status == 200
+        assert streams.in_use == 0  # released when each response ended
+
+
+async def test_prompt_and_max_tokens_caps_are_the_configured_ones():
+    async with front(SecurityConfig(), max_prompt_tokens=64, max_output_tokens=8) as router:
+        assert router.http is not None
+        base = f"http://127.0.0.1:{router.http.port}"
+        status, body = await call(base, "/v1/completions", body={"model": MODEL, "prompt": [5] * 65})
+        assert (status, body["error"]["param"]) == (400, "prompt")
+        status, body = await call(base, "/v1/chat/completions", body={**CHAT, "max_tokens": 9})
+        assert (status, body["error"]["param"]) == (400, "max_tokens")
+        status, body = await call(base, "/v1/chat/completions", body={**CHAT, "max_completion_tokens": 9})
+        assert (status, body["error"]["param"]) == (400, "max_completion_tokens")
+        status, body = await call(base, "/v1/completions", body={"model": MODEL, "prompt": [5] * 64})
+        assert status == 200 and body["usage"]["completion_tokens"] == 8  # default max_tokens capped
+
+
+async def test_oversized_heads_get_431_and_the_front_stays_healthy():
+    async with front(SecurityConfig(), max_head_bytes=4096, max_headers=20) as router:
+        assert router.http is not None
+        port = router.http.port
+        for head in (
+            b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 5000 + b"\r\n\r\n",
+            b"GET /health HTTP/1.1\r\n" + b"".join(b"x-h%d: 1\r\n" % i for i in range(21)) + b"\r\n",
+            b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nhost: x\r\n\r\n",
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head)
+            reply = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            assert reply.startswith(b"HTTP/1.1 431 "), reply[:200]
+            body = json.loads(reply.split(b"\r\n\r\n", 1)[1])
+            assert body["error"]["code"] == "headers_too_large"
+        assert (await call(f"http://127.0.0.1:{port}", "/health"))[0] == 200
+
+
+async def test_a_rotated_certificate_is_served_to_new_http_connections(pki, tmp_path):
+    import shutil
+
+    for suffix in ("crt", "key"):
+        shutil.copy(pki.root / f"frontend.{suffix}", tmp_path / f"server.{suffix}")
+    security = SecurityConfig(
+        tls_cert=str(tmp_path / "server.crt"), tls_key=str(tmp_path / "server.key"), tls_ca=pki.ca_path
+    )
+
+    async def served_serial(port: int) -> int:
+        _r, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context(pki, "client"))
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+        from cryptography import x509
+
+        return x509.load_der_x509_certificate(der).serial_number
+
+    async with front(security) as router:
+        assert router.http is not None
+        port = router.http.port
+        first = await served_serial(port)
+        # An open connection is kept across the rotation.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context(pki, "client"))
+        fresh = devcerts.issue(pki.ca, None)
+        (tmp_path / "server.key").write_bytes(fresh.key_pem)
+        (tmp_path / "server.crt").write_bytes(fresh.cert_pem)
+        second = await served_serial(port)
+        assert second != first
+        writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 200")
+        writer.close()
+
+
+async def test_without_tls_the_http_front_binds_loopback_only_unless_insecure():
+    config = RouterConfig(listen="127.0.0.1:0", http=HttpConfig(listen="0.0.0.0:0"))
+    with pytest.raises(RuntimeError, match="--http-listen"):
+        create_server(config)
+    insecure = RouterConfig(
+        listen="127.0.0.1:0", http=HttpConfig(listen="0.0.0.0:0"), security=SecurityConfig(insecure=True)
+    )
+    router = create_server(insecure)
+    assert router.http is not None and not router.http.tls
+    await router.close()
