@@ -292,7 +292,7 @@ def run(certs: Path | None = None) -> None:
             http.append(f"127.0.0.1:{free_port()}")
             r = mesh.start_router("--http-listen", http[-1], "--tokenizer", f"{MODEL}={tokenizer}")
             say(
-                f"  Global frontend at {r.address} (OpenAI HTTP API at http://{http[-1]}/v1) registered with "
+                f"  Global frontend at {r.address} (OpenAI HTTP API at {'https' if certs else 'http'}://{http[-1]}/v1) registered with "
                 "discovery; relays dial in with telemetry."
             )
         for router in mesh.routers:
@@ -306,7 +306,7 @@ def run(certs: Path | None = None) -> None:
             "  frontend's HTTP port: the chat template and tokenizer turn it into tokens, the frontend routes"
         )
         say("  them like any request, and detokenizes the pool's tokens as they arrive.")
-        chat(http[0], say)
+        chat(http[0], say, certs)
         say("Step 6 — stop everything.")
 
 

@@ -3,9 +3,11 @@ frontend's HTTP port, with the model's tokenizer (trained here, nothing download
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx2
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
@@ -21,14 +23,22 @@ def demo_tokenizer(directory: Path) -> tuple[Path, int]:
     return path, HfTokenizer.load(path).vocab_size
 
 
-def chat(http: str, say: Callable[[str], None]) -> str:
-    """Streams one chat completion from the frontend at `http` and prints it as it arrives."""
-    client = openai.OpenAI(base_url=f"http://{http}/v1", api_key="unused", max_retries=0, timeout=30)
+def chat(http: str, say: Callable[[str], None], certs: Path | None = None) -> str:
+    """Streams one chat completion from the frontend at `http` and prints it as it arrives (over
+    mutual TLS with the dev PKI's client certificate when `certs` is given)."""
+    scheme, http_client = "http", None
+    if certs is not None:
+        tls = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        tls.load_cert_chain(str(certs / "client.crt"), str(certs / "client.key"))
+        scheme, http_client = "https", httpx2.Client(verify=tls, timeout=30)
+    client = openai.OpenAI(
+        base_url=f"{scheme}://{http}/v1", api_key="unused", max_retries=0, timeout=30, http_client=http_client
+    )
     messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "You are a simulated pool: your words are deterministic."},
         {"role": "user", "content": "Say something about prefix-aware routing."},
     ]
-    say(f"  client.chat.completions.create(model={MODEL!r}, stream=True, ...) at http://{http}/v1:")
+    say(f"  client.chat.completions.create(model={MODEL!r}, stream=True, ...) at {scheme}://{http}/v1:")
     pieces: list[str] = []
     usage = None
     stream = client.chat.completions.create(

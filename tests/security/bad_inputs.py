@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import http.client
+import json
 import subprocess
 import threading
 from collections.abc import Callable, Iterable
@@ -42,6 +44,7 @@ from tests.security.secure_mesh import MODEL, SecureMesh, secure_channel, wait_s
 ROUTER_FLAGS = (
     *("--max-prompt-tokens", "2048", "--max-output-tokens", "4096"),
     *("--max-snapshot-blocks", "1000", "--max-telemetry-streams", "2"),
+    *("--http-max-body-bytes", "65536", "--http-max-header-bytes", "16384", "--http-max-headers", "50"),
 )
 
 
@@ -101,6 +104,36 @@ def _telemetry(*messages: tpb.PublishPoolTelemetryRequest) -> Callable[[SecureMe
     return _call(
         "router", "relay-a", tpb_grpc.TelemetryServiceStub, "PublishPoolTelemetry", messages, stream=True
     )
+
+
+def _http(path: str, body: bytes, headers: dict[str, str] | None = None) -> Callable[[SecureMesh], Outcome]:
+    """A sender of one raw HTTP request to the router's OpenAI front: status, `param`, error code."""
+
+    def send(mesh: SecureMesh) -> Outcome:
+        host, _, port = mesh.http.rpartition(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request(
+                "POST", path, body=body, headers={"content-type": "application/json", **(headers or {})}
+            )
+            reply = conn.getresponse()
+            error = json.loads(reply.read())["error"]
+        finally:
+            conn.close()
+        fields = (error["param"],) if error.get("param") else ()
+        return Outcome(f"HTTP {reply.status}", fields, error.get("code") or "", error["message"])
+
+    return send
+
+
+def _chat(**changes: Any) -> bytes:
+    return json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **changes}
+    ).encode()
+
+
+def _completion(**changes: Any) -> bytes:
+    return json.dumps({"model": MODEL, "prompt": [7, 7], "max_tokens": 2, **changes}).encode()
 
 
 def _invalid_utf8(target: str, method: str, message, text: str, *, stream: bool = False):
@@ -795,5 +828,89 @@ CASES += [
         "",
         _one_telemetry_stream_too_many,
         reason="LIMIT_EXCEEDED",
+    ),
+]
+
+_CHAT, _COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+CASES += [
+    # ---- globalrouter's OpenAI HTTP front -------------------------------------------------------
+    Case(
+        "http",
+        _CHAT,
+        "a 100 KB body (over --http-max-body-bytes 65536)",
+        "HTTP 413",
+        "",
+        _http(_CHAT, _chat(user="u" * 100_000)),
+        reason="body_too_large",
+    ),
+    Case(
+        "http",
+        _CHAT,
+        "20 KB of headers (over --http-max-header-bytes 16384)",
+        "HTTP 431",
+        "",
+        _http(_CHAT, _chat(), {"x-big": "a" * 20_000}),
+        reason="headers_too_large",
+    ),
+    Case(
+        "http",
+        _CHAT,
+        "51 headers (over --http-max-headers 50)",
+        "HTTP 431",
+        "",
+        _http(_CHAT, _chat(), {f"x-h{i}": "1" for i in range(51)}),
+        reason="headers_too_large",
+    ),
+    Case(
+        "http",
+        _COMPLETIONS,
+        "prompt past the configured cap (2048 tokens)",
+        "HTTP 400",
+        "prompt",
+        _http(_COMPLETIONS, _completion(prompt=[7] * 2049)),
+        reason="invalid_value",
+    ),
+    Case(
+        "http",
+        _CHAT,
+        "max_tokens past the configured cap (4096)",
+        "HTTP 400",
+        "max_tokens",
+        _http(_CHAT, _chat(max_tokens=4097)),
+        reason="invalid_value",
+    ),
+    Case(
+        "http",
+        _COMPLETIONS,
+        "a token id past 2^32-1",
+        "HTTP 400",
+        "prompt",
+        _http(_COMPLETIONS, _completion(prompt=[2**33])),
+    ),
+    Case(
+        "http",
+        _CHAT,
+        "temperature NaN",
+        "HTTP 400",
+        "temperature",
+        _http(_CHAT, _chat(temperature=float("nan"))),
+    ),
+    Case(
+        "http",
+        _CHAT,
+        "a body that is not JSON",
+        "HTTP 400",
+        "",
+        _http(_CHAT, b'{"model": '),
+        reason="invalid_json",
+    ),
+    Case(
+        "http",
+        _CHAT,
+        "a body that is not UTF-8",
+        "HTTP 400",
+        "",
+        _http(_CHAT, b'{"model": "\xff\xfe"}'),
+        reason="invalid_json",
     ),
 ]

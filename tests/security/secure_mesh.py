@@ -57,6 +57,8 @@ class SecureMesh:
     discovery: str = ""
     pool: str = ""
     router: str = ""
+    http: str = ""
+    """HOST:PORT of the router's OpenAI HTTP front (TLS when the mesh has a PKI)."""
     relay_status: str = ""
     metrics_port: int = 0
     procs: dict[str, Proc] = field(default_factory=dict)
@@ -97,6 +99,7 @@ class SecureMesh:
         wait_serving(self.pool, admin, proc)
         self.router = f"127.0.0.1:{free_port()}"
         self.metrics_port = free_port()
+        self.http = f"127.0.0.1:{free_port()}"
         proc = self.start(
             "router",
             [
@@ -112,6 +115,8 @@ class SecureMesh:
                 f"127.0.0.1:{self.metrics_port}",
                 "--grace",
                 "1",
+                "--http-listen",
+                self.http,
                 *self.router_flags,
             ],
             "frontend",

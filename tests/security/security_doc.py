@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from meshkit.authz import TABLE
+from meshkit.authz import HTTP, TABLE
 from meshkit.identity import Role
 from tests.security.bad_inputs import CASES
 
@@ -26,7 +26,10 @@ def authz_table() -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for method, rule in TABLE.items():
-        name = method.strip("/").replace("/", ".") + ("*" if method.endswith("/") else "")
+        if method.startswith(HTTP):
+            name = method  # an HTTP path of the global frontend's OpenAI front
+        else:
+            name = method.strip("/").replace("/", ".") + ("*" if method.endswith("/") else "")
         marks = ["yes" if role in rule.roles else "" for role in _ROLE_ORDER]
         owned = ", ".join(
             f"{label}: `{path}`"
@@ -35,6 +38,8 @@ def authz_table() -> str:
         )
         if rule.per_message:
             owned += " (every message)"
+        if rule.anonymous:
+            owned += "no credentials needed"
         lines.append(f"| `{name}` | " + " | ".join(marks) + f" | {owned} | {_cell(rule.note)} |")
     return "\n".join(lines)
 
