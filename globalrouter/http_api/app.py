@@ -243,7 +243,7 @@ class OpenAIFront:
             except BaseException:
                 self.streams.release(caller)
                 raise
-            response = _Releasing(response, lambda: self.streams.release(caller))
+            response = _Releasing(response, lambda: self.streams.release(caller))  # type: ignore[assignment]
         except InvalidField as exc:
             response = _error_response(ApiError(400, exc.message, param=exc.param, code="invalid_value"))
         except ApiError as exc:
@@ -397,7 +397,7 @@ class _Releasing:
         self.status_code = response.status_code
         self._release = release
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    async def __call__(self, scope, receive, send) -> None:
         try:
             await self.response(scope, receive, send)
         finally:

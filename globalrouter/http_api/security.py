@@ -36,7 +36,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         """This protocol with the given bounds (uvicorn instantiates the class it is given)."""
         return type(cls.__name__, (cls,), {"max_head_bytes": max_head_bytes, "max_headers": max_headers})
 
-    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+    def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._head_bytes = 0
         self._header_count = 0
@@ -54,7 +54,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._head_bytes = 0
         self._header_count = 0
-        self.scope["extensions"] = {PEER_URIS: self._peer_uris}  # type: ignore[typeddict-unknown-key]
+        # ASGI extensions map names to dicts; this one carries the verified peer's URI SANs.
+        self.scope["extensions"] = {PEER_URIS: {"uris": self._peer_uris}}
 
     def _count(self, size: int, header: bool) -> None:
         self._head_bytes += size
@@ -110,11 +111,11 @@ class AuthMiddleware:
         self.app = app
         self.authorizer = authorizer
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        uris = list(scope.get("extensions", {}).get(PEER_URIS, ()))
+        uris = list(scope.get("extensions", {}).get(PEER_URIS, {}).get("uris", ()))
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
         authorization = header.decode("latin-1") if header is not None else None
         try:
