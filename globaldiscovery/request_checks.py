@@ -36,7 +36,8 @@ def register_pool(req: pb.RegisterPoolRequest) -> Violations:
         v.add("frontend_protocol", f"must be a FrontendProtocol value (got {req.frontend_protocol})")
     # A base path is an OpenAI HTTP notion; a gRPC target has none.
     openai = req.frontend_protocol == pb.FRONTEND_PROTOCOL_OPENAI_HTTP
-    check_frontends(v, "frontends", list(req.frontends), allow_path=openai)
+    # Optional (PR #18077): a pool with no frontends is listed but not routable.
+    check_frontends(v, "frontends", list(req.frontends), allow_path=openai, required=False)
     check_identifier(v, "relay_id", req.relay_id)
     _check_incarnation(v, "incarnation", req.incarnation)
     if len(req.capabilities) > MAX_CAPABILITIES:

@@ -158,7 +158,9 @@ def _filter_reason(pool: PoolState, model: str, now: float, limits: FreshnessLim
         source = "discovery" if pool.directory_draining else "telemetry"
         return FilteredPool(pool.pool_id, FilterReason.DRAINING, f"the pool drains (from {source})")
     if not pool.frontends:
-        return FilteredPool(pool.pool_id, FilterReason.NO_FRONTEND, "the pool lists no frontend")
+        return FilteredPool(
+            pool.pool_id, FilterReason.NO_FRONTEND, "the pool registered no frontend: listed but not routable"
+        )
     if pool.link_backoff_until > now:
         return FilteredPool(
             pool.pool_id,

@@ -32,7 +32,7 @@ from meshkit.tls import SecurityConfig
 from meshkit.validation import url_problem
 from poolrelay.engine.config import ENGINES, EngineConfig, parse_workers
 from poolrelay.engine.translate import check_block_sizes
-from poolrelay.relay import Relay, RelayConfig
+from poolrelay.relay import Relay, RelayConfig, RelayConfigError
 from poolrelay.status import register
 from poolrelay.v1 import status_pb2, status_pb2_grpc
 
@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--routing-pool-frontends",
         type=url_list,
-        help="the pool's frontends, http(s)://HOST[:PORT][/BASE][,...] (engines: default every worker's url)",
+        default=[],
+        help="the pool's frontends, http(s)://HOST[:PORT][/BASE][,...] (optional: a pool with none is listed "
+        "but not routable; engines: default every worker's url)",
     )
     serve.add_argument("--relay-id", help="this replica's id (default: hostname-pid)")
     serve.add_argument(
@@ -85,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--report-interval", type=positive_seconds, default=1.0, help="seconds between load reports"
     )
+    serve.add_argument(
+        "--unregister-on-exit",
+        action="store_true",
+        help="unregister on SIGTERM so the pool leaves at once (default: stop renewing; the pool "
+        "leaves one lease later, so a relay restart keeps it routed)",
+    )
     serve.add_argument("--log-level", default="info")
     add_security_flags(serve)
 
@@ -95,9 +103,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# RelayConfig field -> the flag that sets it, so a config error names what the user typed.
+_FLAGS = {
+    "pool": "--pool",
+    "pool_id": "--routing-pool",
+    "region": "--routing-pool-region",
+    "frontends": "--routing-pool-frontends",
+    "relay_id": "--relay-id",
+    "global_frontends": "--global-frontends",
+    "report_interval": "--report-interval",
+}
+
+
 def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RelayConfig:
-    """Checks the flags that depend on each other; exits 2 with a message naming the problem."""
-    if args.routing_pool and not args.routing_pool_region:
+    """Checks the flags (the dataclass runs the same checks); exits 2 with a message naming the flag."""
+    if not args.routing_pool:
+        parser.error("--routing-pool must name the pool (got an empty string)")
+    if not args.routing_pool_region:
         parser.error("--routing-pool requires --routing-pool-region")
     engine = None
     if args.engine == "mocker":
@@ -105,8 +127,6 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error("--pool is required with --engine mocker")
         if args.engine_worker or args.engine_block_size:
             parser.error("--engine-worker and --engine-block-size need --engine vllm or sglang")
-        if not args.routing_pool_frontends:
-            parser.error("--routing-pool-frontends is required with --engine mocker")
         for url in args.routing_pool_frontends:
             problem = url_problem(url, allow_path=False)
             if problem:
@@ -124,18 +144,23 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         engine = EngineConfig(kind=args.engine, workers=workers, block_size=args.engine_block_size)
         if not args.routing_pool_frontends:
             args.routing_pool_frontends = list(dict.fromkeys(w.url for w in workers))
-    return RelayConfig(
-        pool=args.pool or "",
-        discovery=args.discovery,
-        pool_id=args.routing_pool,
-        region=args.routing_pool_region,
-        frontends=tuple(args.routing_pool_frontends),
-        relay_id=args.relay_id or f"{socket.gethostname()}-{os.getpid()}",
-        incarnation=new_incarnation(),
-        global_frontends=tuple(args.global_frontends),
-        report_interval=args.report_interval,
-        engine=engine,
-    )
+    try:
+        return RelayConfig(
+            pool=args.pool or "",
+            discovery=args.discovery,
+            pool_id=args.routing_pool,
+            region=args.routing_pool_region,
+            frontends=tuple(args.routing_pool_frontends),
+            relay_id=args.relay_id or f"{socket.gethostname()}-{os.getpid()}",
+            incarnation=new_incarnation(),
+            global_frontends=tuple(args.global_frontends),
+            report_interval=args.report_interval,
+            engine=engine,
+            unregister_on_exit=args.unregister_on_exit,
+        )
+    except RelayConfigError as exc:
+        named = "; ".join(f"{_FLAGS.get(f.split('[')[0], f)}: {d}" for f, d in exc.violations.items)
+        parser.error(named)
 
 
 async def serve(config: RelayConfig, listen: str, security: SecurityConfig | None = None) -> None:

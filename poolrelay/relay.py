@@ -14,6 +14,7 @@ from meshkit.channels import aio_channel
 from meshkit.clock import Clock, SystemClock
 from meshkit.logs import get_logger
 from meshkit.timeconv import seconds, timestamp, wall_seconds
+from meshkit.validation import Violations, check_frontends, check_identifier, check_url
 from poolrelay.engine.config import EngineConfig
 from poolrelay.engine.source import EngineSource
 from poolrelay.heartbeat import HeartbeatLoop, Renewal
@@ -56,6 +57,43 @@ class RelayConfig:
     """Seconds between periodic telemetry reports."""
     engine: EngineConfig | None = None
     """An engine pool (vLLM, SGLang) read over ZMQ and HTTP instead of the pool event API at `pool`."""
+    unregister_on_exit: bool = False
+    """Unregister at a graceful stop, so the pool leaves at once; by default (PR #18077) the relay
+    only stops renewing and the pool leaves one lease later, so a relay restart keeps it routed."""
+
+    def __post_init__(self) -> None:
+        # The same checks as the command line, so a relay built in code cannot register garbage.
+        problems = self.violations()
+        if problems:
+            raise RelayConfigError(problems)
+
+    def violations(self) -> Violations:
+        """Every field that is wrong, named by its config field."""
+        v = Violations()
+        check_identifier(v, "pool_id", self.pool_id)
+        check_identifier(v, "region", self.region or "")
+        # Engines' frontends speak OpenAI HTTP and may carry a base path; the mesh's own are gRPC.
+        check_frontends(
+            v, "frontends", list(self.frontends), required=False, allow_path=self.engine is not None
+        )
+        check_identifier(v, "relay_id", self.relay_id)
+        if self.incarnation <= 0:
+            v.add("incarnation", f"must be > 0 (got {self.incarnation})")
+        if self.engine is None and not self.pool:
+            v.add("pool", "must name the pool's event API (HOST:PORT) when no engine is set")
+        for i, url in enumerate(self.global_frontends):
+            check_url(v, f"global_frontends[{i}]", url, allow_path=False)
+        if not self.report_interval > 0:
+            v.add("report_interval", f"must be > 0 seconds (got {self.report_interval})")
+        return v
+
+
+class RelayConfigError(ValueError):
+    """A RelayConfig with fields that are wrong; `violations` names each one."""
+
+    def __init__(self, violations: Violations) -> None:
+        super().__init__("invalid relay config: " + "; ".join(f"{f}: {d}" for f, d in violations.items))
+        self.violations = violations
 
 
 @dataclass(frozen=True)
@@ -120,6 +158,8 @@ class Relay:
         self.lease_expire_wall: float | None = None
         self.call_error = ""
         self.stopped = False
+        self.unregistered_at_stop = False
+        self._logged_choice: tuple[Reason, str] | None = None
         self.drain_requested_deadline: float | None = None
         self._drain_passed = False
         self._drained_unregistered = False
@@ -162,6 +202,7 @@ class Relay:
         )
         drained = st is not None and st.drain.state == pe.DRAIN_STATE_DRAINED
         self.choice = choose_model(models, self._sticky_model, reachable=self.reachable, drained=drained)
+        self._log_choice()
         if self.choice.model is None:
             self.registered_model = ""
             self.lease_expire_wall = None
@@ -172,6 +213,24 @@ class Relay:
         deadline = wall_seconds(st.drain.deadline) if draining and st.drain.HasField("deadline") else None
         capacity = (st.load.max_running_requests, st.load.kv_blocks_total, st.prefill_tokens_per_second)
         return Wanted(self.choice.model, draining, deadline, capacity)
+
+    def _log_choice(self) -> None:
+        """Logs why nothing is registered (no model, several, ...) once per change, not per poke."""
+        if self.status is None and self.reachable:
+            return  # not read yet: nothing worth a warning
+        said = (self.choice.reason, self.choice.detail)
+        if said == self._logged_choice:
+            return
+        self._logged_choice = said
+        if self.choice.model is None:
+            log.warning(
+                "registering nothing",
+                pool=self.config.pool_id,
+                reason=self.choice.reason.name,
+                detail=self.choice.detail,
+            )
+        else:
+            log.info("a model to register", pool=self.config.pool_id, model=self.choice.model)
 
     def _request(self, want: Wanted) -> dpb.RegisterPoolRequest:
         c = self.config
@@ -248,7 +307,9 @@ class Relay:
     def unregistered(self) -> tuple[Reason, str]:
         """Why the pool is not registered now (NONE while it is), with a sentence."""
         if self.stopped:
-            return Reason.RELAY_STOPPED, "the relay stopped and unregistered the pool"
+            if self.unregistered_at_stop:
+                return Reason.RELAY_STOPPED, "the relay stopped and unregistered the pool"
+            return Reason.RELAY_STOPPED, "the relay stopped renewing; the pool leaves when its lease ends"
         if self.choice.model is None:
             return self.choice.reason, self.choice.detail
         if self.call_error:
@@ -275,15 +336,24 @@ class Relay:
         ]
 
     async def stop(self) -> None:
-        """Graceful stop: unregister (the pool leaves the directory at once), close every stream."""
+        """Graceful stop: stop renewing and close every stream (PR #18077: the pool leaves one lease
+        later, so a relay restart does not pull it out of routing); with `unregister_on_exit` the
+        pool is unregistered and leaves at once."""
         self.stopped = True
         for t in self._runners:
             t.cancel()
         for t in self._runners:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        if not self._drained_unregistered:
+        if self.config.unregister_on_exit and not self._drained_unregistered:
+            self.unregistered_at_stop = True
             await self._unregister(dpb.REMOVAL_REASON_UNREGISTERED)
+        else:
+            log.info(
+                "stopped renewing; the pool leaves when its lease ends",
+                pool=self.config.pool_id,
+                lease_expires=self.lease_expire_wall,
+            )
         self.registered_model = ""
         self.lease_expire_wall = None
         await self.hub.close()

@@ -36,8 +36,30 @@ async def reconnect_forever(
                 await session()
 
 
-def describe_error(exc: BaseException | None) -> str:
-    """A short sentence for a failed call: the gRPC code and details, else the exception's repr."""
+MAX_CAUSES = 5
+
+
+def _describe_one(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
-    return repr(exc)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def describe_error(exc: BaseException | None) -> str:
+    """A short sentence for a failed call, with its chain of causes: "outer <- cause <- root".
+
+    The gRPC code and details for a gRPC error, else the exception's type and message; the chain
+    follows __cause__ (or an implicit __context__) so that "no reply within 2 s" still says the
+    stream broke with UNAVAILABLE underneath. Bounded, and safe against cycles.
+    """
+    if exc is None:
+        return "None"
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(parts) < MAX_CAUSES:
+        seen.add(id(current))
+        parts.append(_describe_one(current))
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return " <- ".join(parts)

@@ -51,7 +51,6 @@ BAD_REGISTRATIONS: list[tuple[str, dict[str, Any]]] = [
     ("region", {"region": "eu "}),
     ("relay_id", {"relay_id": ""}),
     ("incarnation", {"incarnation": 0}),
-    ("frontends", {"frontends": []}),
     ("frontends", {"frontends": [f"http://h{i}:1" for i in range(65)]}),
     ("frontends[0]", {"frontends": ["ftp://h:1"]}),
     ("frontends[0]", {"frontends": ["http://h:99999"]}),

@@ -125,10 +125,10 @@ def test_pool_listed_then_leaves_one_lease_after_a_crash_and_at_once_on_sigterm(
     gone_after = time.monotonic() - killed
     assert gone_after <= LEASE + EXPIRY_BOUND, f"pool left {gone_after:.2f}s after the crash"
 
-    relay, status = start_relay(procs, pool, discovery)
+    relay, status = start_relay(procs, pool, discovery, "--unregister-on-exit")
     wait_until(lambda: listed(discovery), timeout=15, message="pool listed again")
     assert relay.terminate() == 0
-    assert listed(discovery) is None, "a graceful stop unregisters: the pool leaves at once"
+    assert listed(discovery) is None, "--unregister-on-exit: the pool leaves at once"
 
 
 @pytest.mark.timeout(90)

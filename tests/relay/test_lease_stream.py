@@ -64,8 +64,10 @@ async def test_renewals_go_over_one_stream(started):
         ("pool-a", "m1", "relay-1", 7)
     }
     assert relay.registered_model == "m1" and relay.call_error == ""
+    n = len(disco.registers)
     await relay.stop()
-    assert [u.pool_id for u in disco.unregisters] == ["pool-a"]  # SIGTERM's unregister stays unary
+    assert disco.unregisters == [], "a stop only stops renewing (PR #18077)"
+    assert len(disco.registers) == n, "no renewal after the stop"
 
 
 async def break_a_renewal(started) -> tuple[FakeClock, FakeDiscovery, Relay, float]:

@@ -155,15 +155,47 @@ async def test_discovery_drain_is_passed_to_the_pool_and_drained_pool_unregister
 
 
 @pytest.mark.timeout(30)
-async def test_graceful_stop_unregisters(mesh):
+async def test_graceful_stop_stops_renewing_and_leaves_the_lease_to_run_out(mesh):
     _, disco, _, relay = mesh
     await wait_for(lambda: disco.registers)
     await relay.stop()
-    assert [u.reason for u in disco.unregisters] == [dpb.REMOVAL_REASON_UNREGISTERED]
-    assert (disco.unregisters[0].relay_id, disco.unregisters[0].incarnation) == ("relay-1", 7)
+    n = len(disco.registers)
+    await asyncio.sleep(3 * disco.heartbeat)
+    assert len(disco.registers) == n, "no renewal after the stop"
+    assert disco.unregisters == [], "PR #18077: the pool leaves one lease later, not at once"
     status = relay_status(relay)
     assert status.routing_pool_unregistered_reason == status_pb2.UNREGISTERED_REASON_RELAY_STOPPED
+    assert "lease ends" in status.routing_pool_unregistered_detail
     assert all(s.state == status_pb2.TELEMETRY_STREAM_STATE_CLOSED for s in status.telemetry_streams)
+
+
+@pytest.mark.timeout(30)
+async def test_graceful_stop_with_unregister_on_exit_unregisters():
+    pool, disco = FakePool({"m1": True}), FakeDiscovery()
+    pool_server, pool_addr = await start_server((pe_grpc.add_PoolEventsServiceServicer_to_server, pool))
+    disco_server, disco_addr = await start_server((dpb_grpc.add_DiscoveryServiceServicer_to_server, disco))
+    relay = Relay(
+        RelayConfig(
+            pool_addr,
+            disco_addr,
+            "pool-a",
+            "eu",
+            ("http://127.0.0.1:9000",),
+            "relay-1",
+            7,
+            unregister_on_exit=True,
+        )
+    )
+    await relay.start()
+    try:
+        await wait_for(lambda: disco.registers)
+    finally:
+        await relay.stop()
+        await pool_server.stop(0)
+        await disco_server.stop(0)
+    assert [u.reason for u in disco.unregisters] == [dpb.REMOVAL_REASON_UNREGISTERED]
+    assert (disco.unregisters[0].relay_id, disco.unregisters[0].incarnation) == ("relay-1", 7)
+    assert "unregistered" in relay.unregistered[1]
 
 
 @pytest.mark.timeout(30)
