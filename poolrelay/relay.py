@@ -318,6 +318,11 @@ class Relay:
             return Reason.NO_MODEL, "the first RegisterPool call has not returned yet"
         return Reason.NONE, ""
 
+    @property
+    def heartbeat_stopped(self) -> bool:
+        """Whether the registration heartbeat has ended (after stop(): no renewal goes out)."""
+        return self.stopped and all(t.done() for t in self._runners)
+
     # --- life cycle ---------------------------------------------------------------------------
 
     def _spawn(self, coro) -> None:
