@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
+from globalrouter.stall import StallPolicy
 from meshkit.tls import SecurityConfig
 
 
@@ -37,6 +38,8 @@ class RouterConfig:
     """HOST:PORT of the Prometheus endpoint; empty: off."""
     grace: float = 5.0
     """Seconds in-flight calls may run after SIGTERM before the server stops."""
+    stall: StallPolicy = field(default_factory=StallPolicy)
+    """How long an admitted pool may stay silent before it counts as hung for the request."""
     freshness: FreshnessLimits = field(default_factory=FreshnessLimits)
     """How old each kind of pool signal may be before it counts as unknown."""
     max_streams_per_client: int = 64

@@ -7,10 +7,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from globalrouter.pool_state import PoolState
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import Decision
 from globalrouter.serving import AdmissionFailed, Admitted, PoolRequest, ServingLinks, StreamBroken
+from globalrouter.stall import Silent, StallPolicy, StallWatch, within
 from globalrouter.v1 import pool_frontend_pb2, router_pb2, sampling_pb2
+from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.errors import Reason
 from meshkit.logs import get_logger
 
@@ -66,6 +69,7 @@ class GenerateRun:
         migration_limit: int,
         admission_tries: int,
         sampling: sampling_pb2.SamplingParams | None = None,
+        stall: StallPolicy | None = None,
     ) -> None:
         self._core = core
         self._links = links
@@ -76,6 +80,8 @@ class GenerateRun:
         self._migration_limit = migration_limit
         self._admission_tries = admission_tries
         self._sampling = sampling
+        self._stall = stall or StallPolicy()
+        self._stalled_starts = 0
         self.record = RunRecord()
 
     @property
@@ -96,11 +102,15 @@ class GenerateRun:
             rec.pools.append(admitted.pool_id)
             finish: pool_frontend_pb2.PoolFinish | None = None
             broken: StreamBroken | None = None
+            silent: Silent | None = None
+            watch = self._stall_watch(admitted)
             read = admitted.stream.read
+            clock = self._core.clock
             try:
-                while (msg := await read()) is not None:
+                while (msg := await within(clock, read, watch.allowance())) is not None:
                     kind = msg.WhichOneof("payload")
                     if kind == "tokens":
+                        watch.arrived(clock.monotonic())
                         ids = list(msg.tokens.token_ids)[: self._max_tokens - len(rec.tokens)]
                         if ids:
                             offset = len(rec.tokens)
@@ -116,6 +126,8 @@ class GenerateRun:
                         break
             except StreamBroken as exc:
                 broken = exc
+            except Silent as exc:
+                silent = exc
             finally:
                 await self._links.release(admitted)
             if finish is not None or len(rec.tokens) >= self._max_tokens:
@@ -126,9 +138,16 @@ class GenerateRun:
                 )
                 yield router_pb2.GenerateResponse(summary=self._summary(reason))
                 return
-            # The pool failed or handed the request back mid-stream: continue it elsewhere.
             pool = self._core.table.pools.get(admitted.pool_id)
-            detail = str(broken) if broken else "stream ended without a finish"
+            if silent is not None and not watch.started:
+                # No first token in time: the pool's 'no', like a refusal (no migration counted).
+                decision = self._stalled_start(admitted.pool_id, pool, silent, failed_pools)
+                continue
+            # The pool failed, hung or handed the request back mid-stream: continue it elsewhere.
+            if silent is not None:
+                detail = f"{Reason.POOL_STALLED}: no token for {silent.waited:.1f} s (the pool hangs)"
+            else:
+                detail = str(broken) if broken else "stream ended without a finish"
             handed_back = broken is not None and broken.reason == Reason.DRAIN_HANDED_BACK
             if pool is not None and not handed_back:
                 self._links.link_failed(pool, self._core.clock.monotonic())
@@ -169,6 +188,53 @@ class GenerateRun:
                     f"can continue the request ({why}); the {sent} tokens sent stay valid",
                     self._error_metadata(),
                 )
+
+    def _stall_watch(self, admitted: Admitted) -> StallWatch:
+        """The stream's stall allowance, from the pool's predicted prefill of what it does not cache."""
+        pool = self._core.table.pools.get(admitted.pool_id)
+        block_size = (pool.block_size if pool is not None else 0) or DEFAULT_BLOCK_SIZE
+        prompt = len(self._prompt) + len(self.record.tokens)
+        uncached = max(0, prompt - admitted.admission.cached_blocks * block_size)
+        rate = pool.capacity.prefill_tokens_per_second if pool is not None else 0
+        return StallWatch(self._stall, uncached_tokens=uncached, prefill_rate=rate)
+
+    def _stalled_start(
+        self, pool_id: str, pool: PoolState | None, silent: Silent, failed_pools: set[str]
+    ) -> Decision:
+        """A pool admitted the request but sent no first token in time: counted as its refusal; the
+        next candidate is asked (at most `admission_tries` such starts). Returns the next decision."""
+        rec = self.record
+        rec.pools.pop()
+        if not rec.pools:
+            rec.cached_blocks = rec.prompt_blocks = 0
+        rec.refused_by.append(pool_id)
+        self._stalled_starts += 1
+        self._core.metrics.refusals.labels(pool_id, grpc.StatusCode.DEADLINE_EXCEEDED.name).inc()
+        if pool is not None:
+            self._links.link_failed(pool, self._core.clock.monotonic())
+        failed_pools.add(pool_id)
+        detail = f"pool {pool_id} sent no first token within {silent.waited:.1f} s"
+        self._log.info("refused", pool_id=pool_id, reason=str(Reason.POOL_STALLED), detail=detail)
+        sent = len(rec.tokens)
+        decision = self._core.decide(
+            self._model, self._prompt + rec.tokens, self._max_tokens - sent, exclude=failed_pools
+        )
+        if self._stalled_starts >= self._admission_tries or not decision.candidates:
+            why = describe_filtered(decision) or "no other pool serves the model"
+            if sent:
+                raise GenerateError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    Reason.NO_POOL_TO_CONTINUE,
+                    f"{detail} and no other pool can continue the request ({why}); "
+                    f"the {sent} tokens sent stay valid",
+                    self._error_metadata(),
+                )
+            raise GenerateError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                Reason.POOL_STALLED,
+                f"{detail} and no other pool could take the request ({why})",
+            )
+        return decision
 
     def _error_metadata(self) -> dict[str, str]:
         """ErrorInfo metadata of a mid-stream failure: what a client needs to continue the request."""

@@ -152,6 +152,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             migration_limit=self.config.migration_limit,
             admission_tries=self.config.admission_tries,
             sampling=request.sampling if request.HasField("sampling") else None,
+            stall=self.config.stall,
         )
         outcome = "OK"
         try:

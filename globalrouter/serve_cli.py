@@ -6,10 +6,19 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from globalrouter import stall
 from globalrouter.config import RouterConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.server import serve
-from meshkit.cli import add_security_flags, host_port, identifier, int_at_least, positive_seconds, url
+from meshkit.cli import (
+    add_security_flags,
+    host_port,
+    identifier,
+    int_at_least,
+    positive_number,
+    positive_seconds,
+    url,
+)
 from meshkit.logs import configure_logging, get_logger
 
 log = get_logger(module="globalrouter.serve_cli")
@@ -44,6 +53,20 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--admission-tries", type=int_at_least(1), default=4, help="pools asked per admission round"
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=positive_number,
+        default=stall.DEFAULT_STALL_TIMEOUT_S,
+        help="seconds a pool may go silent mid-stream before the request migrates; a slow pool gets "
+        f"{stall.DEFAULT_PACE_FACTOR:g}x its own gap between messages when that is longer (default %(default)s)",
+    )
+    p.add_argument(
+        "--first-token-timeout",
+        type=positive_number,
+        default=stall.DEFAULT_FIRST_TOKEN_TIMEOUT_S,
+        help=f"seconds from admission to the first token, plus {stall.DEFAULT_PREFILL_FACTOR:g}x the pool's predicted prefill, before the "
+        "pool counts as having refused (default %(default)s)",
     )
     p.add_argument("--metrics-listen", type=host_port, default=None, help="HOST:PORT for Prometheus /metrics")
     p.add_argument(
@@ -128,6 +151,9 @@ def _run(args: argparse.Namespace) -> int:
         region=args.region or "",
         migration_limit=args.migration_limit,
         admission_tries=args.admission_tries,
+        stall=stall.StallPolicy(
+            stall_timeout=args.stall_timeout, first_token_timeout=args.first_token_timeout
+        ),
         metrics_listen=args.metrics_listen or "",
         grace=args.grace,
         max_streams_per_client=args.max_streams_per_client,

@@ -26,17 +26,24 @@ from meshkit.clock import Clock
 PACE_EWMA_WEIGHT = 0.2
 
 
+# Defaults: a fast pool that stops is noticed in seconds, far below keepalive's tens of seconds.
+DEFAULT_STALL_TIMEOUT_S = 5.0
+DEFAULT_PACE_FACTOR = 10.0
+DEFAULT_FIRST_TOKEN_TIMEOUT_S = 10.0
+DEFAULT_PREFILL_FACTOR = 3.0
+
+
 @dataclass(frozen=True, slots=True)
 class StallPolicy:
     """How long a pool may stay silent on an admitted stream (seconds)."""
 
-    stall_timeout: float = 5.0
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT_S
     """Floor of the silence allowed between two messages mid-stream."""
-    pace_factor: float = 10.0
+    pace_factor: float = DEFAULT_PACE_FACTOR
     """Silence allowed as a multiple of the stream's own typical gap, when that is longer."""
-    first_token_timeout: float = 10.0
+    first_token_timeout: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S
     """Floor of the wait from admission to the first token."""
-    prefill_factor: float = 3.0
+    prefill_factor: float = DEFAULT_PREFILL_FACTOR
     """Added to the first-token floor: this many times the predicted prefill time."""
 
     def __post_init__(self) -> None:

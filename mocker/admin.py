@@ -48,7 +48,10 @@ class MockerAdmin(adm_grpc.MockerAdminServiceServicer):
             v.add("added_latency", f"must not be negative (got {latency:g} s)")
         await v.abort_if_any(context)
         faults = Faults(
-            fail_after_tokens=request.fail_after_tokens, added_latency=latency, refuse_all=request.refuse_all
+            fail_after_tokens=request.fail_after_tokens,
+            added_latency=latency,
+            refuse_all=request.refuse_all,
+            stall_after_tokens=request.stall_after_tokens,
         )
         self.pool.set_faults(faults)
         log.info("faults set", **faults.__dict__)

@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="exit abruptly once any stream has sent this many tokens (0: never)",
     )
+    s.add_argument(
+        "--stall-after-tokens",
+        type=int_at_least(0),
+        default=0,
+        help="a stream that has sent this many tokens hangs: open, silent, forever (0: never)",
+    )
     s.add_argument("--added-latency", type=non_negative_number, default=0.0, help="seconds before admission")
     s.add_argument("--refuse-all", action="store_true", help="refuse every request (RESOURCE_EXHAUSTED)")
     s.add_argument("--not-ready", nargs="+", default=[], metavar="MODEL", help="models that start not ready")
@@ -105,7 +111,10 @@ def parse_serve(argv: list[str] | None) -> tuple[argparse.Namespace, PoolConfig,
         vocab_size=args.vocab_size,
     )
     faults = Faults(
-        fail_after_tokens=args.fail_after_tokens, added_latency=args.added_latency, refuse_all=args.refuse_all
+        fail_after_tokens=args.fail_after_tokens,
+        added_latency=args.added_latency,
+        refuse_all=args.refuse_all,
+        stall_after_tokens=args.stall_after_tokens,
     )
     return args, config, faults
 

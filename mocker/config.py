@@ -18,6 +18,9 @@ class Faults:
     """Seconds added before each request's admission decision (and so before its first message)."""
     refuse_all: bool = False
     """When true, every new request is refused with RESOURCE_EXHAUSTED."""
+    stall_after_tokens: int = 0
+    """When > 0, a stream that has sent this many tokens hangs: it stays open and sends nothing more
+    (a wedged engine; the process keeps running)."""
 
 
 @dataclass(frozen=True)

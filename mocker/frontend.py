@@ -102,6 +102,9 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
                     limit = self.pool.faults.fail_after_tokens
                     if limit and sent + len(batch) >= limit:
                         await self._send_and_die(context, batch[: limit - sent], rlog)
+                    stall = self.pool.faults.stall_after_tokens
+                    if stall and sent + len(batch) >= stall:
+                        await self._send_and_hang(context, batch[: stall - sent], rlog)
                     await context.write(
                         pf.PoolFrontendServiceGenerateResponse(tokens=pf.PoolTokens(token_ids=batch))
                     )
@@ -126,6 +129,16 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
             )
         finally:
             self.pool.close(ticket)
+
+    async def _send_and_hang(self, context: grpc.aio.ServicerContext, batch: list[int], rlog) -> None:
+        """Fault injection: sends the tokens up to the limit, then the stream hangs until the caller
+        gives up on it (the process and its other streams keep running)."""
+        if batch:
+            await context.write(pf.PoolFrontendServiceGenerateResponse(tokens=pf.PoolTokens(token_ids=batch)))
+        rlog.warning(
+            "stall-after-tokens reached: the stream hangs", limit=self.pool.faults.stall_after_tokens
+        )
+        await asyncio.Event().wait()
 
     async def _send_and_die(self, context: grpc.aio.ServicerContext, batch: list[int], rlog) -> None:
         """Fault injection: sends the tokens up to the limit, then the process exits abruptly."""

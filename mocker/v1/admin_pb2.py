@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15mocker/v1/admin.proto\x12\tmocker.v1\x1a\x1egoogle/protobuf/duration.proto\"4\n\x14SetModelReadyRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\"\x17\n\x15SetModelReadyResponse\"s\n\x10SetFaultsRequest\x12\x19\n\x11\x66\x61il_after_tokens\x18\x01 \x01(\r\x12\x30\n\radded_latency\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nrefuse_all\x18\x03 \x01(\x08\"\x13\n\x11SetFaultsResponse\"\x18\n\x16GetWorkerBlocksRequest\"7\n\x0cWorkerBlocks\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\"C\n\x17GetWorkerBlocksResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.mocker.v1.WorkerBlocks\"\x15\n\x13GetPoolStatsRequest\"\xcc\x01\n\x14GetPoolStatsResponse\x12\x19\n\x11requests_admitted\x18\x01 \x01(\x04\x12\x18\n\x10requests_refused\x18\x02 \x01(\x04\x12\x19\n\x11requests_finished\x18\x03 \x01(\x04\x12\x1c\n\x14requests_handed_back\x18\x04 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x05 \x01(\x04\x12\x15\n\rcached_blocks\x18\x06 \x01(\x04\x12\x18\n\x10tokens_generated\x18\x07 \x01(\x04\x32\xdb\x02\n\x12MockerAdminService\x12R\n\rSetModelReady\x12\x1f.mocker.v1.SetModelReadyRequest\x1a .mocker.v1.SetModelReadyResponse\x12\x46\n\tSetFaults\x12\x1b.mocker.v1.SetFaultsRequest\x1a\x1c.mocker.v1.SetFaultsResponse\x12X\n\x0fGetWorkerBlocks\x12!.mocker.v1.GetWorkerBlocksRequest\x1a\".mocker.v1.GetWorkerBlocksResponse\x12O\n\x0cGetPoolStats\x12\x1e.mocker.v1.GetPoolStatsRequest\x1a\x1f.mocker.v1.GetPoolStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15mocker/v1/admin.proto\x12\tmocker.v1\x1a\x1egoogle/protobuf/duration.proto\"4\n\x14SetModelReadyRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\"\x17\n\x15SetModelReadyResponse\"\x8f\x01\n\x10SetFaultsRequest\x12\x19\n\x11\x66\x61il_after_tokens\x18\x01 \x01(\r\x12\x30\n\radded_latency\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nrefuse_all\x18\x03 \x01(\x08\x12\x1a\n\x12stall_after_tokens\x18\x04 \x01(\r\"\x13\n\x11SetFaultsResponse\"\x18\n\x16GetWorkerBlocksRequest\"7\n\x0cWorkerBlocks\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\"C\n\x17GetWorkerBlocksResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.mocker.v1.WorkerBlocks\"\x15\n\x13GetPoolStatsRequest\"\xcc\x01\n\x14GetPoolStatsResponse\x12\x19\n\x11requests_admitted\x18\x01 \x01(\x04\x12\x18\n\x10requests_refused\x18\x02 \x01(\x04\x12\x19\n\x11requests_finished\x18\x03 \x01(\x04\x12\x1c\n\x14requests_handed_back\x18\x04 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x05 \x01(\x04\x12\x15\n\rcached_blocks\x18\x06 \x01(\x04\x12\x18\n\x10tokens_generated\x18\x07 \x01(\x04\x32\xdb\x02\n\x12MockerAdminService\x12R\n\rSetModelReady\x12\x1f.mocker.v1.SetModelReadyRequest\x1a .mocker.v1.SetModelReadyResponse\x12\x46\n\tSetFaults\x12\x1b.mocker.v1.SetFaultsRequest\x1a\x1c.mocker.v1.SetFaultsResponse\x12X\n\x0fGetWorkerBlocks\x12!.mocker.v1.GetWorkerBlocksRequest\x1a\".mocker.v1.GetWorkerBlocksResponse\x12O\n\x0cGetPoolStats\x12\x1e.mocker.v1.GetPoolStatsRequest\x1a\x1f.mocker.v1.GetPoolStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,20 +36,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SETMODELREADYREQUEST']._serialized_end=120
   _globals['_SETMODELREADYRESPONSE']._serialized_start=122
   _globals['_SETMODELREADYRESPONSE']._serialized_end=145
-  _globals['_SETFAULTSREQUEST']._serialized_start=147
-  _globals['_SETFAULTSREQUEST']._serialized_end=262
-  _globals['_SETFAULTSRESPONSE']._serialized_start=264
-  _globals['_SETFAULTSRESPONSE']._serialized_end=283
-  _globals['_GETWORKERBLOCKSREQUEST']._serialized_start=285
-  _globals['_GETWORKERBLOCKSREQUEST']._serialized_end=309
-  _globals['_WORKERBLOCKS']._serialized_start=311
-  _globals['_WORKERBLOCKS']._serialized_end=366
-  _globals['_GETWORKERBLOCKSRESPONSE']._serialized_start=368
-  _globals['_GETWORKERBLOCKSRESPONSE']._serialized_end=435
-  _globals['_GETPOOLSTATSREQUEST']._serialized_start=437
-  _globals['_GETPOOLSTATSREQUEST']._serialized_end=458
-  _globals['_GETPOOLSTATSRESPONSE']._serialized_start=461
-  _globals['_GETPOOLSTATSRESPONSE']._serialized_end=665
-  _globals['_MOCKERADMINSERVICE']._serialized_start=668
-  _globals['_MOCKERADMINSERVICE']._serialized_end=1015
+  _globals['_SETFAULTSREQUEST']._serialized_start=148
+  _globals['_SETFAULTSREQUEST']._serialized_end=291
+  _globals['_SETFAULTSRESPONSE']._serialized_start=293
+  _globals['_SETFAULTSRESPONSE']._serialized_end=312
+  _globals['_GETWORKERBLOCKSREQUEST']._serialized_start=314
+  _globals['_GETWORKERBLOCKSREQUEST']._serialized_end=338
+  _globals['_WORKERBLOCKS']._serialized_start=340
+  _globals['_WORKERBLOCKS']._serialized_end=395
+  _globals['_GETWORKERBLOCKSRESPONSE']._serialized_start=397
+  _globals['_GETWORKERBLOCKSRESPONSE']._serialized_end=464
+  _globals['_GETPOOLSTATSREQUEST']._serialized_start=466
+  _globals['_GETPOOLSTATSREQUEST']._serialized_end=487
+  _globals['_GETPOOLSTATSRESPONSE']._serialized_start=490
+  _globals['_GETPOOLSTATSRESPONSE']._serialized_end=694
+  _globals['_MOCKERADMINSERVICE']._serialized_start=697
+  _globals['_MOCKERADMINSERVICE']._serialized_end=1044
 # @@protoc_insertion_point(module_scope)

@@ -22,14 +22,16 @@ class SetModelReadyResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class SetFaultsRequest(_message.Message):
-    __slots__ = ("fail_after_tokens", "added_latency", "refuse_all")
+    __slots__ = ("fail_after_tokens", "added_latency", "refuse_all", "stall_after_tokens")
     FAIL_AFTER_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ADDED_LATENCY_FIELD_NUMBER: _ClassVar[int]
     REFUSE_ALL_FIELD_NUMBER: _ClassVar[int]
+    STALL_AFTER_TOKENS_FIELD_NUMBER: _ClassVar[int]
     fail_after_tokens: int
     added_latency: _duration_pb2.Duration
     refuse_all: bool
-    def __init__(self, fail_after_tokens: _Optional[int] = ..., added_latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., refuse_all: _Optional[bool] = ...) -> None: ...
+    stall_after_tokens: int
+    def __init__(self, fail_after_tokens: _Optional[int] = ..., added_latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., refuse_all: _Optional[bool] = ..., stall_after_tokens: _Optional[int] = ...) -> None: ...
 
 class SetFaultsResponse(_message.Message):
     __slots__ = ()

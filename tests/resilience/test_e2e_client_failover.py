@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from globalrouter.client import FailoverClient
+from meshlaunch import MODEL, Mesh
 from mocker.tokens import continue_sequence
-from tests.router.mesh import MODEL, Mesh
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 PROMPT = [(13 * i + 7) % 30_000 for i in range(80)]

@@ -11,7 +11,7 @@ import pytest
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
-from tests.support import command, free_port, wait_healthy, wait_until
+from meshlaunch import command, free_port, wait_healthy, wait_until
 
 pytestmark = pytest.mark.e2e
 
