@@ -16,6 +16,7 @@ from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit import cli as flags
 from meshkit import timeconv
 from meshkit.channels import sync_channel
+from meshkit.discovery_endpoints import endpoints_arg
 from meshkit.logs import configure_logging
 
 _DEFAULTS = DiscoveryConfig()
@@ -61,10 +62,10 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argpars
     )
     serve.add_argument(
         "--etcd-endpoints",
-        type=flags.host_port,
+        type=endpoints_arg,
         default=None,
-        metavar="HOST:PORT",
-        help="etcd, with --store etcd",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="etcd's members, with --store etcd (calls move to another member when one fails)",
     )
     serve.add_argument(
         "--max-watchers",

@@ -29,7 +29,7 @@ class DiscoveryConfig:
     """Where the directory lives: "memory" (this process only) or "etcd" (shared by replicas)."""
 
     etcd_endpoints: str = ""
-    """HOST:PORT of etcd, with store "etcd"."""
+    """HOST:PORT of etcd, with store "etcd"; several, comma-separated, for an etcd cluster's members."""
 
     stop_grace: float = 5.0
     """Seconds in-flight calls get to finish on SIGTERM."""

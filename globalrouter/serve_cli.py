@@ -19,6 +19,7 @@ from meshkit.cli import (
     positive_seconds,
     url,
 )
+from meshkit.discovery_endpoints import endpoints_arg
 from meshkit.logs import configure_logging, get_logger
 
 log = get_logger(module="globalrouter.serve_cli")
@@ -42,7 +43,12 @@ def add_parser(subparsers) -> None:
         description="Run a global frontend (RouterService + TelemetryService).",
     )
     p.add_argument("--listen", type=host_port, default="127.0.0.1:50061", help="HOST:PORT to serve on")
-    p.add_argument("--discovery", type=host_port, required=True, help="discovery HOST:PORT")
+    p.add_argument(
+        "--discovery",
+        type=endpoints_arg,
+        required=True,
+        help="discovery HOST:PORT[,HOST:PORT...] (replicas on a shared store; a failed one is skipped)",
+    )
     p.add_argument("--advertise", type=url, default=None, help="URL relays dial (default http://<listen>)")
     p.add_argument(
         "--frontend-id", type=identifier, default=None, help="id in discovery (default globalrouter-<port>)"

@@ -23,8 +23,8 @@ from globalrouter.serving import ServingLinks
 from globalrouter.telemetry_ingest import TelemetryIngest, TelemetryServicer
 from globalrouter.tokenizer import TokenizerError, Tokenizers
 from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshkit import discovery_endpoints
 from meshkit.authz import Authorizer
-from meshkit.channels import aio_channel
 from meshkit.clock import Clock, SystemClock
 from meshkit.ids import new_incarnation
 from meshkit.logs import get_logger
@@ -65,7 +65,8 @@ class Router:
         if self.http is not None:
             self._tasks += (asyncio.create_task(self.http.start(), name="http-front-start"),)
         if self.config.discovery:
-            self._discovery_channel = aio_channel(self.config.discovery)
+            # One or several discovery replicas: calls and the watch move on when one fails.
+            self._discovery_channel = discovery_endpoints.aio_channel(self.config.discovery)
             self.registration = registration = FrontendRegistration(
                 self._discovery_channel,
                 self.clock,

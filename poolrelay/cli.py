@@ -24,6 +24,7 @@ from meshkit.cli import (
     security_config,
     url_list,
 )
+from meshkit.discovery_endpoints import endpoints_arg
 from meshkit.ids import new_incarnation
 from meshkit.logs import configure_logging
 from meshkit.server import create_server, serve_until_signalled
@@ -64,7 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int_at_least(1),
         help="the engine's KV block size in tokens, a whole multiple of the mesh's 16 (vLLM --block-size)",
     )
-    serve.add_argument("--discovery", required=True, type=host_port, help="globaldiscovery, HOST:PORT")
+    serve.add_argument(
+        "--discovery",
+        required=True,
+        type=endpoints_arg,
+        help="globaldiscovery, HOST:PORT[,HOST:PORT...] (replicas on a shared store; a failed one is skipped)",
+    )
     serve.add_argument("--routing-pool", required=True, help="the pool id to register")
     serve.add_argument("--routing-pool-region", help="the pool's region (required with --routing-pool)")
     serve.add_argument(

@@ -10,7 +10,7 @@ import grpc
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
-from meshkit.channels import aio_channel
+from meshkit import discovery_endpoints
 from meshkit.clock import Clock, SystemClock
 from meshkit.logs import get_logger
 from meshkit.timeconv import seconds, timestamp, wall_seconds
@@ -40,7 +40,7 @@ class RelayConfig:
     pool: str
     """HOST:PORT of the pool's event API (PoolEventsService)."""
     discovery: str
-    """HOST:PORT (or URL) of globaldiscovery."""
+    """HOST:PORT (or URL) of globaldiscovery; several, comma-separated, for replicas on a shared store."""
     pool_id: str
     """The routing pool id registered with discovery."""
     region: str
@@ -142,7 +142,8 @@ class Relay:
                 on_blocks=self.hub.blocks_changed,
             )
         )
-        self._discovery_channel = aio_channel(config.discovery)
+        # One or several discovery replicas: calls move to another replica when one fails.
+        self._discovery_channel = discovery_endpoints.aio_channel(config.discovery)
         self._discovery = dpb_grpc.DiscoveryServiceStub(self._discovery_channel)
         # Every registration, the first included, goes over one KeepAlivePools stream (unary
         # RegisterPool only when discovery does not implement the stream).

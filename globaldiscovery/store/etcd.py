@@ -35,6 +35,7 @@ from globaldiscovery.records import (
 from globaldiscovery.store.base import StoreUnavailable
 from globaldiscovery.store.expiry import Expiry
 from globaldiscovery.watch_fanout import Watcher
+from meshkit import discovery_endpoints
 from meshkit.clock import Clock
 from meshkit.logs import get_logger
 
@@ -111,8 +112,14 @@ class EtcdStore:
         watch_queue_limit: int = 10_000,
     ) -> None:
         self.clock = clock
-        host, _, port = endpoint.rpartition(":")
-        self._client = aetcd.Client(host=host, port=int(port))
+        # One endpoint or several ("A,B,C", the members of an etcd cluster): one channel that
+        # spreads calls over the members and skips one that died, so losing a member fails only
+        # the calls that were on it (retried by the relays) and the mirror's watch (re-synced).
+        endpoints = discovery_endpoints.parse_endpoints(endpoint)
+        host, _, port = discovery_endpoints.channel_target(endpoints)[0].rpartition(":")
+        self._client = aetcd.Client(
+            host=host, port=int(port), options=dict(discovery_endpoints.channel_options(endpoints))
+        )
         self.heartbeat_interval = heartbeat_interval
         # etcd leases last whole seconds (and at least 2); the relays are told the real figure.
         self._ttl = max(2, math.ceil(lease_duration))
