@@ -13,7 +13,6 @@ from globalrouter.selection import Decision
 from globalrouter.serving import AdmissionFailed, Admitted, PoolRequest, ServingLinks, StreamBroken
 from globalrouter.stall import Silent, StallPolicy, StallWatch, within
 from globalrouter.v1 import pool_frontend_pb2, router_pb2, sampling_pb2
-from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.errors import Reason
 from meshkit.logs import get_logger
 
@@ -95,7 +94,7 @@ class GenerateRun:
         decision = first
         failed_pools: set[str] = set()
         while True:
-            admitted = await self._admit(decision)
+            admitted, watch = await self._admit(decision)
             if not rec.pools:
                 rec.cached_blocks = admitted.admission.cached_blocks
                 rec.prompt_blocks = admitted.admission.prompt_blocks
@@ -103,11 +102,10 @@ class GenerateRun:
             finish: pool_frontend_pb2.PoolFinish | None = None
             broken: StreamBroken | None = None
             silent: Silent | None = None
-            watch = self._stall_watch(admitted)
             read = admitted.stream.read
             clock = self._core.clock
             try:
-                while (msg := await within(clock, read, watch.allowance())) is not None:
+                while (msg := await within(clock, read, watch.allowance(clock.monotonic()))) is not None:
                     kind = msg.WhichOneof("payload")
                     if kind == "tokens":
                         watch.arrived(clock.monotonic())
@@ -189,15 +187,6 @@ class GenerateRun:
                     self._error_metadata(),
                 )
 
-    def _stall_watch(self, admitted: Admitted) -> StallWatch:
-        """The stream's stall allowance, from the pool's predicted prefill of what it does not cache."""
-        pool = self._core.table.pools.get(admitted.pool_id)
-        block_size = (pool.block_size if pool is not None else 0) or DEFAULT_BLOCK_SIZE
-        prompt = len(self._prompt) + len(self.record.tokens)
-        uncached = max(0, prompt - admitted.admission.cached_blocks * block_size)
-        rate = pool.capacity.prefill_tokens_per_second if pool is not None else 0
-        return StallWatch(self._stall, uncached_tokens=uncached, prefill_rate=rate)
-
     def _stalled_start(
         self, pool_id: str, pool: PoolState | None, silent: Silent, failed_pools: set[str]
     ) -> Decision:
@@ -209,7 +198,8 @@ class GenerateRun:
             rec.cached_blocks = rec.prompt_blocks = 0
         rec.refused_by.append(pool_id)
         self._stalled_starts += 1
-        self._core.metrics.refusals.labels(pool_id, grpc.StatusCode.DEADLINE_EXCEEDED.name).inc()
+        metrics = self._core.metrics
+        metrics.labelled(metrics.refusals, pool_id, grpc.StatusCode.DEADLINE_EXCEEDED.name).inc()
         if pool is not None:
             self._links.link_failed(pool, self._core.clock.monotonic())
         failed_pools.add(pool_id)
@@ -241,8 +231,11 @@ class GenerateRun:
         rec = self.record
         return {"tokens_sent": str(len(rec.tokens)), "migrations": str(rec.migrations)}
 
-    async def _admit(self, decision: Decision) -> Admitted:
-        """Asks the candidates in rank order, at most `admission_tries` of them; raises GenerateError."""
+    async def _admit(self, decision: Decision) -> tuple[Admitted, StallWatch]:
+        """Asks the candidates in rank order, at most `admission_tries` of them; raises GenerateError.
+
+        Returns the admitted stream and its stall allowance (begun when the pool was asked: the
+        first-token allowance covers admission and first token together)."""
         rec = self.record
         prompt = [*self._prompt, *rec.tokens] if rec.tokens else self._prompt
         remaining = self._max_tokens - len(rec.tokens)
@@ -261,8 +254,29 @@ class GenerateRun:
                 continue
             pool.record_sent(candidate.uncached_tokens, remaining)
             metrics.labelled(metrics.decisions, pool.pool_id).inc()
+            clock = self._core.clock
+            watch = StallWatch(
+                self._stall,
+                uncached_tokens=candidate.uncached_tokens,
+                prefill_rate=pool.capacity.prefill_tokens_per_second,
+                begun=clock.monotonic(),
+            )
             try:
-                admitted = await self._links.admit(pool, request)
+                try:
+                    admitted = await within(
+                        clock, lambda pool=pool: self._links.admit(pool, request), watch.first_allowance
+                    )
+                except Silent as silent:
+                    # A pool that does not even admit in time (hung, stopped) is no better than one
+                    # that says no: the next candidate is asked, and its link backs off.
+                    self._links.link_failed(pool, clock.monotonic())
+                    raise AdmissionFailed(
+                        pool.pool_id,
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        Reason.POOL_STALLED,
+                        f"no admission within {silent.waited:.1f} s",
+                        refused=True,
+                    ) from None
             except AdmissionFailed as exc:
                 failures.append(exc)
                 if exc.refused:
@@ -292,7 +306,7 @@ class GenerateRun:
             self._event(
                 "decision", pool.pool_id, cached_blocks=adm.cached_blocks, prompt_blocks=adm.prompt_blocks
             )
-            return admitted
+            return admitted, watch
         tried = "; ".join(str(f) for f in failures) or "no candidate had a frontend"
         if rec.tokens:
             raise GenerateError(

@@ -22,6 +22,8 @@ from typing import TypeVar
 
 from meshkit.clock import Clock
 
+# The shortest wait a read is given, so a first token that is due right now still gets a chance.
+MIN_WAIT_S = 0.05
 # Weight of the newest gap in the pace estimate: a few messages set the pace, one outlier does not.
 PACE_EWMA_WEIGHT = 0.2
 
@@ -57,8 +59,12 @@ class StallPolicy:
 class StallWatch:
     """One admitted stream's allowance: how long the next read may wait, given what came so far."""
 
-    def __init__(self, policy: StallPolicy, *, uncached_tokens: int = 0, prefill_rate: float = 0.0) -> None:
+    def __init__(
+        self, policy: StallPolicy, *, uncached_tokens: int = 0, prefill_rate: float = 0.0, begun: float = 0.0
+    ) -> None:
         self.policy = policy
+        self.begun = begun
+        """Monotonic time the pool was asked (admission and first token share one allowance)."""
         prefill = uncached_tokens / prefill_rate if prefill_rate > 0 else 0.0
         self.first_allowance = policy.first_token_timeout + policy.prefill_factor * prefill
         self.started = False
@@ -67,10 +73,13 @@ class StallWatch:
         """EWMA of the gaps between token messages, seconds (0 until two have arrived)."""
         self._last: float | None = None
 
-    def allowance(self) -> float:
-        """Seconds the next message may take."""
+    def allowance(self, now: float | None = None) -> float:
+        """Seconds the next message may take (before the first token: what is left of the first
+        allowance at `now`, never less than MIN_WAIT_S)."""
         if not self.started:
-            return self.first_allowance
+            if now is None:
+                return self.first_allowance
+            return max(MIN_WAIT_S, self.first_allowance - (now - self.begun))
         return max(self.policy.stall_timeout, self.policy.pace_factor * self.pace)
 
     def arrived(self, now: float) -> None:

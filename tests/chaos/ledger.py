@@ -26,7 +26,7 @@ class RequestRecord:
 
     client: int
     phase: str
-    """The phase running when the request started."""
+    """The phase running when the request ended: a request a fault hit counts in that fault's row."""
     started: float
     latency: float
     outcome: str

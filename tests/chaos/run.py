@@ -37,6 +37,7 @@ from tests.chaos.ledger import EXACT, Ledger, RequestRecord, classify, render_ta
 
 HEARTBEAT, LEASE = 1.0, 4.0
 STALL_TIMEOUT = 2.0
+FIRST_TOKEN_TIMEOUT = 3.0
 POOLS = {"pool-a": "eu", "pool-b": "eu", "pool-c": "us"}
 MAX_TOKENS = 24
 PROMPT_PREFIXES = 4  # clients share a few prefixes, so the KV index has something to route on
@@ -87,7 +88,9 @@ class ChaosMesh:
         for pool_id, region in POOLS.items():
             self.mesh.start_pool(pool_id, region, "--speedup", "4", "--max-queue", "256")
         for _ in range(2):
-            self.mesh.start_router("--stall-timeout", str(STALL_TIMEOUT))
+            self.mesh.start_router(
+                "--stall-timeout", str(STALL_TIMEOUT), "--first-token-timeout", str(FIRST_TOKEN_TIMEOUT)
+            )
         self.settle()
 
     def _start_replica(self, address: str) -> Proc:
@@ -297,7 +300,6 @@ class Load:
         prefix = [1000 + (index + seq) % PROMPT_PREFIXES] * 48
         prompt = [*prefix, *(10_000 + index * 1_000_000 + seq * 7 + k for k in range(8))]
         expected = continue_sequence(prompt, MAX_TOKENS)
-        phase = self.phase
         started = time.monotonic()
         received: list[int] = []
         failovers = migrations = 0
@@ -326,7 +328,7 @@ class Load:
         self.ledger.add(
             RequestRecord(
                 index,
-                phase,
+                self.phase,  # read when the request ended
                 started,
                 time.monotonic() - started,
                 outcome,
@@ -349,10 +351,10 @@ def write_report(path: Path, ledger: Ledger, took: float, clients: int, command_
         "",
         f"A 3-member etcd cluster, two discovery replicas on it (heartbeat {HEARTBEAT:g} s, lease {LEASE:g} s), "
         f"three mocker pools in two regions ({', '.join(f'{p} {r}' for p, r in POOLS.items())}), each with a relay "
-        f"that knows both replicas, two global frontends (stall timeout {STALL_TIMEOUT:g} s) and {clients} clients "
+        f"that knows both replicas, two global frontends (stall timeout {STALL_TIMEOUT:g} s, first-token timeout {FIRST_TOKEN_TIMEOUT:g} s) and {clients} clients "
         f"that each know both frontends and stream requests of {MAX_TOKENS} tokens one after another. Each fault "
         "is applied, held, healed, and the mesh is waited on until both frontends route to every pool again; a "
-        "request belongs to the phase in which it started.",
+        "request belongs to the phase in which it ended, so one a fault hit counts in that fault's row.",
         "",
         "- **completed exact**: the client's stream holds exactly the tokens of an uninterrupted run "
         "(`mocker.tokens.continue_sequence`), whatever fail-overs and migrations happened;",

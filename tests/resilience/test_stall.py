@@ -19,6 +19,13 @@ def test_first_token_allowance_grows_with_the_pools_predicted_prefill():
     assert StallWatch(POLICY, uncached_tokens=20_000, prefill_rate=0).allowance() == 10.0, "rate unknown"
 
 
+def test_admission_and_first_token_share_one_allowance():
+    watch = StallWatch(POLICY, begun=100.0)
+    assert watch.allowance(100.0) == 10.0
+    assert watch.allowance(104.0) == 6.0, "what admission used is gone"
+    assert watch.allowance(130.0) == 0.05, "never less than a short last chance"
+
+
 def test_mid_stream_allowance_is_the_floor_or_the_streams_own_pace():
     watch = StallWatch(POLICY)
     watch.arrived(100.0)

@@ -25,13 +25,19 @@ PoolResponse = pool_frontend_pb2.PoolFrontendServiceGenerateResponse
 class HangingPool(FakePool):
     """Admits, sends `hang_after` tokens, then says nothing until the caller gives up."""
 
-    def __init__(self, hang_after: int) -> None:
+    def __init__(self, hang_after: int | None) -> None:
         super().__init__()
         self.hang_after = hang_after
+        """Tokens sent before the hang; None: it hangs before even admitting."""
         self.cancelled = asyncio.Event()
 
     async def Generate(self, request, context):
         self.behaviour.requests.append(request)
+        if self.hang_after is None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self.cancelled.set()
         yield PoolResponse(admission=pool_frontend_pb2.PoolAdmission(worker_id="w0", prompt_blocks=4))
         for token in continue_sequence(list(request.token_ids), self.hang_after):
             yield PoolResponse(tokens=pool_frontend_pb2.PoolTokens(token_ids=[token]))
@@ -46,7 +52,7 @@ class HangingPool(FakePool):
 async def make_mesh():
     made = []
 
-    async def make(hang_after: int, healthy: int = 1):
+    async def make(hang_after: int | None, healthy: int = 1):
         router, stub, channel = await start_router(migration_limit=2, admission_tries=3, stall=STALL)
         hanging = HangingPool(hang_after)
         servers = []
@@ -94,6 +100,16 @@ async def test_a_pool_that_sends_no_first_token_counts_as_a_refusal(make_mesh):
     assert list(summary.refused_by) == ["hung"] and list(summary.pools) == ["ok0"]
     assert summary.migrations == 0, "a refusal, not a migration"
     assert router.metrics.refusals.labels("hung", "DEADLINE_EXCEEDED")._value.get() == 1
+
+
+async def test_a_pool_that_does_not_even_admit_counts_as_a_refusal(make_mesh):
+    router, stub, hanging = await make_mesh(hang_after=None)
+    tokens, summary = await collect(stub, gen_request(PROMPT, 8))
+    assert tokens == continue_sequence(PROMPT, 8)
+    assert list(summary.refused_by) == ["hung"] and list(summary.pools) == ["ok0"]
+    assert summary.migrations == 0
+    await asyncio.wait_for(hanging.cancelled.wait(), 5)
+    assert router.core.table.pools["hung"].link_backoff_until > 0
 
 
 async def test_no_first_token_anywhere_ends_with_a_clear_reason(make_mesh):
