@@ -83,19 +83,23 @@ class PoolTable:
         pool.directory_draining = False
         self.forget_if_unused(pool_id)
 
-    def replace_directory(self, listed: Iterable[discovery_pb2.Pool], complete: bool) -> None:
+    def replace_directory(
+        self, listed: Iterable[discovery_pb2.Pool], complete: bool, keep: set[str] | None = None
+    ) -> None:
         """A new watch's snapshot is the truth: pools it does not list are unlisted.
 
         An incomplete snapshot (a fresh discovery replica that has not heard every heartbeat yet)
         only adds and updates: a pool it misses may just not have renewed there yet, and losing
-        signals never deletes a pool. The watcher re-watches later for a complete one.
+        signals never deletes a pool. The watcher re-watches later for a complete one. Pools in
+        `keep` stay listed even when a complete snapshot misses them (the outage grace).
         """
         seen: set[str] = set()
         for msg in listed:
             self.apply_listed(msg)
             seen.add(msg.pool_id)
         if complete:
-            for pool_id in [p for p, s in self.pools.items() if s.listed and p not in seen]:
+            gone = [p for p, s in self.pools.items() if s.listed and p not in seen and p not in (keep or ())]
+            for pool_id in gone:
                 self.apply_removed(pool_id)
         self.synced = True
         self.complete = complete
@@ -135,6 +139,8 @@ class DirectoryWatcher:
         """Set while a watch is in step with discovery (after its snapshot)."""
         self._synced_this_watch = False
         self._resync: asyncio.Timeout | None = None
+        self._after_break = False
+        """Set when a watch broke: the next snapshot may get the outage grace (_outage_grace)."""
 
     async def run(self) -> None:
         """Watches until cancelled."""
@@ -164,6 +170,7 @@ class DirectoryWatcher:
             return
         except grpc.aio.AioRpcError as exc:
             log.warning("directory watch broken; routing on the directory we have", code=exc.code().name)
+            self._after_break = True
             if not self._synced_this_watch:
                 raise
             return
@@ -178,11 +185,12 @@ class DirectoryWatcher:
         async for event in call:
             if not self._synced_this_watch:
                 if event.type == EventType.WATCH_EVENT_TYPE_SNAPSHOT_DONE:
-                    self._table.replace_directory(snapshot, event.complete)
+                    kept = self._outage_grace(snapshot) if event.complete else set()
+                    self._table.replace_directory(snapshot, event.complete, keep=kept)
                     self._synced_this_watch = True
                     self.connected.set()
                     log.info("directory snapshot", pools=len(snapshot), complete=event.complete)
-                    if not event.complete and self._resync is not None:
+                    if (kept or not event.complete) and self._resync is not None:
                         self._resync.reschedule(asyncio.get_running_loop().time() + self._resync_after())
                     self._changed()
                 elif event.type == EventType.WATCH_EVENT_TYPE_ADDED:
@@ -194,6 +202,31 @@ class DirectoryWatcher:
                 log.info("pool removed", pool_id=event.pool.pool_id, reason=event.removal_reason)
                 self._table.apply_removed(event.pool.pool_id)
             self._changed()
+
+    def _outage_grace(self, snapshot: list[discovery_pb2.Pool]) -> set[str]:
+        """The pools the first snapshot after a broken watch must not unlist yet.
+
+        When every discovery replica was down, leases lapsed in the shared store although their
+        relays kept retrying; the first snapshot after the outage then misses pools whose relays
+        have not renewed yet. A pool whose relays still stream telemetry to this frontend is alive:
+        it stays listed and the watch re-syncs one lease later, when it is unlisted if the snapshot
+        still misses it. Pools with no telemetry leave at once. Once per outage.
+        """
+        if not self._after_break:
+            return set()
+        self._after_break = False
+        seen = {p.pool_id for p in snapshot}
+        alive = sorted(
+            p.pool_id
+            for p in self._table.listed()
+            if p.pool_id not in seen and self._table.stream_counts.get(p.pool_id)
+        )
+        if alive:
+            log.info(
+                "snapshot after an outage misses pools whose relays still stream; re-syncing later",
+                pools=alive,
+            )
+        return set(alive)
 
     def _changed(self) -> None:
         if self._on_change is not None:
