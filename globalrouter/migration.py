@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
@@ -264,7 +265,7 @@ class GenerateRun:
             try:
                 try:
                     admitted = await within(
-                        clock, lambda pool=pool: self._links.admit(pool, request), watch.first_allowance
+                        clock, functools.partial(self._links.admit, pool, request), watch.first_allowance
                     )
                 except Silent as silent:
                     # A pool that does not even admit in time (hung, stopped) is no better than one

@@ -143,7 +143,7 @@ class ChaosMesh:
 
     def faults(self) -> list[Fault]:
         pools = self.mesh.pools
-        state: dict[str, object] = {}
+        state: dict[str, int] = {}  # the killed etcd member, for its restart
 
         def kill_replica() -> None:
             self.discovery_procs[0].kill9()
@@ -154,10 +154,10 @@ class ChaosMesh:
         def kill_etcd_leader() -> None:
             leader = self.etcd.leader()
             state["etcd"] = leader if leader is not None else 0
-            self.etcd.kill9(int(state["etcd"]))  # type: ignore[arg-type]
+            self.etcd.kill9(state["etcd"])
 
         def restart_etcd() -> None:
-            self.etcd.restart(int(state["etcd"]))  # type: ignore[arg-type]
+            self.etcd.restart(state["etcd"])
 
         def kill(pool_id: str, which: str) -> Callable[[], None]:
             def apply() -> None:

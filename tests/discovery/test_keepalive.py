@@ -101,9 +101,7 @@ async def test_a_message_without_a_registration_is_refused_naming_the_fields(dis
     stub, _, _, _ = discovery
     [reply] = await exchange(stub, [pb.KeepAlivePoolsRequest(sequence=5)])
     assert reply.sequence == 5 and reply.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    assert {"pool_id", "model", "region", "relay_id", "incarnation"} <= set(
-        error_fields(reply.error)
-    )
+    assert {"pool_id", "model", "region", "relay_id", "incarnation"} <= set(error_fields(reply.error))
 
 
 async def test_stale_incarnation_is_refused_per_message(discovery):

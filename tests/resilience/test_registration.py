@@ -5,6 +5,8 @@ why it registers nothing."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -22,7 +24,7 @@ from poolrelay.retry import describe_error
 from poolrelay.v1 import pool_events_pb2_grpc as pe_grpc
 from tests.relay.fakes import FakeDiscovery, FakePool, start_server, wait_for
 
-GOOD = dict(
+GOOD_CONFIG = RelayConfig(
     pool="127.0.0.1:1",
     discovery="127.0.0.1:2",
     pool_id="pool-a",
@@ -57,18 +59,19 @@ def rpc_error(code: grpc.StatusCode, details: str = "x") -> grpc.aio.AioRpcError
 )
 def test_a_relay_built_in_code_refuses_what_the_command_line_refuses(field, override):
     with pytest.raises(RelayConfigError) as info:
-        RelayConfig(**{**GOOD, **override})
+        replace(GOOD_CONFIG, **override)
     assert field in [f for f, _ in info.value.violations.items]
     assert field in str(info.value)
 
 
 def test_frontends_are_optional_in_the_config():
-    assert RelayConfig(**{**GOOD, "frontends": ()}).frontends == ()
+    assert replace(GOOD_CONFIG, frontends=()).frontends == ()
 
 
 def run_cli(capsys, argv: list[str]) -> tuple[int, str]:
     with pytest.raises(SystemExit) as exc:
         main(argv)
+    assert isinstance(exc.value.code, int)
     return exc.value.code, capsys.readouterr().err
 
 
@@ -171,7 +174,7 @@ class ScriptedDiscovery:
 )
 async def test_every_failure_is_retried_on_the_schedule(fake_clock, code):
     stub = ScriptedDiscovery(fake_clock, code)
-    client = KeepAliveClient(stub, unary_timeout=3.0)
+    client = KeepAliveClient(cast(Any, stub), unary_timeout=3.0)
     request = dpb.RegisterPoolRequest(pool_id="p")
     errors: list[str] = []
 
@@ -205,7 +208,7 @@ async def test_relay_logs_why_it_registers_nothing_and_a_pool_without_frontends_
     pool, disco = FakePool({"a": True, "b": True}), FakeDiscovery()
     pool_server, pool_addr = await start_server((pe_grpc.add_PoolEventsServiceServicer_to_server, pool))
     disco_server, disco_addr = await start_server((dpb_grpc.add_DiscoveryServiceServicer_to_server, disco))
-    relay = Relay(RelayConfig(**{**GOOD, "pool": pool_addr, "discovery": disco_addr, "frontends": ()}))
+    relay = Relay(replace(GOOD_CONFIG, pool=pool_addr, discovery=disco_addr, frontends=()))
     try:
         with capture_logs() as logs:
             await relay.start()

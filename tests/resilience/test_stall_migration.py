@@ -39,7 +39,7 @@ class HangingPool(FakePool):
             finally:
                 self.cancelled.set()
         yield PoolResponse(admission=pool_frontend_pb2.PoolAdmission(worker_id="w0", prompt_blocks=4))
-        for token in continue_sequence(list(request.token_ids), self.hang_after):
+        for token in continue_sequence(list(request.token_ids), self.hang_after or 0):
             yield PoolResponse(tokens=pool_frontend_pb2.PoolTokens(token_ids=[token]))
         try:
             await asyncio.Event().wait()
