@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from meshkit import channels
 from meshkit.channels import url_to_target
 from meshkit.keepalive import CLIENT_OPTIONS
 
@@ -90,10 +91,17 @@ def channel_options(endpoints: Sequence[str]) -> list[tuple[str, object]]:
 
 
 def aio_channel(value: str | Sequence[str]) -> grpc.aio.Channel:
-    """An asyncio channel to one or several replicas (`"A,B,C"` or a sequence of addresses)."""
+    """An asyncio channel to one or several replicas (`"A,B,C"` or a sequence of addresses), with
+    the process's TLS settings (meshkit.channels)."""
     endpoints = parse_endpoints(value) if isinstance(value, str) else tuple(value)
+    if len(endpoints) == 1:
+        return channels.aio_channel(endpoints[0])
     target, tls = channel_target(endpoints)
-    options = channel_options(endpoints)
+    options: list[tuple[str, object]] = channel_options(endpoints)
     if tls:
-        return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), options=options)
+        # Every replica's certificate is checked against the first address's host name, so
+        # replicas behind several addresses carry a shared name (e.g. a DNS SAN of the service).
+        host = url_to_target(endpoints[0])[0].rpartition(":")[0].strip("[]")
+        options = [*options, ("grpc.ssl_target_name_override", host), ("grpc.default_authority", host)]
+        return grpc.aio.secure_channel(target, channels._tls_credentials(), options=options)
     return grpc.aio.insecure_channel(target, options=options)
