@@ -208,7 +208,7 @@ class GenerateRun:
         self._log.info("refused", pool_id=pool_id, reason=str(Reason.POOL_STALLED), detail=detail)
         sent = len(rec.tokens)
         decision = self._core.decide(
-            self._model, self._prompt + rec.tokens, self._max_tokens - sent, exclude=failed_pools
+            self._model, [*self._prompt, *rec.tokens], self._max_tokens - sent, exclude=failed_pools
         )
         if self._stalled_starts >= self._admission_tries or not decision.candidates:
             why = describe_filtered(decision) or "no other pool serves the model"
