@@ -117,7 +117,12 @@ def frontend(view: FrontendView) -> pb.Frontend:
 def watch_event(event: PoolEvent) -> pb.WatchPoolsResponse:
     """A directory event as a WatchPoolsResponse, encoded once and shared by every watcher."""
     if event.encoded is None:
-        msg = pb.WatchPoolsResponse(type=_EVENT_TYPES[event.kind], complete=event.complete)
+        msg = pb.WatchPoolsResponse(
+            type=_EVENT_TYPES[event.kind],
+            complete=event.complete,
+            revision=event.revision,
+            resumed=event.resumed,
+        )
         if event.pool is not None:
             msg.pool.CopyFrom(pool(event.pool))
         if event.kind is EventKind.REMOVED:

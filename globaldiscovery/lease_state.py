@@ -9,6 +9,7 @@ this module keeps the state. The gRPC layer (server.py) reaches it through a Sto
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from globaldiscovery.records import (
     EventKind,
     FrontendView,
     LeaseView,
+    PoolEvent,
     PoolRegistration,
     PoolView,
     RegisterResult,
@@ -51,6 +53,7 @@ class Directory:
         started_at: float,
         wall_offset: float,
         watch_queue_limit: int = 10_000,
+        watch_history_limit: int = 10_000,
         complete_at_start: bool = False,
         on_drained: Callable[[str, list[tuple[str, int]]], None] | None = None,
     ) -> None:
@@ -65,6 +68,11 @@ class Directory:
         self._drains: dict[str, float] = {}  # pool_id -> monotonic deadline of an operator drain
         self._drained: dict[str, dict[str, int]] = {}  # pool -> relay -> highest refused incarnation
         self._fanout = WatchFanout(watch_queue_limit)
+        # Revisions start at this directory's start time in microseconds, so a restarted replica
+        # never reuses one an earlier process sent (a resume from it then gets a reset snapshot).
+        self.revision = int((started_at + wall_offset) * 1_000_000)
+        self._history: deque[PoolEvent] = deque(maxlen=max(1, watch_history_limit))
+        self._history_floor = self.revision  # a resume can start from any revision >= this
         self._on_drained = on_drained  # told (pool_id, [(relay_id, incarnation)]) when a drain completes
 
     # ----- time -----
@@ -245,11 +253,19 @@ class Directory:
 
     # ----- watchers -----
 
-    def watch(self, now: float, *, model: str = "", region: str = "") -> Watcher:
-        """A watcher already holding the snapshot (one ADDED per matching pool) and SNAPSHOT_DONE."""
+    def watch(self, now: float, *, model: str = "", region: str = "", start_revision: int = 0) -> Watcher:
+        """A watcher resumed after `start_revision` when this directory still holds every event
+        since (unfiltered watches only); otherwise one holding the snapshot and SNAPSHOT_DONE."""
         self.advance(now)
+        if self.can_resume(start_revision) and not model and not region:
+            replay = [event for event in self._history if event.revision > start_revision]
+            return self._fanout.resume(list(self._order), replay, self.complete(now), start_revision)
         snapshot = [self._view(self._pools[pool_id]) for pool_id in self._order]
-        return self._fanout.open(model, region, snapshot, self.complete(now))
+        return self._fanout.open(model, region, snapshot, self.complete(now), self.revision)
+
+    def can_resume(self, start_revision: int) -> bool:
+        """Whether every event after `start_revision` is still in the (bounded) history."""
+        return 0 < start_revision and self._history_floor <= start_revision <= self.revision
 
     def unwatch(self, watcher: Watcher) -> None:
         """Forgets a watcher (its stream ended)."""
@@ -380,4 +396,9 @@ class Directory:
         )
 
     def _publish(self, kind: EventKind, view: PoolView, reason: Removal = Removal.UNSPECIFIED) -> None:
-        self._fanout.publish(kind, view, reason)
+        self.revision += 1
+        if len(self._history) == self._history.maxlen:
+            self._history_floor = self._history[0].revision  # that event is evicted next
+        removal = reason if kind is EventKind.REMOVED else Removal.UNSPECIFIED
+        self._history.append(PoolEvent(kind, view, removal, revision=self.revision))
+        self._fanout.publish(kind, view, reason, self.revision)

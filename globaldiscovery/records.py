@@ -116,6 +116,8 @@ class PoolEvent:
     reason: Removal = Removal.UNSPECIFIED
     complete: bool = False
     encoded: object = None
+    revision: int = 0  # the directory's revision after this event (see Directory.revision)
+    resumed: bool = False  # SNAPSHOT_DONE of a resumed watch: no snapshot precedes it
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,11 @@ def filters(req: pb.ListPoolsRequest | pb.WatchPoolsRequest) -> Violations:
     v = Violations()
     check_identifier(v, "model", req.model, required=False)
     check_identifier(v, "region", req.region, required=False)
+    if isinstance(req, pb.WatchPoolsRequest) and req.start_revision < 0:
+        v.add(
+            "start_revision",
+            f"must be 0 (a snapshot) or a revision from an earlier watch, got {req.start_revision}",
+        )
     return v
 
 

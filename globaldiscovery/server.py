@@ -255,8 +255,12 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
     async def _watch(
         self, request: pb.WatchPoolsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchPoolsResponse]:
-        watcher = await self.store.watch(model=request.model, region=request.region)
-        log.info("watch opened", model=request.model, region=request.region)
+        watcher = await self.store.watch(
+            model=request.model, region=request.region, start_revision=request.start_revision
+        )
+        log.info(
+            "watch opened", model=request.model, region=request.region, start_revision=request.start_revision
+        )
         try:
             while True:
                 event = await watcher.next()

@@ -89,15 +89,31 @@ class WatchFanout:
         self.queue_limit = queue_limit
         self._watchers: set[Watcher] = set()
 
-    def open(self, model: str, region: str, snapshot: list[PoolView], complete: bool) -> Watcher:
+    def open(
+        self, model: str, region: str, snapshot: list[PoolView], complete: bool, revision: int = 0
+    ) -> Watcher:
         """A watcher already holding `snapshot` (one ADDED per matching pool) and SNAPSHOT_DONE."""
         matching = [view for view in snapshot if selected(view, model, region)]
         # The bound applies to changes; the snapshot itself always fits.
         watcher = Watcher(model, region, self.queue_limit + len(matching) + 1)
         for view in matching:
             watcher.seen.add(view.pool_id)
-            watcher.push(PoolEvent(EventKind.ADDED, view))
-        watcher.push(PoolEvent(EventKind.SNAPSHOT_DONE, complete=complete))
+            watcher.push(PoolEvent(EventKind.ADDED, view, revision=revision))
+        watcher.push(PoolEvent(EventKind.SNAPSHOT_DONE, complete=complete, revision=revision))
+        self._watchers.add(watcher)
+        return watcher
+
+    def resume(
+        self, listed: Iterable[str], replay: list[PoolEvent], complete: bool, start_revision: int
+    ) -> Watcher:
+        """An unfiltered watcher holding a resumed SNAPSHOT_DONE, then `replay` (the unfiltered
+        events after `start_revision`); `listed` is every pool listed now, as live events expect."""
+        watcher = Watcher("", "", self.queue_limit + len(replay) + 1)
+        watcher.seen.update(listed)
+        marker = PoolEvent(EventKind.SNAPSHOT_DONE, complete=complete, revision=start_revision, resumed=True)
+        watcher.push(marker)
+        for event in replay:
+            watcher.push(event)
         self._watchers.add(watcher)
         return watcher
 
@@ -115,14 +131,17 @@ class WatchFanout:
     def watchers(self) -> Iterable[Watcher]:
         return tuple(self._watchers)
 
-    def publish(self, kind: EventKind, view: PoolView, reason: Removal = Removal.UNSPECIFIED) -> None:
+    def publish(
+        self, kind: EventKind, view: PoolView, reason: Removal = Removal.UNSPECIFIED, revision: int = 0
+    ) -> None:
         """Tells every watcher about a pool that was added, updated or removed, as its filter sees it."""
         shared: dict[EventKind, PoolEvent] = {}
 
         def event(k: EventKind) -> PoolEvent:
             # One event object per kind, shared by every watcher, so it is encoded once.
             if k not in shared:
-                shared[k] = PoolEvent(k, view, reason if k is EventKind.REMOVED else Removal.UNSPECIFIED)
+                removal = reason if k is EventKind.REMOVED else Removal.UNSPECIFIED
+                shared[k] = PoolEvent(k, view, removal, revision=revision)
             return shared[k]
 
         for watcher in list(self._watchers):

@@ -141,6 +141,12 @@ class DirectoryWatcher:
         self._resync: asyncio.Timeout | None = None
         self._after_break = False
         """Set when a watch broke: the next snapshot may get the outage grace (_outage_grace)."""
+        self.last_revision = 0
+        """Discovery's revision of the last event applied; a re-watch resumes after it."""
+        self._want_snapshot = True
+        """Set while the next watch must take a snapshot (no sync yet, or a re-sync is due)."""
+        self.resumes = 0
+        """Watches that resumed (no snapshot) rather than starting from one."""
 
     async def run(self) -> None:
         """Watches until cancelled."""
@@ -159,7 +165,8 @@ class DirectoryWatcher:
         when it broke before one (re-watch after a back-off)."""
         self.watches_started += 1
         self._synced_this_watch = False
-        call = self._stub.WatchPools(discovery_pb2.WatchPoolsRequest())
+        start = 0 if self._want_snapshot else self.last_revision
+        call = self._stub.WatchPools(discovery_pb2.WatchPoolsRequest(start_revision=start))
         try:
             async with asyncio.timeout(None) as self._resync:
                 await self._follow(call)
@@ -184,18 +191,34 @@ class DirectoryWatcher:
         snapshot: list[discovery_pb2.Pool] = []
         async for event in call:
             if not self._synced_this_watch:
+                if event.type == EventType.WATCH_EVENT_TYPE_SNAPSHOT_DONE and event.resumed:
+                    # Discovery still had every change after our revision: they follow, no snapshot.
+                    self._synced_this_watch = True
+                    self.resumes += 1
+                    self._after_break = False  # the changes during the break come exactly
+                    self.connected.set()
+                    log.info("directory watch resumed", revision=event.revision)
+                    continue
                 if event.type == EventType.WATCH_EVENT_TYPE_SNAPSHOT_DONE:
+                    # A snapshot (first watch, or a reset): its revision is the one to resume from.
+                    self.last_revision = event.revision
                     kept = self._outage_grace(snapshot) if event.complete else set()
                     self._table.replace_directory(snapshot, event.complete, keep=kept)
                     self._synced_this_watch = True
                     self.connected.set()
                     log.info("directory snapshot", pools=len(snapshot), complete=event.complete)
-                    if (kept or not event.complete) and self._resync is not None:
+                    # A re-sync still due (grace kept pools, or incomplete) needs a snapshot again.
+                    self._want_snapshot = bool(kept) or not event.complete
+                    if self._want_snapshot and self._resync is not None:
                         self._resync.reschedule(asyncio.get_running_loop().time() + self._resync_after())
                     self._changed()
                 elif event.type == EventType.WATCH_EVENT_TYPE_ADDED:
                     snapshot.append(event.pool)
                 continue
+            if event.revision and event.revision <= self.last_revision:
+                continue  # already applied (a replay overlapping what we had): never twice
+            if event.revision:
+                self.last_revision = event.revision
             if event.type in (EventType.WATCH_EVENT_TYPE_ADDED, EventType.WATCH_EVENT_TYPE_UPDATED):
                 self._table.apply_listed(event.pool)
             elif event.type == EventType.WATCH_EVENT_TYPE_REMOVED:

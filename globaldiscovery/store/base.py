@@ -45,8 +45,9 @@ class Store(Protocol):
     ) -> tuple[list[PoolView], bool, bool]:
         """A page of pools after `after`; whether more follow; whether the listing is complete."""
 
-    async def watch(self, *, model: str, region: str) -> Watcher:
-        """A watcher holding the snapshot and SNAPSHOT_DONE, then every change."""
+    async def watch(self, *, model: str, region: str, start_revision: int = 0) -> Watcher:
+        """A watcher holding the snapshot and SNAPSHOT_DONE (or, resumed after `start_revision`,
+        a resumed SNAPSHOT_DONE and the events since), then every change."""
 
     def unwatch(self, watcher: Watcher) -> None:
         """Forgets a watcher whose stream ended."""

@@ -110,6 +110,7 @@ class EtcdStore:
         heartbeat_interval: float,
         lease_duration: float,
         watch_queue_limit: int = 10_000,
+        watch_history_limit: int = 10_000,
     ) -> None:
         self.clock = clock
         # One endpoint or several ("A,B,C", the members of an etcd cluster): one channel that
@@ -130,6 +131,7 @@ class EtcdStore:
             started_at=now,
             wall_offset=clock.wall() - now,
             watch_queue_limit=watch_queue_limit,
+            watch_history_limit=watch_history_limit,
             complete_at_start=True,
             on_drained=self._drain_completed,
         )
@@ -384,8 +386,10 @@ class EtcdStore:
         )
         return pools, more, True
 
-    async def watch(self, *, model: str, region: str) -> Watcher:
-        return self.directory.watch(self.clock.monotonic(), model=model, region=region)
+    async def watch(self, *, model: str, region: str, start_revision: int = 0) -> Watcher:
+        return self.directory.watch(
+            self.clock.monotonic(), model=model, region=region, start_revision=start_revision
+        )
 
     def unwatch(self, watcher: Watcher) -> None:
         self.directory.unwatch(watcher)

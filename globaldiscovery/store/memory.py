@@ -19,6 +19,7 @@ class MemoryStore:
         heartbeat_interval: float,
         lease_duration: float,
         watch_queue_limit: int = 10_000,
+        watch_history_limit: int = 10_000,
     ) -> None:
         self.clock = clock
         self.heartbeat_interval = heartbeat_interval
@@ -29,6 +30,7 @@ class MemoryStore:
             started_at=now,
             wall_offset=clock.wall() - now,
             watch_queue_limit=watch_queue_limit,
+            watch_history_limit=watch_history_limit,
         )
         self._expiry = Expiry(self.directory, clock)
 
@@ -67,8 +69,8 @@ class MemoryStore:
         pools, more = self.directory.list_pools(now, model=model, region=region, after=after, limit=limit)
         return pools, more, self.directory.complete(now)
 
-    async def watch(self, *, model: str, region: str) -> Watcher:
-        return self.directory.watch(self._now(), model=model, region=region)
+    async def watch(self, *, model: str, region: str, start_revision: int = 0) -> Watcher:
+        return self.directory.watch(self._now(), model=model, region=region, start_revision=start_revision)
 
     def unwatch(self, watcher: Watcher) -> None:
         self.directory.unwatch(watcher)

@@ -215,24 +215,30 @@ class ListPoolsResponse(_message.Message):
     def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., complete: _Optional[bool] = ...) -> None: ...
 
 class WatchPoolsRequest(_message.Message):
-    __slots__ = ("model", "region")
+    __slots__ = ("model", "region", "start_revision")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
+    START_REVISION_FIELD_NUMBER: _ClassVar[int]
     model: str
     region: str
-    def __init__(self, model: _Optional[str] = ..., region: _Optional[str] = ...) -> None: ...
+    start_revision: int
+    def __init__(self, model: _Optional[str] = ..., region: _Optional[str] = ..., start_revision: _Optional[int] = ...) -> None: ...
 
 class WatchPoolsResponse(_message.Message):
-    __slots__ = ("type", "pool", "removal_reason", "complete")
+    __slots__ = ("type", "pool", "removal_reason", "complete", "revision", "resumed")
     TYPE_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     REMOVAL_REASON_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
     type: WatchEventType
     pool: Pool
     removal_reason: RemovalReason
     complete: bool
-    def __init__(self, type: _Optional[_Union[WatchEventType, str]] = ..., pool: _Optional[_Union[Pool, _Mapping]] = ..., removal_reason: _Optional[_Union[RemovalReason, str]] = ..., complete: _Optional[bool] = ...) -> None: ...
+    revision: int
+    resumed: bool
+    def __init__(self, type: _Optional[_Union[WatchEventType, str]] = ..., pool: _Optional[_Union[Pool, _Mapping]] = ..., removal_reason: _Optional[_Union[RemovalReason, str]] = ..., complete: _Optional[bool] = ..., revision: _Optional[int] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class DrainPoolRequest(_message.Message):
     __slots__ = ("pool_id", "timeout")

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from globaldiscovery.lease_rules import DrainCompleted, ModelConflict, NotFound, StaleIncarnation
-from globaldiscovery.records import EventKind, Removal
+from globaldiscovery.records import EventKind, PoolEvent, Removal
 from globaldiscovery.store import MemoryStore, Store, StoreUnavailable
 from meshkit.clock import FakeClock
 from tests.discovery.etcd_support import wipe_discovery_keys
@@ -22,6 +22,7 @@ from tests.discovery.helpers import reg
 pytestmark = pytest.mark.timeout(90)
 
 LEASE = 600.0
+HISTORY = 4  # events each store keeps for resumed watches (small, so a test can outrun it)
 WAIT = 20.0  # the longest any awaited state may take (etcd under load), never slept for
 
 
@@ -31,13 +32,19 @@ async def store(request):
     clock = FakeClock()
     s: Store
     if request.param == "memory":
-        s = MemoryStore(clock, heartbeat_interval=1.0, lease_duration=LEASE)
+        s = MemoryStore(clock, heartbeat_interval=1.0, lease_duration=LEASE, watch_history_limit=HISTORY)
     else:
         from globaldiscovery.store.etcd import EtcdStore
 
         endpoint = request.getfixturevalue("etcd")
         await wipe_discovery_keys(endpoint)
-        s = EtcdStore(clock, endpoint=endpoint, heartbeat_interval=1.0, lease_duration=LEASE)
+        s = EtcdStore(
+            clock,
+            endpoint=endpoint,
+            heartbeat_interval=1.0,
+            lease_duration=LEASE,
+            watch_history_limit=HISTORY,
+        )
     await s.start()
     try:
         yield s
@@ -172,3 +179,88 @@ async def test_frontend_leases_follow_the_same_incarnation_rule(store):
     assert await store.unregister_frontend("f1", 2) is False
     frontends, _ = await store.list_frontends()
     assert [f.frontend_id for f in frontends] == ["f0"]
+
+
+# ----- a watch resumed from a revision: exactly the changes after it, else a reset snapshot -----
+
+
+async def opening(watcher) -> tuple[list[PoolEvent], PoolEvent]:
+    """The ADDED events up to SNAPSHOT_DONE, and SNAPSHOT_DONE."""
+    added: list[PoolEvent] = []
+    while True:
+        event = await asyncio.wait_for(watcher.next(), WAIT)
+        assert event is not None, "the watcher ended"
+        if event.kind is EventKind.SNAPSHOT_DONE:
+            return added, event
+        added.append(event)
+
+
+def queued(watcher) -> list[tuple[EventKind, str, int]]:
+    """The events waiting in `watcher` (each store has applied its change when the call returns)."""
+    out = []
+    while watcher.pending():
+        event = watcher._events.popleft()
+        assert event.pool is not None
+        out.append((event.kind, event.pool.pool_id, event.revision))
+    return out
+
+
+async def test_a_resume_gets_exactly_the_changes_after_its_revision_in_order(store):
+    await store.register_pool(reg("p0"))
+    live = await store.watch(model="", region="")
+    _, done = await opening(live)
+    start = done.revision
+    assert start > 0
+    await store.register_pool(reg("p1"))
+    await store.register_pool(reg("p2"))
+    await store.remove_pool("p0")
+    changes = queued(live)
+    assert [(kind, pool) for kind, pool, _ in changes] == [
+        (EventKind.ADDED, "p1"),
+        (EventKind.ADDED, "p2"),
+        (EventKind.REMOVED, "p0"),
+    ]
+    revisions = [revision for _, _, revision in changes]
+    assert revisions == sorted(set(revisions)) and revisions[0] > start
+
+    resumed = await store.watch(model="", region="", start_revision=start)
+    added, marker = await opening(resumed)
+    assert added == [] and marker.resumed and marker.revision == start
+    assert queued(resumed) == changes  # exactly those, in order, none repeated
+
+    middle = await store.watch(model="", region="", start_revision=revisions[0])
+    _, marker = await opening(middle)
+    assert marker.resumed
+    assert queued(middle) == changes[1:]
+
+    await store.register_pool(reg("p3"))  # a live change after the resume comes once
+    (kind, pool, revision), *rest = queued(resumed)
+    assert (kind, pool, rest) == (EventKind.ADDED, "p3", []) and revision > revisions[-1]
+    for w in (live, resumed, middle):
+        store.unwatch(w)
+
+
+async def test_a_resume_from_an_evicted_or_unknown_revision_gets_a_reset_snapshot(store):
+    watcher = await store.watch(model="", region="")
+    _, done = await opening(watcher)
+    store.unwatch(watcher)
+    for i in range(HISTORY + 1):  # the history keeps HISTORY events: the first is gone
+        await store.register_pool(reg(f"p{i}"))
+    for start in (done.revision, done.revision + 10**12):  # evicted; never seen here
+        reset = await store.watch(model="", region="", start_revision=start)
+        added, marker = await opening(reset)
+        assert not marker.resumed
+        assert sorted(e.pool.pool_id for e in added if e.pool) == [f"p{i}" for i in range(HISTORY + 1)]
+        assert marker.revision > done.revision
+        store.unwatch(reset)
+
+
+async def test_a_filtered_watch_never_resumes(store):
+    watcher = await store.watch(model="", region="")
+    _, done = await opening(watcher)
+    store.unwatch(watcher)
+    await store.register_pool(reg("p1"))
+    filtered = await store.watch(model=reg("p1").model, region="", start_revision=done.revision)
+    added, marker = await opening(filtered)
+    assert not marker.resumed and [e.pool.pool_id for e in added if e.pool] == ["p1"]
+    store.unwatch(filtered)

@@ -29,8 +29,11 @@ class FakeDiscovery(discovery_pb2_grpc.DiscoveryServiceServicer):
         self.registrations: list[discovery_pb2.RegisterFrontendRequest] = []
         self.unregistrations = 0
         self.fail_registrations = 0
+        self.starts: list[int] = []
+        """Each watch's start_revision."""
 
     async def WatchPools(self, request, context):
+        self.starts.append(request.start_revision)
         events = await self.watches.get()
         for ev in events:
             yield ev
@@ -156,4 +159,108 @@ async def test_incomplete_snapshot_adds_but_removes_nothing_then_resyncs(discove
     assert sorted(p.pool_id for p in table.listed()) == ["a", "b"]
     fake.watches.put_nowait(snapshot(pool_msg("b", "http://h:2")))  # complete now: a is gone
     await eventually(lambda: watcher.watches_started == 3 and "a" not in table.pools)
+    task.cancel()
+
+
+# ----- resumed watches: no change missed or applied twice -----
+
+
+class Counting(PoolTable):
+    """A PoolTable counting the directory events applied to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: list[tuple[str, str]] = []
+
+    def apply_listed(self, msg):
+        self.applied.append(("listed", msg.pool_id))
+        return super().apply_listed(msg)
+
+    def apply_removed(self, pool_id):
+        self.applied.append(("removed", pool_id))
+        super().apply_removed(pool_id)
+
+
+def added(pool_id: str, revision: int) -> Ev:
+    return Ev(type=T.WATCH_EVENT_TYPE_ADDED, pool=pool_msg(pool_id, "http://h:1"), revision=revision)
+
+
+async def test_a_broken_watch_resumes_after_the_last_revision_with_no_change_twice(discovery):
+    fake, channel = discovery
+    table = Counting()
+    watcher = DirectoryWatcher(table, channel, FakeClock())
+    fake.watches.put_nowait(
+        [
+            Ev(type=T.WATCH_EVENT_TYPE_ADDED, pool=pool_msg("a", "http://h:1"), revision=10),
+            Ev(type=T.WATCH_EVENT_TYPE_SNAPSHOT_DONE, complete=True, revision=10),
+            added("b", 11),
+            added("c", 12),
+        ]
+    )
+    task = asyncio.create_task(watcher.run())
+    await eventually(lambda: watcher.last_revision == 12)
+    assert fake.starts == [0]
+    fake.live[-1].put_nowait(None)  # the stream breaks after revision 12
+    # The new replica replays from 11 (it overlaps what we applied), then a change we missed.
+    fake.watches.put_nowait(
+        [
+            Ev(type=T.WATCH_EVENT_TYPE_SNAPSHOT_DONE, complete=True, revision=12, resumed=True),
+            added("c", 12),
+            Ev(type=T.WATCH_EVENT_TYPE_REMOVED, pool=pool_msg("a", "http://h:1"), revision=13),
+            added("d", 14),
+        ]
+    )
+    await eventually(lambda: watcher.last_revision == 14)
+    assert fake.starts == [0, 12]
+    assert watcher.resumes == 1
+    assert table.applied == [
+        ("listed", "a"),  # the snapshot
+        ("listed", "b"),
+        ("listed", "c"),
+        ("removed", "a"),  # c at 12 was not applied again
+        ("listed", "d"),
+    ]
+    assert sorted(p.pool_id for p in table.listed()) == ["b", "c", "d"]
+    task.cancel()
+
+
+async def test_a_reset_snapshot_replaces_the_directory_and_its_revision(discovery):
+    fake, channel = discovery
+    table = PoolTable()
+    watcher = DirectoryWatcher(table, channel, FakeClock())
+    fake.watches.put_nowait(
+        [added("a", 50), Ev(type=T.WATCH_EVENT_TYPE_SNAPSHOT_DONE, complete=True, revision=50)]
+    )
+    task = asyncio.create_task(watcher.run())
+    await eventually(lambda: watcher.last_revision == 50)
+    fake.live[-1].put_nowait(None)
+    # A replica that cannot resume from 50 (restarted: its revisions are its own) sends a snapshot.
+    fake.watches.put_nowait(
+        [
+            Ev(type=T.WATCH_EVENT_TYPE_ADDED, pool=pool_msg("b", "http://h:1"), revision=7),
+            Ev(type=T.WATCH_EVENT_TYPE_SNAPSHOT_DONE, complete=True, revision=7),
+        ]
+    )
+    await eventually(lambda: watcher.last_revision == 7)
+    assert fake.starts == [0, 50]
+    assert [p.pool_id for p in table.listed()] == ["b"]
+    await eventually(lambda: len(fake.live) == 2)
+    fake.live[-1].put_nowait(added("c", 8))  # later changes apply although below the old revision
+    await eventually(lambda: "c" in table.pools and table.pools["c"].listed)
+    task.cancel()
+
+
+async def test_an_incomplete_snapshot_is_followed_by_a_snapshot_not_a_resume(discovery):
+    fake, channel = discovery
+    table = PoolTable()
+    watcher = DirectoryWatcher(table, channel, FakeClock(), resync_after=lambda: 0.0)
+    fake.watches.put_nowait(
+        [added("a", 5), Ev(type=T.WATCH_EVENT_TYPE_SNAPSHOT_DONE, complete=False, revision=5)]
+    )
+    fake.watches.put_nowait(
+        [added("a", 6), Ev(type=T.WATCH_EVENT_TYPE_SNAPSHOT_DONE, complete=True, revision=6)]
+    )
+    task = asyncio.create_task(watcher.run())
+    await eventually(lambda: table.complete)
+    assert fake.starts == [0, 0]
     task.cancel()
