@@ -33,6 +33,7 @@ from meshkit import devcerts
 from meshkit.identity import Role, spiffe_id
 from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig, channel_credentials
 from meshlaunch import command, free_port, process_group
+from meshlaunch.mesh import relay_argv, router_argv
 from poolrelay.v1 import telemetry_pb2 as tpb
 from poolrelay.v1 import telemetry_pb2_grpc as tpb_grpc
 
@@ -139,40 +140,12 @@ class Mesh:
         self.router = f"127.0.0.1:{free_port()}"
         self.group.start(
             "router",
-            [
-                command("globalrouter"),
-                "serve",
-                "--listen",
-                self.router,
-                "--discovery",
-                self.discovery,
-                "--frontend-id",
-                "router-1",
-                *flags(s["router"]),
-            ],
+            router_argv(self.router, self.discovery, "--frontend-id", "router-1", *flags(s["router"])),
         )
         await wait_serving(self.router, s["admin"])
         self.group.start(
             "relay",
-            [
-                command("poolrelay"),
-                "serve",
-                "--pool",
-                self.pool,
-                "--discovery",
-                self.discovery,
-                "--routing-pool",
-                "pool-a",
-                "--routing-pool-region",
-                "r1",
-                "--routing-pool-frontends",
-                f"http://{self.pool}",
-                "--relay-id",
-                "relay-1",
-                "--report-interval",
-                "0.2",
-                *flags(s["relay"]),
-            ],
+            relay_argv(self.pool, self.discovery, "pool-a", "r1", "relay-1", *flags(s["relay"])),
         )
         async with channel(self.router, s["client"]) as ch:
             stub = rpb_grpc.RouterServiceStub(ch)

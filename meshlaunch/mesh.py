@@ -39,6 +39,50 @@ LEASE = "1.5"
 START_TIMEOUT = 30.0
 
 
+def discovery_argv(listen: str, *extra: str) -> list[str]:
+    """`globaldiscovery serve` on `listen` with short leases (HEARTBEAT, LEASE), then `extra`."""
+    return [
+        command("globaldiscovery"),
+        "serve",
+        "--listen",
+        listen,
+        "--heartbeat-interval",
+        HEARTBEAT,
+        "--lease-duration",
+        LEASE,
+        *extra,
+    ]
+
+
+def router_argv(listen: str, discovery: str, *extra: str) -> list[str]:
+    """`globalrouter serve` on `listen` reading pools from `discovery`, then `extra`."""
+    return [command("globalrouter"), "serve", "--listen", listen, "--discovery", discovery, *extra]
+
+
+def relay_argv(pool: str, discovery: str, pool_id: str, region: str, relay_id: str, *extra: str) -> list[str]:
+    """`poolrelay serve` for the mocker pool at `pool` (its own frontend), registering it with
+    `discovery` as `pool_id` in `region` and reporting every 0.2 s, then `extra`."""
+    return [
+        command("poolrelay"),
+        "serve",
+        "--pool",
+        pool,
+        "--discovery",
+        discovery,
+        "--routing-pool",
+        pool_id,
+        "--routing-pool-region",
+        region,
+        "--routing-pool-frontends",
+        f"http://{pool}",
+        "--relay-id",
+        relay_id,
+        "--report-interval",
+        "0.2",
+        *extra,
+    ]
+
+
 @dataclass
 class PoolProcs:
     """One mocker pool and its relay (None when started without one)."""
@@ -124,18 +168,7 @@ class Mesh:
         """Starts `globaldiscovery serve` (short leases) and waits until it serves; its address."""
         self.discovery = self.discovery or f"127.0.0.1:{port or free_port()}"
         self.discovery_proc = self.group.start(
-            "discovery",
-            [
-                command("globaldiscovery"),
-                "serve",
-                "--listen",
-                self.discovery,
-                "--heartbeat-interval",
-                HEARTBEAT,
-                "--lease-duration",
-                LEASE,
-                *self._tls("discovery"),
-            ],
+            "discovery", discovery_argv(self.discovery, *self._tls("discovery"))
         )
         wait_healthy(self.discovery, self.start_timeout, proc=self.discovery_proc)
         return self.discovery
@@ -157,25 +190,14 @@ class Mesh:
         relay_proc = (
             self.group.start(
                 f"relay-{pool_id}",
-                [
-                    command("poolrelay"),
-                    "serve",
-                    "--pool",
+                relay_argv(
                     address,
-                    "--discovery",
                     self.discovery,
-                    "--routing-pool",
                     pool_id,
-                    "--routing-pool-region",
                     region,
-                    "--routing-pool-frontends",
-                    f"http://{address}",
-                    "--relay-id",
                     f"relay-{pool_id}",
-                    "--report-interval",
-                    "0.2",
                     *self._tls(relay_cert_name(pool_id)),
-                ],
+                ),
             )
             if relay
             else None
@@ -198,12 +220,8 @@ class Mesh:
         metrics_port = free_port()
         proc = self.group.start(
             "router",
-            [
-                command("globalrouter"),
-                "serve",
-                "--listen",
+            router_argv(
                 address,
-                "--discovery",
                 self.discovery,
                 "--metrics-listen",
                 f"127.0.0.1:{metrics_port}",
@@ -211,7 +229,7 @@ class Mesh:
                 "1",
                 *self._frontend_identity(),
                 *extra,
-            ],
+            ),
         )
         wait_healthy(address, self.start_timeout, proc=proc)
         router = RouterProc(address, proc, metrics_port)

@@ -16,6 +16,7 @@ from globalrouter.v1 import router_pb2 as rpb
 from globalrouter.v1 import router_pb2_grpc as rpb_grpc
 from meshkit.tls import SecurityConfig, channel_credentials
 from meshlaunch import Proc, ProcessGroup, command, free_port, wait_until
+from meshlaunch.mesh import discovery_argv, relay_argv, router_argv
 from tests.security.pki import Pki
 
 MODEL = "demo-model"
@@ -75,20 +76,7 @@ class SecureMesh:
     def start_all(self) -> SecureMesh:
         admin = self.config("admin")
         self.discovery = f"127.0.0.1:{free_port()}"
-        proc = self.start(
-            "discovery",
-            [
-                command("globaldiscovery"),
-                "serve",
-                "--listen",
-                self.discovery,
-                "--heartbeat-interval",
-                "0.5",
-                "--lease-duration",
-                "1.5",
-            ],
-            "discovery",
-        )
+        proc = self.start("discovery", discovery_argv(self.discovery), "discovery")
         wait_serving(self.discovery, admin, proc)
         self.pool = f"127.0.0.1:{free_port()}"
         proc = self.start(
@@ -102,12 +90,8 @@ class SecureMesh:
         self.http = f"127.0.0.1:{free_port()}"
         proc = self.start(
             "router",
-            [
-                command("globalrouter"),
-                "serve",
-                "--listen",
+            router_argv(
                 self.router,
-                "--discovery",
                 self.discovery,
                 "--frontend-id",
                 "router-1",
@@ -118,33 +102,16 @@ class SecureMesh:
                 "--http-listen",
                 self.http,
                 *self.router_flags,
-            ],
+            ),
             "frontend",
         )
         wait_serving(self.router, admin, proc)
         self.relay_status = f"127.0.0.1:{free_port()}"
         self.start(
             "relay",
-            [
-                command("poolrelay"),
-                "serve",
-                "--pool",
-                self.pool,
-                "--discovery",
-                self.discovery,
-                "--routing-pool",
-                "pool-a",
-                "--routing-pool-region",
-                "r1",
-                "--routing-pool-frontends",
-                f"http://{self.pool}",
-                "--relay-id",
-                "relay-1",
-                "--report-interval",
-                "0.2",
-                "--status-listen",
-                self.relay_status,
-            ],
+            relay_argv(
+                self.pool, self.discovery, "pool-a", "r1", "relay-1", "--status-listen", self.relay_status
+            ),
             "relay-a",
         )
         wait_until(self.routable, 30, message="pool-a routable over mutual TLS")
