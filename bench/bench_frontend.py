@@ -42,6 +42,7 @@ from typing import Any, cast
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.measure import FAST_POOL
 from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc, router_pb2, router_pb2_grpc
 from meshlaunch import MODEL, Mesh, RouterProc, free_port, process_group, wait_healthy
 
@@ -478,18 +479,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-frontend-") as tmp, process_group(Path(tmp)) as group:
         mesh = Mesh(group)
         mesh.start_discovery()
-        pool = mesh.start_pool(
-            "bench-pool",
-            "local",
-            "--workers",
-            "4",
-            "--speedup",
-            "1000",
-            "--max-queue",
-            "256",
-            "--max-running-per-worker",
-            "16",
-        )
+        pool = mesh.start_pool("bench-pool", "local", *FAST_POOL)
         frontends = {"frontend": start_frontend(mesh, "frontend", ROOT)}
         frontends["second"] = start_frontend(mesh, "second", ROOT)
         if args.baseline_src is not None:

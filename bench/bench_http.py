@@ -29,7 +29,7 @@ from pathlib import Path
 
 import grpc
 
-from bench.measure import closed_loop, pct, ttft_interleaved
+from bench.measure import FAST_POOL, closed_loop, pct, ttft_interleaved
 from globalrouter.tokenizer import ByteTokenizer, HfTokenizer
 from globalrouter.tokenizer_train import train_tokenizer
 from globalrouter.v1 import router_pb2, router_pb2_grpc
@@ -189,20 +189,7 @@ def main() -> int:
         by_render, by_total, by_tokens = time_prompt(ByteTokenizer(), messages, args.repeats)
         mesh = Mesh(group)
         mesh.start_discovery()
-        mesh.start_pool(
-            "bench-pool",
-            "local",
-            "--workers",
-            "4",
-            "--speedup",
-            "1000",
-            "--max-queue",
-            "256",
-            "--max-running-per-worker",
-            "16",
-            "--vocab-size",
-            str(VOCAB),
-        )
+        mesh.start_pool("bench-pool", "local", *FAST_POOL, "--vocab-size", str(VOCAB))
         http = f"127.0.0.1:{free_port()}"
         router = mesh.start_router(
             "--log-level", "warning", "--http-listen", http, "--tokenizer", f"{MODEL}={tok_dir}"

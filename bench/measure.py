@@ -1,11 +1,17 @@
-"""Measuring helpers shared by benchmarks: percentiles, interleaved TTFT runs, closed-loop throughput."""
+"""Helpers shared by benchmarks: percentiles, interleaved TTFT runs, closed-loop throughput, a fast
+mocker pool's flags, writing a result file."""
 
 from __future__ import annotations
 
 import asyncio
 import statistics
 import time
+from pathlib import Path
 from typing import Protocol
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# A mocker pool quick and wide enough that the frontend under test, not the pool, bounds a benchmark.
+FAST_POOL = ("--workers", "4", "--speedup", "1000", "--max-queue", "256", "--max-running-per-worker", "16")
 
 
 class Target(Protocol):
@@ -56,3 +62,12 @@ async def closed_loop(
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return done / (time.perf_counter() - started), done
+
+
+def write_result(name: str, text: str) -> Path:
+    """Writes bench/results/`name` (making the directory) and says so; its path."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / name
+    path.write_text(text)
+    print(f"wrote bench/results/{name}")
+    return path
