@@ -28,6 +28,7 @@ import grpc
 import zmq
 import zmq.asyncio
 
+from bench.measure import write_result
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.logs import configure_logging
 from meshlaunch import free_port
@@ -286,10 +287,7 @@ exactly as vLLM encodes them; best of {REPEATS} runs; the ZMQ publisher is a thr
 |---|---|
 {chr(10).join(rows)}
 """
-    out = ROOT / "bench" / "results" / "bench_engines.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(md)
-    print(f"wrote {out.relative_to(ROOT)}")
+    write_result("bench_engines.md", md)
     return 0
 
 

@@ -20,16 +20,15 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
 from bench.baseline_kv_index import DictKvIndex
+from bench.measure import write_result
 from globalrouter.kv_index import KvIndex
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
 from globalrouter.selection import Selector, pool_overlaps
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT_BLOCKS = 1000
 """A 16,000-token prompt at 16 tokens per block."""
 DECISIONS = 2000
@@ -251,9 +250,7 @@ def main() -> int:
         *(f"| {name} | {old:.1f} | {new:.1f} | {new / old:.2f} |" for name, old, new in small),
         "",
     ]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_kv_index.md").write_text("\n".join(lines))
-    print(f"wrote {RESULTS / 'bench_kv_index.md'}")
+    write_result("bench_kv_index.md", "\n".join(lines))
     return 0
 
 

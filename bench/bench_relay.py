@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 
+from bench.measure import write_result
 from meshkit.clock import SystemClock
 from meshkit.logs import configure_logging
 from poolrelay.pool_blocks import PoolBlocks
@@ -257,10 +258,7 @@ per delta; rates are the best of {REPEATS} runs. Receivers are in-process gRPC s
 | snapshot of {args.snapshot_blocks:,} blocks: send to one receiver (hello → last chunk received) | {send:.3f} s |
 | snapshot bytes per block | {snap_bytes / args.snapshot_blocks:.2f} |
 """
-    out = ROOT / "bench" / "results" / "bench_relay.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(md)
-    print(f"wrote {out.relative_to(ROOT)}")
+    write_result("bench_relay.md", md)
     return 0
 
 

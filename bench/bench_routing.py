@@ -21,9 +21,9 @@ import time
 import timeit
 import tracemalloc
 from collections.abc import Callable
-from pathlib import Path
 
 from bench.baseline_kv_index import DictKvIndex
+from bench.measure import write_result
 from globalrouter.kv_index import KvIndex
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
@@ -32,7 +32,6 @@ from globalrouter.selection import Selector, pool_overlaps
 from meshkit.blocks import block_hashes
 from meshkit.clock import SystemClock
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT_BLOCKS = 128
 BLOCK_SIZE = 16
 CASES = [(4, 10_000), (16, 10_000), (64, 10_000), (4, 100_000), (16, 100_000), (64, 100_000), (4, 1_000_000)]
@@ -249,9 +248,7 @@ def main() -> int:
         a, b = hashing[f"{name} / first-block check"], hashing[f"{name} / hash whole prompt"]
         lines.append(f"| {name} prefix | {a:.0f} | {b:.0f} | {b / a:.1f}x |")
     lines.append("")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_routing.md").write_text("\n".join(lines))
-    print(f"wrote {RESULTS / 'bench_routing.md'}")
+    write_result("bench_routing.md", "\n".join(lines))
     return 0
 
 
