@@ -281,6 +281,12 @@ async def python_work(requests: int, repeats: int) -> float:
             return Admitted(pool_id=pool.pool_id, url=url, stream=Stream(), admission=admission)
 
     class Context:
+        def invocation_metadata(self) -> tuple:
+            return ()
+
+        async def send_initial_metadata(self, metadata) -> None:
+            pass
+
         def set_trailing_metadata(self, metadata) -> None:
             pass
 
