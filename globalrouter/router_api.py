@@ -99,17 +99,17 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self._streams = streams or generate_streams(config, enforced=bool(authorizer and authorizer.enforced))
         self._tokenizers = tokenizers or Tokenizers()
 
+    def _model_prompt(self, v: Violations, model: str, prompt: router_pb2.Prompt) -> Sequence[int]:
+        """Checks a request's model name and prompt (text through that model's tokenizer); its tokens."""
+        check_identifier(v, "model", model)
+        return prompt_tokens(
+            v, "prompt", prompt, self.config.max_prompt_tokens, self._tokenizers.for_model(model)
+        )
+
     # ---- Generate ---------------------------------------------------------------------------
     async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         v = Violations()
-        check_identifier(v, "model", request.model)
-        tokens = prompt_tokens(
-            v,
-            "prompt",
-            request.prompt,
-            self.config.max_prompt_tokens,
-            self._tokenizers.for_model(request.model),
-        )
+        tokens = self._model_prompt(v, request.model, request.prompt)
         cap = self.config.max_output_tokens
         if request.max_tokens == 0 or request.max_tokens > cap:
             v.add("max_tokens", f"must be 1 to {cap} (got {request.max_tokens})")
@@ -188,14 +188,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     # ---- Route ------------------------------------------------------------------------------
     async def Route(self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext):
         v = Violations()
-        check_identifier(v, "model", request.model)
-        tokens = prompt_tokens(
-            v,
-            "prompt",
-            request.prompt,
-            self.config.max_prompt_tokens,
-            self._tokenizers.for_model(request.model),
-        )
+        tokens = self._model_prompt(v, request.model, request.prompt)
         if request.max_tokens > self.config.max_output_tokens:
             v.add("max_tokens", f"must be at most {self.config.max_output_tokens} (got {request.max_tokens})")
         await v.abort_if_any(context)
