@@ -24,9 +24,9 @@ from collections.abc import Callable
 import numpy as np
 
 from bench.baseline_kv_index import DictKvIndex
-from bench.measure import write_result
+from bench.measure import synthetic_pool, write_result
 from globalrouter.kv_index import KvIndex
-from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
+from globalrouter.pool_state import PoolState
 from globalrouter.selection import Selector, pool_overlaps
 
 PROMPT_BLOCKS = 1000
@@ -46,22 +46,7 @@ def rss_bytes() -> int:
 
 
 def states(pools: int) -> list[PoolState]:
-    return [
-        PoolState(
-            pool_id=f"pool-{k:02d}",
-            listed=True,
-            model="m",
-            region="r",
-            frontends=("http://127.0.0.1:1",),
-            capacity=PoolCapacityHint(prefill_tokens_per_second=10_000 + 100 * k),
-            block_size=16,
-            kv_at=0.0,
-            kv_sources={f"pool-{k:02d}/relay-0"},
-            load=LoadSignal(prefill_tokens_in_flight=1000 * k, requests_running=k),
-            load_at=0.0,
-        )
-        for k in range(pools)
-    ]
+    return [synthetic_pool(k) for k in range(pools)]
 
 
 def build(pools: int, blocks: int, rng: np.random.Generator) -> tuple[KvIndex, list[int], list[float]]:

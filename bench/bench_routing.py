@@ -23,10 +23,10 @@ import tracemalloc
 from collections.abc import Callable
 
 from bench.baseline_kv_index import DictKvIndex
-from bench.measure import write_result
+from bench.measure import synthetic_pool, write_result
 from globalrouter.kv_index import KvIndex
 from globalrouter.pool_directory import PoolTable
-from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
+from globalrouter.pool_state import PoolState
 from globalrouter.routing import RoutingCore
 from globalrouter.selection import Selector, pool_overlaps
 from meshkit.blocks import block_hashes
@@ -50,21 +50,7 @@ def build(pools: int, blocks: int, rng: random.Random) -> tuple[KvIndex, list[Po
         source = f"pool-{k:02d}/relay-0"
         index.apply_snapshot(source, own)
         sets[source] = own
-        states.append(
-            PoolState(
-                pool_id=f"pool-{k:02d}",
-                listed=True,
-                model="m",
-                region="r",
-                frontends=("http://127.0.0.1:1",),
-                capacity=PoolCapacityHint(prefill_tokens_per_second=10_000 + 100 * k),
-                block_size=BLOCK_SIZE,
-                kv_at=0.0,
-                kv_sources={source},
-                load=LoadSignal(prefill_tokens_in_flight=1000 * k, requests_running=k),
-                load_at=0.0,
-            )
-        )
+        states.append(synthetic_pool(k, BLOCK_SIZE))
     return index, states, prompt, sets
 
 

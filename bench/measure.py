@@ -1,5 +1,5 @@
 """Helpers shared by benchmarks: percentiles, interleaved TTFT runs, closed-loop throughput, a fast
-mocker pool's flags, writing a result file."""
+mocker pool's flags, synthetic pools for the routing core, writing a result file."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import statistics
 import time
 from pathlib import Path
 from typing import Protocol
+
+from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # A mocker pool quick and wide enough that the frontend under test, not the pool, bounds a benchmark.
@@ -62,6 +64,24 @@ async def closed_loop(
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return done / (time.perf_counter() - started), done
+
+
+def synthetic_pool(k: int, block_size: int = 16) -> PoolState:
+    """Listed pool `pool-k` of the routing-core benchmarks: KV from one relay (`pool-k/relay-0`),
+    capacity and load both growing with k so that no two pools tie."""
+    return PoolState(
+        pool_id=f"pool-{k:02d}",
+        listed=True,
+        model="m",
+        region="r",
+        frontends=("http://127.0.0.1:1",),
+        capacity=PoolCapacityHint(prefill_tokens_per_second=10_000 + 100 * k),
+        block_size=block_size,
+        kv_at=0.0,
+        kv_sources={f"pool-{k:02d}/relay-0"},
+        load=LoadSignal(prefill_tokens_in_flight=1000 * k, requests_running=k),
+        load_at=0.0,
+    )
 
 
 def write_result(name: str, text: str) -> Path:
