@@ -182,10 +182,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 def ttft(python: str, requests: int) -> dict[str, list[float]]:
-    from tests.engines.test_vllm_e2e import ENGINE_BLOCK as _EB  # noqa: F401 - the same engine settings
-    from tests.engines.test_vllm_e2e import Engine
-    from tests.router.mesh import Mesh
-    from tests.support import ProcessGroup, command, wait_until
+    from meshlaunch import Mesh, ProcessGroup, command, wait_until
+    from meshlaunch.vllm_engine import Engine
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-engines-"))
     model_dir = tmp / "model"

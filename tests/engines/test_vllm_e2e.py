@@ -7,14 +7,11 @@ skipped; under `make test-engines` a missing or broken vLLM fails it.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent import futures
 from dataclasses import dataclass
 from functools import partial
@@ -26,19 +23,18 @@ import zmq
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.blocks import block_hashes
+from meshlaunch.vllm_engine import ENGINE_BLOCK, MODEL, Engine
 from poolrelay.engine.events import AllBlocksCleared as Cleared
 from poolrelay.engine.events import BlockRemoved, BlockStored, decode_batch
 from poolrelay.v1 import telemetry_pb2 as tm
 from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
 from tests.router.mesh import Mesh, RouterProc
-from tests.support import REPO, Proc, ProcessGroup, command, free_port, wait_until
+from tests.support import REPO, ProcessGroup, command, free_port, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 ENGINES_PYTHON = os.environ.get("ENGINES_PYTHON", "")
 REQUIRED = os.environ.get("GR_TEST_ENGINES") == "1"
-MODEL = "tiny"
-ENGINE_BLOCK = 32
 MESH_BLOCK = 16
 START_TIMEOUT_S = 900.0  # vLLM on a busy 2-core machine: about 65 s idle, several minutes loaded
 
@@ -58,68 +54,6 @@ def _engines_or_skip() -> str:
             pytest.fail(f"make test-engines needs vLLM: {problem}")
         pytest.skip(f"engine tests run under `make test-engines` ({problem})")
     return ENGINES_PYTHON
-
-
-@dataclass
-class Engine:
-    """One vLLM OpenAI server on 127.0.0.1 with KV events (PUB) and replay (ROUTER) on its own ports."""
-
-    name: str
-    port: int
-    events: int
-    replay: int
-    proc: Proc | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def args(self, python: str, model_dir: Path) -> list[str]:
-        kv = {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": f"tcp://*:{self.events}",
-            "replay_endpoint": f"tcp://*:{self.replay}",
-        }
-        return [
-            python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model_dir), "--served-model-name", MODEL,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--block-size", str(ENGINE_BLOCK), "--enable-prefix-caching",
-            "--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager",
-            "--kv-events-config", json.dumps(kv),
-        ]  # fmt: skip
-
-    def get(self, path: str, timeout: float = 5.0) -> bytes:
-        return urllib.request.urlopen(self.url + path, timeout=timeout).read()
-
-    def healthy(self) -> bool:
-        try:
-            return self.get("/health", 2.0) is not None
-        except (OSError, urllib.error.URLError):
-            return False
-
-    def metric(self, name: str) -> float:
-        total = 0.0
-        for line in self.get("/metrics").decode().splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-    def complete(self, prompt: list[int], max_tokens: int) -> tuple[list[int], str]:
-        """Greedy completion asked of this server directly: (token ids, finish reason)."""
-        body = json.dumps(
-            {
-                "model": MODEL,
-                "prompt": prompt,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "return_token_ids": True,
-            }
-        ).encode()
-        req = urllib.request.Request(self.url + "/v1/completions", body, {"Content-Type": "application/json"})
-        choice = json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0]
-        return list(choice["token_ids"]), choice["finish_reason"]
 
 
 class EventLog:
