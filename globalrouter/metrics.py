@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-
-from meshkit.tls import SecurityConfig, check_listen
 
 
 class RouterMetrics:
@@ -83,24 +79,10 @@ class RouterMetrics:
             child = self._children[key] = metric.labels(*values)
         return child
 
-    def serve(self, listen: str, security: SecurityConfig | None = None) -> int:
-        """Serves /metrics on HOST:PORT (port 0 picks one) in a background thread; returns the port.
-
-        Under the process's TLS flags it serves HTTPS with the same certificate, and with --tls-ca it
-        asks every scraper for a certificate of that CA (mutual TLS); without TLS it binds only
-        loopback unless --insecure, like every listener. The certificate is read once, at start.
-        """
-        security = security or SecurityConfig()
-        check_listen(listen, security, "--metrics-listen")
+    def serve(self, listen: str) -> int:
+        """Serves /metrics on HOST:PORT (port 0 picks one) in a background thread; returns the port."""
         host, _, port = listen.rpartition(":")
-        tls: dict[str, Any] = {}
-        if security.tls:
-            tls = {"certfile": security.tls_cert, "keyfile": security.tls_key}
-            if security.tls_ca:
-                tls |= {"client_cafile": security.tls_ca, "client_auth_required": True}
-        server, _thread = start_http_server(
-            int(port), addr=host.strip("[]") or "127.0.0.1", registry=self.registry, **tls
-        )
+        server, _thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
         self._http = server
         return int(server.server_port)
 

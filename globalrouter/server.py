@@ -87,7 +87,7 @@ class Router:
                 asyncio.create_task(self.registration.run(), name="frontend-registration"),
             )
         if self.config.metrics_listen:
-            self.metrics_port = self.metrics.serve(self.config.metrics_listen, self.config.security)
+            self.metrics_port = self.metrics.serve(self.config.metrics_listen)
             log.info("metrics served", listen=self.config.metrics_listen, port=self.metrics_port)
 
     def _directory_changed(self) -> None:
