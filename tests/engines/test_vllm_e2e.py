@@ -16,6 +16,7 @@ from concurrent import futures
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -347,7 +348,7 @@ def _freeze_then_kill(em: EngineMesh, prompt: list[int], max_tokens: int):
     already been complete (the vLLM is thawed and nothing was killed).
     """
     first = threading.Event()
-    served: dict[str, object] = {}
+    served: dict[str, Any] = {}
 
     def on_chunk(tokens, pools):
         served.setdefault("pool", pools[0])
@@ -372,7 +373,7 @@ def _freeze_then_kill(em: EngineMesh, prompt: list[int], max_tokens: int):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.popen.wait(timeout=30)
             job.result(timeout=300)
-            tokens, pools, summary = served["result"]  # type: ignore[misc]
+            tokens, pools, summary = served["result"]
             return tokens, pools, summary, victim
         os.killpg(proc.pid, signal.SIGCONT)
         return None
