@@ -215,6 +215,16 @@ def show_status(relay: str, as_json: bool) -> int:
             f"connects={s.connects} snapshots={s.snapshots_sent} dropped={s.messages_dropped}"
             + (f" error={s.last_error}" if s.last_error else "")
         )
+    for w in reply.engine_workers:
+        seq = w.last_sequence if w.HasField("last_sequence") else "-"
+        print(
+            f"engine {w.worker_id} {w.url}: {'healthy' if w.healthy else 'DOWN'} "
+            f"failures={w.consecutive_failures} batches={w.kv_event_batches} events={w.kv_events_applied} "
+            f"gaps={w.gaps} replays={w.replays_asked} closed={w.replays_closed} resets={w.resets} "
+            f"malformed={w.malformed_dropped} last_seq={seq} blocks={w.blocks}"
+            + (f" error={w.last_error}" if w.last_error else "")
+            + (f" last_reset={w.last_reset_reason}" if w.last_reset_reason else "")
+        )
     return 0
 
 

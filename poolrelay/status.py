@@ -1,10 +1,11 @@
-"""RelayStatusService: what the relay registers, why not, and each telemetry stream's state."""
+"""RelayStatusService: what the relay registers, why not, each telemetry stream's and engine worker's state."""
 
 from __future__ import annotations
 
 import grpc
 
 from meshkit.timeconv import timestamp
+from poolrelay.engine.source import EngineSource, WorkerState
 from poolrelay.relay import Relay
 from poolrelay.v1 import status_pb2, status_pb2_grpc
 
@@ -37,6 +38,35 @@ def relay_status(relay: Relay) -> status_pb2.GetRelayStatusResponse:
             snapshots_sent=p.snapshots_sent,
             messages_dropped=p.messages_dropped,
         )
+    if isinstance(relay.source, EngineSource):
+        for worker_id in sorted(relay.source.workers):
+            reply.engine_workers.append(engine_worker_status(relay.source.workers[worker_id]))
+    return reply
+
+
+def engine_worker_status(st: WorkerState) -> status_pb2.EngineWorkerStatus:
+    """One engine worker's polls and KV event feed, as the contract shapes them."""
+    c = st.feed.counts
+    reply = status_pb2.EngineWorkerStatus(
+        worker_id=st.worker.worker_id,
+        url=st.worker.url,
+        healthy=st.healthy,
+        last_error=st.last_error,
+        consecutive_failures=st.failures,
+        kv_event_batches=c.batches,
+        kv_events_applied=c.events,
+        gaps=c.gaps,
+        replays_asked=c.replays,
+        replays_closed=c.replays_closed,
+        replayed_batches=c.replayed_batches,
+        resets=c.resets,
+        last_reset_reason=c.last_reset_reason,
+        malformed_dropped=c.malformed,
+        duplicates_skipped=c.duplicates,
+        blocks=len(st.feed.blocks),
+    )
+    if st.feed.last is not None:
+        reply.last_sequence = st.feed.last
     return reply
 
 

@@ -28,18 +28,33 @@ END_SEQ = -1
 # At most this many replayed batches are taken from one replay (the engine's buffer is 10,000).
 MAX_REPLAY_BATCHES = 100_000
 SUB_HWM = 100_000
+# Reasons and errors shown on the status are cut here: they may quote what an engine sent.
+MAX_REASON_CHARS = 256
+
+
+def clip(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    """`text` cut to `limit` characters (an ellipsis says it was cut)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass
 class FeedCounts:
-    """What one worker's feed saw, for status and logs."""
+    """What one worker's feed saw, for status and logs: fixed fields, nothing grows per batch."""
 
     batches: int = 0
+    """Batches taken in sequence, live or replayed (undecodable ones too, skipped duplicates not)."""
+    events: int = 0
+    """Events in the decoded batches, applied to the worker's blocks."""
     malformed: int = 0
+    """Messages dropped as not KV event batches: bad frames (event or replay socket), undecodable payloads."""
     gaps: int = 0
     replays: int = 0
+    """Replays asked (at start, per gap, on a fresh start after a reset)."""
+    replays_closed: int = 0
+    """Replays answered and applied without dropping the worker's blocks."""
     replayed_batches: int = 0
     resets: int = 0
+    last_reset_reason: str = ""
     duplicates: int = 0
 
 
@@ -88,6 +103,7 @@ class WorkerFeed:
     def reset(self, why: str) -> None:
         """Drops the worker's blocks and starts again from what arrives (a restart, a gap, a worker down)."""
         self.counts.resets += 1
+        self.counts.last_reset_reason = clip(why)
         self.epoch += 1
         self.last = None
         self._dup_low, self._dup_high = 0, -1
@@ -106,6 +122,7 @@ class WorkerFeed:
             self.reset(f"batch {seq} could not be decoded")
             self.last = seq
             return
+        self.counts.events += len(batch.events)
         self._apply_transition(self.worker.worker_id, self.blocks.apply(batch))
 
     async def on_message(self, seq: int, payload: bytes) -> None:
@@ -144,6 +161,15 @@ class WorkerFeed:
             replayed = await self._replay(want)
         if self.epoch != epoch:
             return  # reset meanwhile (worker down): what arrives next starts afresh
+        self._take(want, replayed, seq, payload)
+        if replayed is not None and self.epoch == epoch:
+            # Answered, and nothing had to be dropped: the gap (or the fresh start) is closed.
+            self.counts.replays_closed += 1
+
+    def _take(
+        self, want: int, replayed: list[tuple[int, bytes]] | None, seq: int | None, payload: bytes
+    ) -> None:
+        """Applies the replayed run from `want` and then the live message, resetting where they do not join."""
         run = [(s, p) for s, p in (replayed or ()) if s >= want]
         if (not run or run[0][0] != want) and self.last is not None:
             first = run[0][0] if run else None
@@ -170,7 +196,8 @@ class ZmqWorkerTransport:
         self.ctx = ctx
         self.worker = worker
         self.replay_timeout = replay_timeout
-        self.malformed = 0
+        self.counts = FeedCounts()
+        """Where dropped messages are counted: the fed WorkerFeed's counts once `run` starts."""
         self._dealer: zmq.asyncio.Socket | None = None
 
     def _close_dealer(self) -> None:
@@ -196,7 +223,7 @@ class ZmqWorkerTransport:
                 try:
                     seq, payload = parse_replay(await dealer.recv_multipart())
                 except Malformed as exc:
-                    self.malformed += 1
+                    self.counts.malformed += 1
                     log.warning("malformed replay reply", worker=self.worker.worker_id, error=str(exc))
                     continue
                 if seq == END_SEQ:
@@ -211,6 +238,7 @@ class ZmqWorkerTransport:
 
     async def run(self, feed: WorkerFeed) -> None:
         """Reads the SUB socket until cancelled; malformed messages are counted, logged and skipped."""
+        self.counts = feed.counts
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, SUB_HWM)
@@ -226,14 +254,14 @@ class ZmqWorkerTransport:
                 try:
                     seq, payload = parse_frames(frames)
                 except Malformed as exc:
-                    self.malformed += 1
                     feed.counts.malformed += 1
-                    if self.malformed <= 10 or self.malformed % 1000 == 0:
+                    dropped = feed.counts.malformed
+                    if dropped <= 10 or dropped % 1000 == 0:
                         log.warning(
                             "malformed kv event message",
                             worker=self.worker.worker_id,
                             error=str(exc),
-                            count=self.malformed,
+                            count=dropped,
                         )
                     continue
                 await feed.on_message(seq, payload)

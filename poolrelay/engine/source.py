@@ -21,7 +21,7 @@ from meshkit.clock import Clock, SystemClock
 from meshkit.logs import get_logger
 from meshkit.timeconv import timestamp
 from poolrelay.engine.config import EngineConfig, EngineWorker
-from poolrelay.engine.feed import WorkerFeed, ZmqWorkerTransport, cancel_all
+from poolrelay.engine.feed import WorkerFeed, ZmqWorkerTransport, cancel_all, clip
 from poolrelay.engine.metrics import MAX_METRICS_BYTES, NAMES, EngineLoad, parse_load, parse_models
 from poolrelay.engine.translate import Transition, WorkerBlocks, check_block_sizes
 from poolrelay.pool_blocks import PoolBlocks
@@ -39,9 +39,11 @@ class WorkerState:
     transport: ZmqWorkerTransport
     healthy: bool = False
     failures: int = 0
+    """Failed polls in a row."""
     models: list[str] = field(default_factory=list)
     load: EngineLoad | None = None
     last_error: str = ""
+    """The last failed poll's error (cut to MAX_REASON_CHARS); empty once a poll succeeds."""
 
 
 class EngineSource:
@@ -110,7 +112,7 @@ class EngineSource:
             models = parse_models(json.loads(body))
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError, ConnectionError) as exc:
             st.failures += 1
-            st.last_error = repr(exc)
+            st.last_error = clip(repr(exc))
             if st.failures >= self.config.down_after and st.healthy:
                 st.healthy = False
                 st.load = None

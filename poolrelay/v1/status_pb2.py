@@ -25,23 +25,25 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19poolrelay/v1/status.proto\x12\x0cpoolrelay.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x17\n\x15GetRelayStatusRequest\"\xe4\x01\n\x15TelemetryStreamStatus\x12\x14\n\x0c\x66rontend_url\x18\x01 \x01(\t\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".poolrelay.v1.TelemetryStreamState\x12\x12\n\nlast_error\x18\x03 \x01(\t\x12\x15\n\rmessages_sent\x18\x04 \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x05 \x01(\r\x12\x10\n\x08\x63onnects\x18\x06 \x01(\r\x12\x16\n\x0esnapshots_sent\x18\x07 \x01(\r\x12\x18\n\x10messages_dropped\x18\x08 \x01(\x04\"\x8f\x03\n\x16GetRelayStatusResponse\x12\x0f\n\x07healthy\x18\x01 \x01(\x08\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x10\n\x08relay_id\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12\x18\n\x10registered_model\x18\x05 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12J\n routing_pool_unregistered_reason\x18\x07 \x01(\x0e\x32 .poolrelay.v1.UnregisteredReason\x12(\n routing_pool_unregistered_detail\x18\x08 \x01(\t\x12>\n\x11telemetry_streams\x18\t \x03(\x0b\x32#.poolrelay.v1.TelemetryStreamStatus\x12\x13\n\x0bpool_blocks\x18\n \x01(\x04\x12\x10\n\x08\x64raining\x18\x0b \x01(\x08*\x9f\x02\n\x12UnregisteredReason\x12#\n\x1fUNREGISTERED_REASON_UNSPECIFIED\x10\x00\x12 \n\x1cUNREGISTERED_REASON_NO_MODEL\x10\x01\x12&\n\"UNREGISTERED_REASON_SEVERAL_MODELS\x10\x02\x12#\n\x1fUNREGISTERED_REASON_CALL_FAILED\x10\x03\x12%\n!UNREGISTERED_REASON_RELAY_STOPPED\x10\x04\x12(\n$UNREGISTERED_REASON_POOL_UNREACHABLE\x10\x05\x12$\n UNREGISTERED_REASON_POOL_DRAINED\x10\x06*\xd6\x01\n\x14TelemetryStreamState\x12&\n\"TELEMETRY_STREAM_STATE_UNSPECIFIED\x10\x00\x12%\n!TELEMETRY_STREAM_STATE_CONNECTING\x10\x01\x12$\n TELEMETRY_STREAM_STATE_STREAMING\x10\x02\x12&\n\"TELEMETRY_STREAM_STATE_BACKING_OFF\x10\x03\x12!\n\x1dTELEMETRY_STREAM_STATE_CLOSED\x10\x04\x32q\n\x12RelayStatusService\x12[\n\x0eGetRelayStatus\x12#.poolrelay.v1.GetRelayStatusRequest\x1a$.poolrelay.v1.GetRelayStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19poolrelay/v1/status.proto\x12\x0cpoolrelay.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x17\n\x15GetRelayStatusRequest\"\xe4\x01\n\x15TelemetryStreamStatus\x12\x14\n\x0c\x66rontend_url\x18\x01 \x01(\t\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".poolrelay.v1.TelemetryStreamState\x12\x12\n\nlast_error\x18\x03 \x01(\t\x12\x15\n\rmessages_sent\x18\x04 \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x05 \x01(\r\x12\x10\n\x08\x63onnects\x18\x06 \x01(\r\x12\x16\n\x0esnapshots_sent\x18\x07 \x01(\r\x12\x18\n\x10messages_dropped\x18\x08 \x01(\x04\"\xc9\x03\n\x16GetRelayStatusResponse\x12\x0f\n\x07healthy\x18\x01 \x01(\x08\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x10\n\x08relay_id\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12\x18\n\x10registered_model\x18\x05 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12J\n routing_pool_unregistered_reason\x18\x07 \x01(\x0e\x32 .poolrelay.v1.UnregisteredReason\x12(\n routing_pool_unregistered_detail\x18\x08 \x01(\t\x12>\n\x11telemetry_streams\x18\t \x03(\x0b\x32#.poolrelay.v1.TelemetryStreamStatus\x12\x13\n\x0bpool_blocks\x18\n \x01(\x04\x12\x10\n\x08\x64raining\x18\x0b \x01(\x08\x12\x38\n\x0e\x65ngine_workers\x18\x0c \x03(\x0b\x32 .poolrelay.v1.EngineWorkerStatus\"\xa3\x03\n\x12\x45ngineWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x12\n\nlast_error\x18\x04 \x01(\t\x12\x1c\n\x14\x63onsecutive_failures\x18\x05 \x01(\x04\x12\x18\n\x10kv_event_batches\x18\x06 \x01(\x04\x12\x19\n\x11kv_events_applied\x18\x07 \x01(\x04\x12\x0c\n\x04gaps\x18\x08 \x01(\x04\x12\x15\n\rreplays_asked\x18\t \x01(\x04\x12\x16\n\x0ereplays_closed\x18\n \x01(\x04\x12\x18\n\x10replayed_batches\x18\x0b \x01(\x04\x12\x0e\n\x06resets\x18\x0c \x01(\x04\x12\x19\n\x11last_reset_reason\x18\r \x01(\t\x12\x19\n\x11malformed_dropped\x18\x0e \x01(\x04\x12\x1a\n\x12\x64uplicates_skipped\x18\x0f \x01(\x04\x12\x1a\n\rlast_sequence\x18\x10 \x01(\x04H\x00\x88\x01\x01\x12\x0e\n\x06\x62locks\x18\x11 \x01(\x04\x42\x10\n\x0e_last_sequence*\x9f\x02\n\x12UnregisteredReason\x12#\n\x1fUNREGISTERED_REASON_UNSPECIFIED\x10\x00\x12 \n\x1cUNREGISTERED_REASON_NO_MODEL\x10\x01\x12&\n\"UNREGISTERED_REASON_SEVERAL_MODELS\x10\x02\x12#\n\x1fUNREGISTERED_REASON_CALL_FAILED\x10\x03\x12%\n!UNREGISTERED_REASON_RELAY_STOPPED\x10\x04\x12(\n$UNREGISTERED_REASON_POOL_UNREACHABLE\x10\x05\x12$\n UNREGISTERED_REASON_POOL_DRAINED\x10\x06*\xd6\x01\n\x14TelemetryStreamState\x12&\n\"TELEMETRY_STREAM_STATE_UNSPECIFIED\x10\x00\x12%\n!TELEMETRY_STREAM_STATE_CONNECTING\x10\x01\x12$\n TELEMETRY_STREAM_STATE_STREAMING\x10\x02\x12&\n\"TELEMETRY_STREAM_STATE_BACKING_OFF\x10\x03\x12!\n\x1dTELEMETRY_STREAM_STATE_CLOSED\x10\x04\x32q\n\x12RelayStatusService\x12[\n\x0eGetRelayStatus\x12#.poolrelay.v1.GetRelayStatusRequest\x1a$.poolrelay.v1.GetRelayStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'poolrelay.v1.status_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_UNREGISTEREDREASON']._serialized_start=735
-  _globals['_UNREGISTEREDREASON']._serialized_end=1022
-  _globals['_TELEMETRYSTREAMSTATE']._serialized_start=1025
-  _globals['_TELEMETRYSTREAMSTATE']._serialized_end=1239
+  _globals['_UNREGISTEREDREASON']._serialized_start=1215
+  _globals['_UNREGISTEREDREASON']._serialized_end=1502
+  _globals['_TELEMETRYSTREAMSTATE']._serialized_start=1505
+  _globals['_TELEMETRYSTREAMSTATE']._serialized_end=1719
   _globals['_GETRELAYSTATUSREQUEST']._serialized_start=76
   _globals['_GETRELAYSTATUSREQUEST']._serialized_end=99
   _globals['_TELEMETRYSTREAMSTATUS']._serialized_start=102
   _globals['_TELEMETRYSTREAMSTATUS']._serialized_end=330
   _globals['_GETRELAYSTATUSRESPONSE']._serialized_start=333
-  _globals['_GETRELAYSTATUSRESPONSE']._serialized_end=732
-  _globals['_RELAYSTATUSSERVICE']._serialized_start=1241
-  _globals['_RELAYSTATUSSERVICE']._serialized_end=1354
+  _globals['_GETRELAYSTATUSRESPONSE']._serialized_end=790
+  _globals['_ENGINEWORKERSTATUS']._serialized_start=793
+  _globals['_ENGINEWORKERSTATUS']._serialized_end=1212
+  _globals['_RELAYSTATUSSERVICE']._serialized_start=1721
+  _globals['_RELAYSTATUSSERVICE']._serialized_end=1834
 # @@protoc_insertion_point(module_scope)

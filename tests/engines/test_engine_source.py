@@ -1,35 +1,24 @@
-"""The engine pool source against a fake engine over real HTTP: load, readiness, models, resets."""
+"""The engine pool source against a fake engine over real HTTP and ZMQ: load, readiness, models, resets,
+and the per-worker counters the relay's status shows."""
 
 from __future__ import annotations
 
 import asyncio
 
-from aiohttp import web
+import zmq.asyncio
 
 from meshkit.clock import FakeClock
+from meshlaunch.vllm_wire import encode, removed, stored
 from poolrelay.engine.config import EngineConfig, EngineWorker
+from poolrelay.engine.feed import MAX_REASON_CHARS, WorkerFeed, ZmqWorkerTransport
 from poolrelay.engine.metrics import SGLANG, VLLM, parse_load, parse_models
-from poolrelay.engine.source import EngineSource
-from poolrelay.engine.translate import Transition
+from poolrelay.engine.source import EngineSource, WorkerState
+from poolrelay.engine.translate import Transition, WorkerBlocks
 from poolrelay.pool_blocks import PoolBlocks
+from poolrelay.status import engine_worker_status
 from poolrelay.v1 import pool_events_pb2 as pe
+from tests.relay.fakes import VLLM_METRICS, FakeEngine, FakeEngineEvents, wait_for
 from tests.support import free_port
-
-VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="tiny"} 3.0
-vllm:num_requests_running{engine="1",model_name="tiny"} 2.0
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="tiny"} 4.0
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
-# TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="1000"} 1.0
-# TYPE vllm:prefix_cache_hits counter
-vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 512.0
-# TYPE process_start_time_seconds gauge
-process_start_time_seconds 1.7e+09
-"""
 
 
 def test_vllm_metrics_are_summed_over_engines():
@@ -46,34 +35,6 @@ def test_sglang_names_and_missing_gauges_read_as_zero():
 def test_models_leave_out_lora_adapters():
     body = {"data": [{"id": "base"}, {"id": "sql-lora", "parent": "base"}, {"id": 3}]}
     assert parse_models(body) == ["base"]
-
-
-class FakeEngine:
-    """/health, /metrics and /v1/models like a vLLM server; `up` and `metrics` are switched by the test."""
-
-    def __init__(self) -> None:
-        self.up = True
-        self.metrics = VLLM_METRICS
-
-    async def health(self, request):
-        return web.Response(status=200 if self.up else 503)
-
-    async def metrics_page(self, request):
-        return web.Response(text=self.metrics)
-
-    async def models(self, request):
-        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
-
-    async def start(self):
-        app = web.Application()
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics_page)
-        app.router.add_get("/v1/models", self.models)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        port = free_port()
-        await web.TCPSite(self.runner, "127.0.0.1", port).start()
-        return f"http://127.0.0.1:{port}"
 
 
 async def test_status_follows_the_engine_and_a_down_or_restarted_engine_loses_its_blocks():
@@ -127,9 +88,19 @@ async def test_status_follows_the_engine_and_a_down_or_restarted_engine_loses_it
         engine.up = False
         await until(lambda: reachable[-1] is False)
         assert len(pool) == 0 and st.feed.counts.resets == 2
+        # The status names the worker, the failed polls and why its blocks went.
+        shown = engine_worker_status(st)
+        assert (shown.worker_id, shown.url, shown.healthy) == ("w0", url, False)
+        assert shown.consecutive_failures >= 2 and "503" in shown.last_error
+        assert shown.resets == 2 and shown.last_reset_reason.startswith("worker down: ")
+        assert "503" in shown.last_reset_reason and shown.blocks == 0
         # A drain the relay carries: DRAINING until the engine is idle.
         engine.up = True
         await until(lambda: reachable[-1] is True)
+        shown = engine_worker_status(st)
+        assert shown.healthy and shown.consecutive_failures == 0 and shown.last_error == ""
+        assert shown.resets == 2, "a worker coming back is no reset; the last reason stays"
+        assert shown.last_reset_reason.startswith("worker down: ")
         reply = await source.start_drain(30.0, "discovery")
         assert reply.drain.state == pe.DRAIN_STATE_DRAINING
         engine.metrics = (
@@ -140,3 +111,122 @@ async def test_status_follows_the_engine_and_a_down_or_restarted_engine_loses_it
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await engine.runner.cleanup()
+
+
+# --- the per-worker counters, driven with fake batches ------------------------------------------
+
+ENGINE = 32
+TOKENS = list(range(500, 500 + 4 * ENGINE))
+
+
+def block(i: int, parent: bytes | None) -> bytes:
+    """A batch storing engine block i of TOKENS (named b"i"), chained to `parent`."""
+    return encode(stored([b"%d" % i], parent, TOKENS[i * ENGINE : (i + 1) * ENGINE], ENGINE))
+
+
+class ScriptedFeed:
+    """A WorkerFeed whose replay answers from `buffer` (None: the engine does not answer)."""
+
+    def __init__(self) -> None:
+        self.buffer: list[tuple[int, bytes]] | None = []
+        self.asked: list[int] = []
+        self.blocks = WorkerBlocks(16)
+        worker = EngineWorker("w0", "http://127.0.0.1:1", "tcp://127.0.0.1:2")
+        self.feed = WorkerFeed(worker, self.blocks, lambda w, t: None, self._replay)
+
+    async def _replay(self, start: int):
+        self.asked.append(start)
+        if self.buffer is None:
+            return None
+        return [(s, p) for s, p in self.buffer if s >= start]
+
+    async def live(self, seq: int, payload: bytes, *, missed: bool = False) -> None:
+        """Batch `seq` as the engine publishes it (buffered for replay); `missed`: the relay never sees it."""
+        if self.buffer is not None:
+            self.buffer.append((seq, payload))
+        if not missed:
+            await self.feed.on_message(seq, payload)
+
+
+async def test_counters_follow_batches_a_closed_gap_a_malformed_batch_and_a_gap_replay_cannot_close():
+    f = ScriptedFeed()
+    c = f.feed.counts
+    await f.feed.catch_up()  # nothing buffered yet: answered, nothing to drop
+    assert (c.replays, c.replays_closed, c.batches, f.feed.last) == (1, 1, 0, None)
+
+    await f.live(0, block(0, None))
+    await f.live(1, block(1, b"0"))
+    await f.live(2, encode(removed([b"1"]), ts=2.0), missed=True)
+    third = encode(stored([b"1"], b"0", TOKENS[ENGINE : 2 * ENGINE], ENGINE), removed([b"0"]))
+    await f.live(3, third)
+    # The gap (2 missed) is closed from the replay buffer: both 2 and 3 come from it.
+    assert f.asked == [0, 2]
+    assert (c.gaps, c.replays, c.replays_closed, c.replayed_batches) == (1, 2, 2, 2)
+    assert (c.batches, c.events, c.resets, c.malformed, f.feed.last) == (4, 5, 0, 0, 3)
+    await f.feed.on_message(3, third)  # its live copy: skipped
+    assert c.duplicates == 1 and c.batches == 4
+
+    # A batch that does not decode is dropped, counted, and drops the worker's blocks.
+    await f.live(4, b"\xc1 not msgpack")
+    assert (c.malformed, c.resets, c.batches, c.events, f.feed.last) == (1, 1, 5, 5, 4)
+    assert c.last_reset_reason == "batch 4 could not be decoded"
+    await f.live(5, block(0, None))
+    assert (c.batches, c.events, f.feed.last, len(f.blocks)) == (6, 6, 5, 2)
+
+    # A gap the engine's buffer no longer reaches back to: asked, not closed, the worker reset.
+    f.buffer = [(9, block(0, None))]
+    await f.feed.on_message(9, block(0, None))
+    assert f.asked[-1] == 6
+    assert (c.gaps, c.replays, c.replays_closed, c.resets) == (2, 3, 2, 2)
+    assert c.last_reset_reason == "replay could not close the gap from 6 (first replayed: 9)"
+    assert (f.feed.last, c.batches) == (9, 7)
+
+    # An engine that does not answer: asked, not closed, the worker reset.
+    f.buffer = None
+    await f.feed.on_message(11, block(0, None))
+    assert (c.gaps, c.replays, c.replays_closed, c.resets, f.feed.last) == (3, 4, 2, 3, 11)
+    assert c.last_reset_reason == "replay could not close the gap from 10 (first replayed: None)"
+
+
+async def test_the_status_of_a_worker_carries_its_counters_and_cuts_long_reasons():
+    f = ScriptedFeed()
+    ctx = zmq.asyncio.Context()
+    st = WorkerState(f.feed.worker, f.feed, ZmqWorkerTransport(ctx, f.feed.worker, 1.0), healthy=True)
+    try:
+        f.feed.reset("x" * 10_000)
+        shown = engine_worker_status(st)
+        assert len(shown.last_reset_reason) == MAX_REASON_CHARS and shown.last_reset_reason.endswith("…")
+        assert not shown.HasField("last_sequence"), "nothing taken yet"
+        await f.live(0, block(0, None))
+        shown = engine_worker_status(st)
+        assert shown.HasField("last_sequence") and shown.last_sequence == 0
+        assert (shown.kv_event_batches, shown.kv_events_applied, shown.blocks, shown.resets) == (1, 1, 2, 1)
+    finally:
+        ctx.destroy(linger=0)
+
+
+async def test_malformed_frames_and_replay_replies_over_zmq_are_dropped_and_counted():
+    engine = FakeEngineEvents()
+    engine.start()
+    ctx = zmq.asyncio.Context()
+    worker = EngineWorker("w0", "http://127.0.0.1:1", engine.events, replay=engine.replay)
+    transport = ZmqWorkerTransport(ctx, worker, replay_timeout=5.0)
+    blocks = WorkerBlocks(16)
+    feed = WorkerFeed(worker, blocks, lambda w, t: None, transport.replay)
+    engine.bad_replies = 2  # the catch-up's answer starts with two replies of the wrong shape
+    task = asyncio.create_task(transport.run(feed))
+    c = feed.counts
+    try:
+        await engine.subscribed()
+        await wait_for(lambda: c.replays_closed == 1, message="catch-up answered")
+        assert c.malformed == 2 and engine.asked == [0]
+        await engine.send_raw([b"", b"short"])  # two frames, not three
+        await engine.send_raw([b"", b"123", b"payload"])  # a sequence that is not 8 bytes
+        await engine.publish(0, block(0, None))
+        await wait_for(lambda: feed.last == 0, message="batch 0 taken")
+        assert (c.malformed, c.batches, c.resets, len(blocks)) == (4, 1, 0, 2)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await engine.close()
+        ctx.destroy(linger=0)

@@ -1,4 +1,5 @@
-"""In-process fakes for relay tests: a pool (PoolEventsService), a discovery and a telemetry receiver."""
+"""In-process fakes for relay tests: a pool (PoolEventsService), a discovery, a telemetry receiver, and
+an engine (vLLM's HTTP endpoints, its KV event publisher and replay socket)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import asyncio
 import contextlib
 
 import grpc
+import zmq
+import zmq.asyncio
+from aiohttp import web
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
@@ -14,6 +18,7 @@ from poolrelay.v1 import pool_events_pb2 as pe
 from poolrelay.v1 import pool_events_pb2_grpc as pe_grpc
 from poolrelay.v1 import telemetry_pb2 as tm
 from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
+from tests.support import free_port
 
 
 async def start_server(*servicers) -> tuple[grpc.aio.Server, str]:
@@ -272,3 +277,116 @@ async def wait_for(predicate, within: float = 10.0, message: str = "condition") 
         if loop.time() > deadline:
             raise AssertionError(f"{message} not reached within {within}s")
         await asyncio.sleep(0.01)
+
+
+VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 3.0
+vllm:num_requests_running{engine="1",model_name="tiny"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 4.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="1000"} 1.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 512.0
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1.7e+09
+"""
+
+
+class FakeEngine:
+    """/health, /metrics and /v1/models like a vLLM server; `up` and `metrics` are switched by the test."""
+
+    def __init__(self) -> None:
+        self.up = True
+        self.metrics = VLLM_METRICS
+
+    async def health(self, request):
+        return web.Response(status=200 if self.up else 503)
+
+    async def metrics_page(self, request):
+        return web.Response(text=self.metrics)
+
+    async def models(self, request):
+        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    async def start(self):
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics_page)
+        app.router.add_get("/v1/models", self.models)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        port = free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+        return f"http://127.0.0.1:{port}"
+
+
+REPLAY_END = (-1).to_bytes(8, "big", signed=True)
+
+
+class FakeEngineEvents:
+    """An engine's KV event sockets on 127.0.0.1: a publisher and a replay ROUTER answering from `buffer`.
+
+    The publisher is an XPUB, so a test sees the relay's subscription arrive (`subscribed`) and
+    publishes nothing before anyone listens. Replies follow vLLM: `[id, "", seq, payload]` per
+    buffered batch from the asked sequence on, then `[id, "", -1, ""]`.
+    """
+
+    def __init__(self) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.events = f"tcp://127.0.0.1:{self.pub.bind_to_random_port('tcp://127.0.0.1')}"
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.replay = f"tcp://127.0.0.1:{self.router.bind_to_random_port('tcp://127.0.0.1')}"
+        self.buffer: list[tuple[int, bytes]] = []
+        self.asked: list[int] = []
+        """The start sequence of every replay request, in order."""
+        self.bad_replies = 0
+        """Malformed replies to send before the next answer (then back to 0)."""
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._answer_replays())
+
+    async def subscribed(self, within: float = 10.0) -> None:
+        """Waits for a subscriber's subscription (XPUB hands it up as b"\\x01" + topic)."""
+        async with asyncio.timeout(within):
+            while True:
+                frame = await self.pub.recv()
+                if frame[:1] == b"\x01":
+                    return
+
+    async def publish(self, seq: int, payload: bytes, *, live: bool = True) -> None:
+        """Buffers batch `seq` for replay and (unless `live` is False: a batch the relay misses) publishes it."""
+        self.buffer.append((seq, payload))
+        if live:
+            await self.pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+
+    async def send_raw(self, frames: list[bytes]) -> None:
+        """Publishes `frames` as they are (a malformed message)."""
+        await self.pub.send_multipart(frames)
+
+    async def _answer_replays(self) -> None:
+        while True:
+            ident, _empty, start = await self.router.recv_multipart()
+            first = int.from_bytes(start, "big")
+            self.asked.append(first)
+            for _ in range(self.bad_replies):
+                await self.router.send_multipart([ident, b"", b"not a sequence", b""])
+            self.bad_replies = 0
+            for seq, payload in self.buffer:
+                if seq >= first:
+                    await self.router.send_multipart([ident, b"", seq.to_bytes(8, "big"), payload])
+            await self.router.send_multipart([ident, b"", REPLAY_END, b""])
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.ctx.destroy(linger=0)
