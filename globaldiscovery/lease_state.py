@@ -26,7 +26,7 @@ from globaldiscovery.records import (
     RegisterResult,
     Removal,
 )
-from globaldiscovery.watch_fanout import Watcher, WatchFanout, selected
+from globaldiscovery.watch_fanout import Watcher, WatcherClosed, WatchFanout, selected
 from meshkit import pagination
 
 __all__ = ["Directory"]
@@ -56,6 +56,7 @@ class Directory:
         watch_history_limit: int = 10_000,
         complete_at_start: bool = False,
         on_drained: Callable[[str, list[tuple[str, int]]], None] | None = None,
+        mirror: bool = False,
     ) -> None:
         self.lease_duration = lease_duration
         self._wall_offset = wall_offset  # wall = monotonic + offset, fixed so timestamps agree
@@ -68,9 +69,15 @@ class Directory:
         self._drains: dict[str, float] = {}  # pool_id -> monotonic deadline of an operator drain
         self._drained: dict[str, dict[str, int]] = {}  # pool -> relay -> highest refused incarnation
         self._fanout = WatchFanout(watch_queue_limit)
-        # Revisions start at this directory's start time in microseconds, so a restarted replica
-        # never reuses one an earlier process sent (a resume from it then gets a reset snapshot).
-        self.revision = int((started_at + wall_offset) * 1_000_000)
+        # A mirror follows a shared store (etcd): the store numbers its changes (at_revision), so
+        # every replica gives one change the same revision and a watch resumes on any of them; and
+        # a drain ends when the store ends its leases (the same change on every replica), not on
+        # this replica's timer.
+        self.mirror = mirror
+        self._completing: dict[str, float] = {}  # mirror: drains past their deadline, ending in the store
+        # Otherwise revisions start at this directory's start time in microseconds, so a restarted
+        # replica never reuses one an earlier process sent (a resume from it then gets a reset snapshot).
+        self.revision = 0 if mirror else int((started_at + wall_offset) * 1_000_000)
         self._history: deque[PoolEvent] = deque(maxlen=max(1, watch_history_limit))
         self._history_floor = self.revision  # a resume can start from any revision >= this
         self._on_drained = on_drained  # told (pool_id, [(relay_id, incarnation)]) when a drain completes
@@ -148,6 +155,8 @@ class Directory:
         lease = self._leases.grant(key, reg.incarnation, reg, now)
         if record is None:
             record = _Pool(pool_id=reg.pool_id, create_wall=self.wall(now))
+            if self.mirror:
+                record.revision = max(1, self.revision)
             self._pools[reg.pool_id] = record
             bisect.insort(self._order, reg.pool_id)
             record.relays[reg.relay_id] = lease
@@ -161,7 +170,7 @@ class Directory:
             if reg.capacity is not None:
                 record.capacity = reg.capacity
             self._settle(reg.pool_id, Removal.UNSPECIFIED)
-        drain_at = self._drains.get(reg.pool_id)
+        drain_at = self._drain_at(reg.pool_id)
         return RegisterResult(
             lease_expire_wall=self.wall(lease.expires_at),
             pool=self._view(record),
@@ -196,15 +205,20 @@ class Directory:
         record = self._pools.get(pool_id)
         lease_rules.require_listed(pool_id, record)
         assert record is not None
-        if pool_id not in self._drains:
+        if self._drain_at(pool_id) is None:
             self._drains[pool_id] = lease_rules.drain_deadline(None, now, timeout)
             self._settle(pool_id, Removal.UNSPECIFIED)
         return self._view(record)
 
     def drain_deadline_wall(self, pool_id: str) -> float | None:
         """The deadline of a discovery-side drain of the pool, or None."""
-        deadline = self._drains.get(pool_id)
+        deadline = self._drain_at(pool_id)
         return self.wall(deadline) if deadline is not None else None
+
+    def _drain_at(self, pool_id: str) -> float | None:
+        """The monotonic deadline of a discovery-side drain (also one a mirror's store is ending)."""
+        deadline = self._drains.get(pool_id)
+        return deadline if deadline is not None else self._completing.get(pool_id)
 
     def get_pool(self, pool_id: str, now: float) -> PoolView | None:
         """The pool as listed, or None."""
@@ -263,6 +277,18 @@ class Directory:
         snapshot = [self._view(self._pools[pool_id]) for pool_id in self._order]
         return self._fanout.open(model, region, snapshot, self.complete(now), self.revision)
 
+    def at_revision(self, revision: int) -> None:
+        """Mirror: the store's revision of the change applied next (its event carries it)."""
+        assert self.mirror
+        self.revision = max(self.revision, revision)
+
+    def reset_history(self) -> None:
+        """Mirror: the state was re-read from the store, not followed change by change, so no
+        resume from before the current revision can be exact: forget the history."""
+        assert self.mirror
+        self._history.clear()
+        self._history_floor = self.revision
+
     def can_resume(self, start_revision: int) -> bool:
         """Whether every event after `start_revision` is still in the (bounded) history."""
         return 0 < start_revision and self._history_floor <= start_revision <= self.revision
@@ -271,9 +297,9 @@ class Directory:
         """Forgets a watcher (its stream ended)."""
         self._fanout.forget(watcher)
 
-    def close_watchers(self) -> None:
-        """Ends every watcher (the server shuts down)."""
-        self._fanout.close_all()
+    def close_watchers(self, why: WatcherClosed = WatcherClosed.SHUTDOWN) -> None:
+        """Ends every watcher (the server shuts down, or a mirror re-synced)."""
+        self._fanout.close_all(why)
 
     @property
     def watchers(self) -> Iterable[Watcher]:
@@ -298,7 +324,8 @@ class Directory:
         signature = self._signature(record)
         if signature != record.signature:
             record.signature = signature
-            record.revision += 1
+            # A mirror's pool revision is the store revision of its last change: equal on every replica.
+            record.revision = self.revision if self.mirror else record.revision + 1
             record.last_view = self._view(record)
             self._publish(EventKind.UPDATED, record.last_view)
         return False
@@ -312,6 +339,7 @@ class Directory:
         del self._pools[record.pool_id]
         del self._order[bisect.bisect_left(self._order, record.pool_id)]
         self._drains.pop(record.pool_id, None)
+        self._completing.pop(record.pool_id, None)
         self._publish(EventKind.REMOVED, view, reason)
 
     def _complete_drain(self, pool_id: str) -> None:
@@ -323,7 +351,11 @@ class Directory:
         merged = lease_rules.drained_incarnations(self._drained.get(pool_id, {}), holders)
         self._drained.setdefault(pool_id, {}).update(merged)
         refused = list(merged.items())
-        self._drop(record, Removal.DRAINED)
+        if self.mirror:
+            # The store ends the leases; their deletions remove the pool on every replica alike.
+            self._completing[pool_id] = self._drains.pop(pool_id)
+        else:
+            self._drop(record, Removal.DRAINED)
         if self._on_drained is not None:
             self._on_drained(pool_id, refused)
 
@@ -332,7 +364,7 @@ class Directory:
         newest = max(leases, key=lambda lease: lease.expires_at).value
         frontends = tuple(sorted({url for lease in leases for url in lease.value.frontends}))
         capabilities = tuple(sorted({c for lease in leases for c in lease.value.capabilities}))
-        drain_at = self._drains.get(record.pool_id)
+        drain_at = self._drain_at(record.pool_id)
         relay_draining = [lease.value for lease in leases if lease.value.draining]
         draining = drain_at is not None or bool(relay_draining)
         if drain_at is not None:
@@ -396,7 +428,9 @@ class Directory:
         )
 
     def _publish(self, kind: EventKind, view: PoolView, reason: Removal = Removal.UNSPECIFIED) -> None:
-        self.revision += 1
+        # A mirror's change already has its store revision (at_revision; one pool event per change).
+        if not self.mirror:
+            self.revision += 1
         if len(self._history) == self._history.maxlen:
             self._history_floor = self._history[0].revision  # that event is evicted next
         removal = reason if kind is EventKind.REMOVED else Removal.UNSPECIFIED

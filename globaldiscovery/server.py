@@ -282,6 +282,13 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
                 Reason.SLOW_CONSUMER,
                 f"this watch fell more than {watcher.limit} events behind; watch again for a fresh snapshot",
             )
+        if watcher.closed is WatcherClosed.RESYNC:
+            await abort_with_reason(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                Reason.STORE_UNAVAILABLE,
+                "this replica lost its etcd history and re-read the directory; watch again (resume or snapshot)",
+            )
         await abort_with_reason(context, grpc.StatusCode.UNAVAILABLE, Reason.SHUTTING_DOWN, _SHUTTING_DOWN)
 
     async def DrainPool(self, request: pb.DrainPoolRequest, context: grpc.aio.ServicerContext):

@@ -25,6 +25,7 @@ class WatcherClosed(enum.Enum):
 
     OVERFLOW = 1
     SHUTDOWN = 2
+    RESYNC = 3  # the replica re-read its shared store: the stream cannot continue change by change
 
 
 class Watcher:
@@ -121,10 +122,10 @@ class WatchFanout:
         """Forgets a watcher (its stream ended)."""
         self._watchers.discard(watcher)
 
-    def close_all(self) -> None:
-        """Ends every watcher (the server shuts down)."""
+    def close_all(self, why: WatcherClosed = WatcherClosed.SHUTDOWN) -> None:
+        """Ends every watcher (the server shuts down, or the replica re-synced)."""
         for watcher in list(self._watchers):
-            watcher.close(WatcherClosed.SHUTDOWN)
+            watcher.close(why)
         self._watchers.clear()
 
     @property

@@ -5,6 +5,12 @@ in-memory store applies). Every write goes to etcd; each replica keeps a mirror 
 itself) fed by one etcd watch, and answers listings and watchers from it. A lease lapses when
 etcd ends it: the key's DELETE reaches every replica's mirror, and so every watcher. A call
 returns only after this replica's mirror has seen its own write, so a reply shows the write.
+
+Watch revisions are etcd's: each pool event carries the etcd revision of the change that made it,
+which every replica sees alike, so a watch seen to revision R on one replica resumes exactly on
+another (WatchPoolsRequest.start_revision). A replica that has not applied R yet waits for it
+(bounded); one whose history does not reach back to R (evicted, started or re-read after R)
+answers with a reset snapshot.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from dataclasses import asdict
 
 import aetcd
 import aetcd.exceptions
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from globaldiscovery import lease_rules
 from globaldiscovery.lease_rules import NotFound
@@ -34,7 +40,7 @@ from globaldiscovery.records import (
 )
 from globaldiscovery.store.base import StoreUnavailable
 from globaldiscovery.store.expiry import Expiry
-from globaldiscovery.watch_fanout import Watcher
+from globaldiscovery.watch_fanout import Watcher, WatcherClosed
 from meshkit import discovery_endpoints
 from meshkit.clock import Clock
 from meshkit.logs import get_logger
@@ -49,8 +55,14 @@ FRONTENDS = PREFIX + b"frontend/"  # frontend/<id> -> frontend JSON (on an etcd 
 SEP = b"\x00"  # ids never hold control characters, so this cannot be part of one
 MIRROR_LEASE = 10 * 365 * 86_400.0  # the mirror never expires a lease itself: etcd does
 CATCH_UP_SECONDS = 10.0
+# How long a resumed watch waits for this replica to apply the revision it resumes from (another
+# replica was ahead); then it gets a reset snapshot rather than a delta that would miss changes.
+RESUME_CATCH_UP_SECONDS = 5.0
 # Re-sync after the etcd watch broke: quickly at first, then at most every 5 s.
 ETCD_RESYNC = wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2)
+# Ending a completed drain's leases in etcd: every replica tries, each a few times.
+DRAIN_WRITE_STOP = stop_after_attempt(5)
+DRAIN_WRITE_WAIT = wait_exponential_jitter(multiplier=0.2, max=2.0, jitter=0.2)
 
 
 def _unavailable(method):
@@ -134,11 +146,13 @@ class EtcdStore:
             watch_history_limit=watch_history_limit,
             complete_at_start=True,
             on_drained=self._drain_completed,
+            mirror=True,
         )
         self._expiry = Expiry(self.directory, clock)
         self._frontends: dict[str, FrontendView] = {}
         self._frontends_version = 0
         self._applied = 0  # the etcd revision the mirror has applied
+        self._compacted = False  # etcd no longer has the changes after _applied: re-read everything
         self._advanced = asyncio.Event()
         self._follower: asyncio.Task[None] | None = None
         self._watch = None
@@ -155,8 +169,20 @@ class EtcdStore:
         self._expiry.start()
 
     async def _sync(self) -> None:
-        """Makes the mirror equal to etcd now (at start, and after the watch broke), then watches on."""
+        """Starts following etcd. After a broken watch, from the change after the last one applied
+        (etcd's history: exact, so watches and their history go on); at start, or when etcd has
+        compacted those changes away, by making the mirror equal to etcd now."""
+        if self._applied and not self._compacted:
+            self._watch = await self._client.watch_prefix(
+                PREFIX, start_revision=self._applied + 1, prev_kv=True
+            )
+            return
         snapshot = await self._client.get_prefix(PREFIX)
+        if self._applied:
+            # The changes in between are lost: a watcher cannot go on change by change (it
+            # re-watches and resumes on a replica that has them, or gets a snapshot).
+            self.directory.close_watchers(WatcherClosed.RESYNC)
+        self.directory.at_revision(snapshot.header.revision)
         present = {kv.key for kv in snapshot}
         for key in [k for k in self._known if k not in present]:
             self._apply_safely("DELETE", key, b"", self._known[key])  # ended while we were not watching
@@ -164,7 +190,9 @@ class EtcdStore:
         for kv in kvs:
             if self._known.get(kv.key) != kv.value:
                 self._apply_safely("PUT", kv.key, kv.value, None)
+        self.directory.reset_history()  # those events were a diff, not etcd's changes
         self._applied = max(self._applied, snapshot.header.revision)
+        self._compacted = False
         self._advanced.set()
         self._watch = await self._client.watch_prefix(
             PREFIX, start_revision=snapshot.header.revision + 1, prev_kv=True
@@ -175,10 +203,13 @@ class EtcdStore:
         while True:
             async for attempt in AsyncRetrying(wait=ETCD_RESYNC, retry=retry_if_exception_type(Exception)):
                 with attempt:
-                    if self._watch is None:
-                        await self._sync()
                     try:
+                        if self._watch is None:
+                            await self._sync()
                         await self._follow()
+                    except aetcd.exceptions.RevisionCompactedError:
+                        self._compacted = True
+                        raise
                     finally:
                         self._watch = None
             log.warning("etcd watch ended; re-syncing")
@@ -200,6 +231,7 @@ class EtcdStore:
     async def _follow(self) -> None:
         async for event in self._watch:  # type: ignore[attr-defined]  # set by _sync() before _follow()
             prev = event.prev_kv.value if event.prev_kv is not None else None
+            self.directory.at_revision(event.kv.mod_revision)  # the revision its pool event carries
             self._apply_safely(event.kind, event.kv.key, event.kv.value, prev)
             self._applied = max(self._applied, event.kv.mod_revision)
             self._advanced.set()
@@ -227,7 +259,8 @@ class EtcdStore:
                 reason = Removal.LEASE_EXPIRED
                 if prev is not None:
                     with contextlib.suppress(Exception):  # an unreadable record still leaves
-                        reason = _decode(prev)[2] or Removal.LEASE_EXPIRED
+                        ended, _, stated = _decode(prev)
+                        reason = stated or self._drained_reason(pool_id, relay_id, ended.incarnation)
                 self.directory.unregister_pool(pool_id, relay_id, 2**64, reason, now)
         elif key.startswith(DRAINS) and kind == "PUT":
             pool_id = key[len(DRAINS) :].decode()
@@ -244,6 +277,15 @@ class EtcdStore:
                 self._frontends.pop(frontend_id, None)
             self._frontends_version += 1
         self._expiry.poke()
+
+    def _drained_reason(self, pool_id: str, relay_id: str, incarnation: int) -> Removal:
+        """Why a lease deleted without a stated reason ended: DRAINED when a completed drain
+        refused its incarnation (written before the deletion, so every replica reads it alike)."""
+        refused = self._known.get(DRAINED + pool_id.encode() + SEP + relay_id.encode())
+        with contextlib.suppress(ValueError):
+            if refused is not None and incarnation <= int(refused):
+                return Removal.DRAINED
+        return Removal.LEASE_EXPIRED
 
     async def _caught_up(self, revision: int) -> None:
         """Waits until the mirror has applied `revision` (this replica's own write)."""
@@ -263,13 +305,17 @@ class EtcdStore:
         task.add_done_callback(self._background.discard)
 
     async def _write_drained(self, pool_id: str, refused: list[tuple[str, int]]) -> None:
+        """Records the refused incarnations, then deletes the leases: their deletions remove the
+        pool (reason DRAINED) from every mirror at the same etcd revisions."""
         try:
-            for relay_id, incarnation in refused:
-                await self._client.put(
-                    DRAINED + pool_id.encode() + SEP + relay_id.encode(), str(incarnation).encode()
-                )
-                await self._client.delete(_lease_key(pool_id, relay_id))
-            await self._client.delete(DRAINS + pool_id.encode())
+            async for attempt in AsyncRetrying(stop=DRAIN_WRITE_STOP, wait=DRAIN_WRITE_WAIT, reraise=True):
+                with attempt:
+                    for relay_id, incarnation in refused:
+                        await self._client.put(
+                            DRAINED + pool_id.encode() + SEP + relay_id.encode(), str(incarnation).encode()
+                        )
+                        await self._client.delete(_lease_key(pool_id, relay_id))
+                    await self._client.delete(DRAINS + pool_id.encode())
         except Exception as exc:
             log.warning("cannot record a completed drain in etcd", pool_id=pool_id, error=repr(exc))
 
@@ -387,9 +433,28 @@ class EtcdStore:
         return pools, more, True
 
     async def watch(self, *, model: str, region: str, start_revision: int = 0) -> Watcher:
+        if start_revision > self._applied and not model and not region:
+            await self._reach(start_revision)
         return self.directory.watch(
             self.clock.monotonic(), model=model, region=region, start_revision=start_revision
         )
+
+    async def _reach(self, revision: int) -> None:
+        """Waits (bounded) until the mirror has applied `revision`, which another replica sent; it
+        returns at once when etcd itself has not reached it (not a revision of this etcd). Never
+        raises: a watch that cannot resume gets a snapshot."""
+        try:
+            async with asyncio.timeout(RESUME_CATCH_UP_SECONDS):
+                current = (await self._client.get_prefix(PREFIX + b"revision-probe/")).header.revision
+                if revision > current:
+                    return
+                while self._applied < revision:
+                    self._advanced.clear()
+                    await self._advanced.wait()
+        except (TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
+            log.info(
+                "a resumed watch did not catch up; it gets a snapshot", revision=revision, error=repr(exc)
+            )
 
     def unwatch(self, watcher: Watcher) -> None:
         self.directory.unwatch(watcher)

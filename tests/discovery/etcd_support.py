@@ -108,3 +108,28 @@ async def wipe_discovery_keys(endpoint: str) -> None:
         await client.delete_prefix(PREFIX)
     finally:
         await client.close()
+
+
+@contextlib.asynccontextmanager
+async def etcd_replicas(endpoint: str, count: int, *, heartbeat_interval: float, lease_duration: float):
+    """`count` started EtcdStores sharing `endpoint` (the discovery keys wiped first); closed at the end."""
+    from globaldiscovery.store.etcd import EtcdStore
+    from meshkit.clock import SystemClock
+
+    await wipe_discovery_keys(endpoint)
+    stores = [
+        EtcdStore(
+            SystemClock(),
+            endpoint=endpoint,
+            heartbeat_interval=heartbeat_interval,
+            lease_duration=lease_duration,
+        )
+        for _ in range(count)
+    ]
+    for store in stores:
+        await store.start()
+    try:
+        yield stores
+    finally:
+        for store in stores:
+            await store.close()

@@ -17,7 +17,7 @@ from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit.clock import SystemClock
 from meshlaunch import wait_until
-from tests.discovery.etcd_support import wipe_discovery_keys
+from tests.discovery.etcd_support import etcd_replicas, wipe_discovery_keys
 from tests.discovery.helpers import reg, run_pools, start_discovery
 
 pytestmark = pytest.mark.timeout(90)
@@ -26,17 +26,8 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture
 async def replicas(etcd):
     """Two discovery replicas sharing one etcd."""
-    await wipe_discovery_keys(etcd)
-    stores = [
-        EtcdStore(SystemClock(), endpoint=etcd, heartbeat_interval=0.5, lease_duration=2.0) for _ in range(2)
-    ]
-    for store in stores:
-        await store.start()
-    try:
+    async with etcd_replicas(etcd, 2, heartbeat_interval=0.5, lease_duration=2.0) as stores:
         yield stores
-    finally:
-        for store in stores:
-            await store.close()
 
 
 async def next_event(watcher, kind: EventKind):
