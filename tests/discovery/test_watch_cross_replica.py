@@ -16,6 +16,7 @@ from globaldiscovery.store.etcd import PREFIX, EtcdStore
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from globaldiscovery.watch_fanout import WatcherClosed
+from meshlaunch.process import Proc
 from tests.discovery.etcd_support import etcd_replicas, running_etcd, wipe_discovery_keys
 from tests.discovery.helpers import reg, start_discovery
 
@@ -37,7 +38,7 @@ class Stream:
 
     def opening(self) -> tuple[list[str], pb.WatchPoolsResponse]:
         """The pool ids of the snapshot, and its SNAPSHOT_DONE."""
-        pools = []
+        pools: list[str] = []
         while True:
             event = self.next()
             if event.type == T.WATCH_EVENT_TYPE_SNAPSHOT_DONE:
@@ -75,7 +76,7 @@ def unregister(address: str, pool: str, relay: str = "r1", inc: int = 1) -> None
         )
 
 
-def serve(procs, etcd: str) -> tuple[object, str]:
+def serve(procs, etcd: str) -> tuple[Proc, str]:
     # Leases far longer than the test, so only the test's own changes happen.
     return start_discovery(
         procs,
