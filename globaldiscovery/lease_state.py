@@ -289,6 +289,34 @@ class Directory:
         self._history.clear()
         self._history_floor = self.revision
 
+    @property
+    def history_floor(self) -> int:
+        """A resume can start from any revision from this one on (to self.revision)."""
+        return self._history_floor
+
+    @property
+    def history_limit(self) -> int:
+        """How many events the history keeps."""
+        return self._history.maxlen or 0
+
+    def history_between(self, after: int, upto: int) -> list[PoolEvent] | None:
+        """The events after `after` up to `upto`; None when the history no longer holds them all."""
+        if not self.can_resume(after):
+            return None
+        return [event for event in self._history if after < event.revision <= upto]
+
+    def watch_joined(
+        self, now: float, earlier: list[PoolEvent], start_revision: int, joined_at: int
+    ) -> Watcher | None:
+        """Mirror: a resumed (unfiltered) watcher replaying `earlier` (the events after
+        `start_revision` up to `joined_at`, read elsewhere: from the store's own history), then this
+        directory's events after `joined_at`; None when the history no longer reaches back to it."""
+        self.advance(now)
+        if not self.can_resume(joined_at):
+            return None
+        replay = [*earlier, *(event for event in self._history if event.revision > joined_at)]
+        return self._fanout.resume(list(self._order), replay, self.complete(now), start_revision)
+
     def can_resume(self, start_revision: int) -> bool:
         """Whether every event after `start_revision` is still in the (bounded) history."""
         return 0 < start_revision and self._history_floor <= start_revision <= self.revision

@@ -9,8 +9,9 @@ returns only after this replica's mirror has seen its own write, so a reply show
 Watch revisions are etcd's: each pool event carries the etcd revision of the change that made it,
 which every replica sees alike, so a watch seen to revision R on one replica resumes exactly on
 another (WatchPoolsRequest.start_revision). A replica that has not applied R yet waits for it
-(bounded); one whose history does not reach back to R (evicted, started or re-read after R)
-answers with a reset snapshot.
+(bounded); one whose history starts after R (it started or re-read etcd later) reads the changes
+before it from etcd's history; when etcd compacted them (or there are more than the history
+holds) the watch gets a reset snapshot.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from dataclasses import asdict
 
 import aetcd
 import aetcd.exceptions
+import grpc
+from aetcd import rpc
+from aetcd.utils import prefix_range_end
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from globaldiscovery import lease_rules
@@ -33,6 +37,7 @@ from globaldiscovery.lease_state import Directory
 from globaldiscovery.records import (
     Capacity,
     FrontendView,
+    PoolEvent,
     PoolRegistration,
     PoolView,
     RegisterResult,
@@ -111,6 +116,56 @@ def _readable(kvs) -> list[PoolRegistration]:
     return out
 
 
+def _drained_reason(known: dict[bytes, bytes], pool_id: str, relay_id: str, incarnation: int) -> Removal:
+    """Why a lease deleted without a stated reason ended: DRAINED when a completed drain refused
+    its incarnation (written before the deletion, so every replica reads it alike)."""
+    refused = known.get(DRAINED + pool_id.encode() + SEP + relay_id.encode())
+    with contextlib.suppress(ValueError):
+        if refused is not None and incarnation <= int(refused):
+            return Removal.DRAINED
+    return Removal.LEASE_EXPIRED
+
+
+def _apply_pool_record(
+    directory: Directory,
+    known: dict[bytes, bytes],
+    kind: str,
+    key: bytes,
+    value: bytes,
+    prev: bytes | None,
+    now: float,
+) -> None:
+    """Applies one etcd change to a mirror `directory` and `known` (every key as last seen):
+    leases and drains change pools; other keys are only remembered."""
+    if kind == "PUT":
+        known[key] = value
+    else:
+        prev = prev if prev is not None else known.get(key)
+        known.pop(key, None)
+    if key.startswith(LEASES):
+        if kind == "PUT":
+            reg, _, _ = _decode(value)
+            directory.register_pool(reg, now, trusted=True)
+        else:
+            pool_id, relay_id = (part.decode() for part in key[len(LEASES) :].split(SEP, 1))
+            reason = Removal.LEASE_EXPIRED
+            if prev is not None:
+                with contextlib.suppress(Exception):  # an unreadable record still leaves
+                    ended, _, stated = _decode(prev)
+                    reason = stated or _drained_reason(known, pool_id, relay_id, ended.incarnation)
+            directory.unregister_pool(pool_id, relay_id, 2**64, reason, now)
+    elif key.startswith(DRAINS) and kind == "PUT":
+        pool_id = key[len(DRAINS) :].decode()
+        deadline_wall = json.loads(value)["deadline_wall"]
+        with contextlib.suppress(NotFound):
+            directory.drain_pool(pool_id, deadline_wall - directory.wall(now), now)
+
+
+def _records_first(kvs) -> list:
+    """`kvs` with every lease before any drain, so a drain finds its pool."""
+    return sorted(kvs, key=lambda kv: not kv.key.startswith(LEASES))
+
+
 class EtcdStore:
     """The directory shared through etcd; listings are complete at once."""
 
@@ -186,8 +241,7 @@ class EtcdStore:
         present = {kv.key for kv in snapshot}
         for key in [k for k in self._known if k not in present]:
             self._apply_safely("DELETE", key, b"", self._known[key])  # ended while we were not watching
-        kvs = sorted(snapshot, key=lambda kv: not kv.key.startswith(LEASES))  # pools before their drains
-        for kv in kvs:
+        for kv in _records_first(snapshot):
             if self._known.get(kv.key) != kv.value:
                 self._apply_safely("PUT", kv.key, kv.value, None)
         self.directory.reset_history()  # those events were a diff, not etcd's changes
@@ -244,30 +298,8 @@ class EtcdStore:
             log.exception("cannot apply an etcd record; skipped", key=key, kind=kind)
 
     def _apply(self, kind: str, key: bytes, value: bytes, prev: bytes | None) -> None:
-        now = self.clock.monotonic()
-        if kind == "PUT":
-            self._known[key] = value
-        else:
-            prev = prev if prev is not None else self._known.get(key)
-            self._known.pop(key, None)
-        if key.startswith(LEASES):
-            if kind == "PUT":
-                reg, _, _ = _decode(value)
-                self.directory.register_pool(reg, now, trusted=True)
-            else:
-                pool_id, relay_id = (part.decode() for part in key[len(LEASES) :].split(SEP, 1))
-                reason = Removal.LEASE_EXPIRED
-                if prev is not None:
-                    with contextlib.suppress(Exception):  # an unreadable record still leaves
-                        ended, _, stated = _decode(prev)
-                        reason = stated or self._drained_reason(pool_id, relay_id, ended.incarnation)
-                self.directory.unregister_pool(pool_id, relay_id, 2**64, reason, now)
-        elif key.startswith(DRAINS) and kind == "PUT":
-            pool_id = key[len(DRAINS) :].decode()
-            deadline_wall = json.loads(value)["deadline_wall"]
-            with contextlib.suppress(NotFound):
-                self.directory.drain_pool(pool_id, deadline_wall - self.directory.wall(now), now)
-        elif key.startswith(FRONTENDS):
+        _apply_pool_record(self.directory, self._known, kind, key, value, prev, self.clock.monotonic())
+        if key.startswith(FRONTENDS):
             frontend_id = key[len(FRONTENDS) :].decode()
             if kind == "PUT":
                 record = json.loads(value)
@@ -277,15 +309,6 @@ class EtcdStore:
                 self._frontends.pop(frontend_id, None)
             self._frontends_version += 1
         self._expiry.poke()
-
-    def _drained_reason(self, pool_id: str, relay_id: str, incarnation: int) -> Removal:
-        """Why a lease deleted without a stated reason ended: DRAINED when a completed drain
-        refused its incarnation (written before the deletion, so every replica reads it alike)."""
-        refused = self._known.get(DRAINED + pool_id.encode() + SEP + relay_id.encode())
-        with contextlib.suppress(ValueError):
-            if refused is not None and incarnation <= int(refused):
-                return Removal.DRAINED
-        return Removal.LEASE_EXPIRED
 
     async def _caught_up(self, revision: int) -> None:
         """Waits until the mirror has applied `revision` (this replica's own write)."""
@@ -433,8 +456,13 @@ class EtcdStore:
         return pools, more, True
 
     async def watch(self, *, model: str, region: str, start_revision: int = 0) -> Watcher:
-        if start_revision > self._applied and not model and not region:
-            await self._reach(start_revision)
+        if start_revision > 0 and not model and not region:
+            if start_revision > self._applied:
+                await self._reach(start_revision)
+            elif start_revision < self.directory.history_floor:
+                resumed = await self._resume_from_etcd(start_revision)
+                if resumed is not None:
+                    return resumed
         return self.directory.watch(
             self.clock.monotonic(), model=model, region=region, start_revision=start_revision
         )
@@ -455,6 +483,65 @@ class EtcdStore:
             log.info(
                 "a resumed watch did not catch up; it gets a snapshot", revision=revision, error=repr(exc)
             )
+
+    async def _resume_from_etcd(self, revision: int) -> Watcher | None:
+        """A watcher resumed after `revision`, from before this replica's history (it started, or
+        re-read etcd, after it): the changes up to its history are read from etcd's own history.
+        None (the caller sends a snapshot) when etcd compacted them, there are more than the
+        history holds, or etcd does not answer in time."""
+        joined_at = self.directory.history_floor
+        if joined_at - revision > self.directory.history_limit:
+            return None
+        try:
+            async with asyncio.timeout(RESUME_CATCH_UP_SECONDS):
+                earlier = await self._etcd_events(revision, joined_at)
+        except (TimeoutError, aetcd.exceptions.ClientError, grpc.RpcError, OSError) as exc:
+            log.info("cannot read a resumed watch's changes from etcd", revision=revision, error=repr(exc))
+            return None
+        if earlier is None:
+            return None
+        return self.directory.watch_joined(self.clock.monotonic(), earlier, revision, joined_at)
+
+    async def _etcd_events(self, revision: int, upto: int) -> list[PoolEvent] | None:
+        """The pool events of etcd's changes after `revision` up to `upto`, as a mirror that read
+        etcd at `revision` and then followed it would have made them (a scratch mirror does)."""
+        now = self.clock.monotonic()
+        scratch = Directory(
+            MIRROR_LEASE,
+            started_at=now,
+            wall_offset=self.clock.wall() - now,
+            watch_history_limit=self.directory.history_limit,
+            complete_at_start=True,
+            mirror=True,
+        )
+        known: dict[bytes, bytes] = {}
+        past = await self._client.kvstub.Range(
+            rpc.RangeRequest(key=PREFIX, range_end=prefix_range_end(PREFIX), revision=revision),
+            metadata=self._client.metadata,
+        )
+        scratch.at_revision(revision)
+        for kv in _records_first(past.kvs):
+            _apply_pool_record(scratch, known, "PUT", kv.key, kv.value, None, now)
+        scratch.reset_history()
+        # Every key, not only discovery's: some change happened at `upto` (a revision is a
+        # write), so its arrival says every change up to it has (etcd sends them in order).
+        # Each discovery write is one key, so no second discovery change shares that revision.
+        changes = await self._client.watch(b"\0", range_end=b"\0", start_revision=revision + 1, prev_kv=True)
+        try:
+            async for event in changes:
+                at = event.kv.mod_revision
+                if at > upto:
+                    break
+                if event.kv.key.startswith(PREFIX):
+                    scratch.at_revision(at)
+                    prev = event.prev_kv.value if event.prev_kv is not None else None
+                    _apply_pool_record(scratch, known, event.kind, event.kv.key, event.kv.value, prev, now)
+                if at == upto:
+                    break
+        finally:
+            with contextlib.suppress(Exception):
+                await changes.cancel()
+        return scratch.history_between(revision, upto)
 
     def unwatch(self, watcher: Watcher) -> None:
         self.directory.unwatch(watcher)

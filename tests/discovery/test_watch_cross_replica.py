@@ -147,7 +147,7 @@ async def compact(endpoint: str) -> int:
         await client.close()
 
 
-def test_a_revision_from_before_a_replicas_history_gets_a_reset_snapshot(procs):
+def test_a_replica_started_after_the_revision_reads_the_changes_from_etcd_unless_compacted(procs):
     with running_etcd() as etcd:  # its own etcd: this test compacts the history away
         _, a = serve(procs, etcd)
         on_a = Stream(a)
@@ -156,19 +156,32 @@ def test_a_revision_from_before_a_replicas_history_gets_a_reset_snapshot(procs):
             register(a, "p1")
             seen = on_a.next().revision
             register(a, "p2")
+            unregister(a, "p1")
+            missed = [summary(on_a.next()) for _ in range(2)]
+            _, c = serve(procs, etcd)  # its history starts after R: etcd still has the changes
+            late = Stream(c, start_revision=seen)
+            try:
+                pools, done = late.opening()
+                assert pools == [] and done.resumed and done.revision == seen
+                assert [summary(late.next()) for _ in range(2)] == missed  # as A numbered them
+                register(c, "p3")  # then C's own events, nothing repeated before them
+                assert summary(late.next())[:2] == (T.WATCH_EVENT_TYPE_ADDED, "p3")
+            finally:
+                late.close()
+
             asyncio.run(compact(etcd))
-            _, c = serve(procs, etcd)  # started after R, with etcd's history of R compacted
-            reset = Stream(c, start_revision=seen)
+            _, d = serve(procs, etcd)  # started after R, and etcd's history of R is gone
+            reset = Stream(d, start_revision=seen)
             try:
                 pools, done = reset.opening()
-                assert not done.resumed and sorted(pools) == ["p1", "p2"] and done.revision > seen
+                assert not done.resumed and sorted(pools) == ["p2", "p3"] and done.revision > seen
             finally:
                 reset.close()
             again = Stream(a, start_revision=seen)  # A still holds the changes after R
             try:
                 pools, done = again.opening()
                 assert pools == [] and done.resumed
-                assert summary(again.next())[:2] == (T.WATCH_EVENT_TYPE_ADDED, "p2")
+                assert [summary(again.next()) for _ in range(2)] == missed
             finally:
                 again.close()
         finally:
