@@ -282,6 +282,13 @@ class Directory:
         assert self.mirror
         self.revision = max(self.revision, revision)
 
+    def rewind(self, revision: int) -> None:
+        """Mirror: the store's revisions went back (another store): number from `revision` on.
+        The history is of no use any more (the caller re-reads the store, then reset_history)."""
+        assert self.mirror
+        self._history.clear()
+        self.revision = revision
+
     def reset_history(self) -> None:
         """Mirror: the state was re-read from the store, not followed change by change, so no
         resume from before the current revision can be exact: forget the history."""

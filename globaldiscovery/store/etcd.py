@@ -228,15 +228,22 @@ class EtcdStore:
         (etcd's history: exact, so watches and their history go on); at start, or when etcd has
         compacted those changes away, by making the mirror equal to etcd now."""
         if self._applied and not self._compacted:
-            self._watch = await self._client.watch_prefix(
-                PREFIX, start_revision=self._applied + 1, prev_kv=True
-            )
-            return
+            if await self._etcd_revision() >= self._applied:
+                self._watch = await self._client.watch_prefix(
+                    PREFIX, start_revision=self._applied + 1, prev_kv=True
+                )
+                return
+            # Its revision went back: another etcd (re-created empty, restored from a backup).
+            # Watching from our revision would wait for changes that never come: re-read it.
+            log.warning("etcd's revision is behind the mirror's; re-reading etcd", applied=self._applied)
         snapshot = await self._client.get_prefix(PREFIX)
         if self._applied:
             # The changes in between are lost: a watcher cannot go on change by change (it
             # re-watches and resumes on a replica that has them, or gets a snapshot).
             self.directory.close_watchers(WatcherClosed.RESYNC)
+        if snapshot.header.revision < self._applied:
+            self.directory.rewind(snapshot.header.revision)
+            self._applied = snapshot.header.revision
         self.directory.at_revision(snapshot.header.revision)
         present = {kv.key for kv in snapshot}
         for key in [k for k in self._known if k not in present]:
@@ -473,8 +480,7 @@ class EtcdStore:
         raises: a watch that cannot resume gets a snapshot."""
         try:
             async with asyncio.timeout(RESUME_CATCH_UP_SECONDS):
-                current = (await self._client.get_prefix(PREFIX + b"revision-probe/")).header.revision
-                if revision > current:
+                if revision > await self._etcd_revision():
                     return
                 while self._applied < revision:
                     self._advanced.clear()
@@ -483,6 +489,10 @@ class EtcdStore:
             log.info(
                 "a resumed watch did not catch up; it gets a snapshot", revision=revision, error=repr(exc)
             )
+
+    async def _etcd_revision(self) -> int:
+        """etcd's current revision (the header of a read of no key)."""
+        return (await self._client.get_prefix(PREFIX + b"revision-probe/")).header.revision
 
     async def _resume_from_etcd(self, revision: int) -> Watcher | None:
         """A watcher resumed after `revision`, from before this replica's history (it started, or

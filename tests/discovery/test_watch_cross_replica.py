@@ -265,3 +265,21 @@ async def test_a_replica_whose_etcd_history_was_compacted_rereads_and_ends_its_w
         (EventKind.SNAPSHOT_DONE, None),
     ]
     b.unwatch(reset)
+
+
+async def test_a_replica_ahead_of_a_replaced_etcd_rereads_it_and_numbers_changes_as_etcd_does(pair):
+    a, b = pair
+    await pause(b)
+    b._applied += 1_000  # as if etcd had been replaced by one whose revision is behind the mirror's
+    b.directory.at_revision(b._applied)
+    stale = await b.watch(model="", region="")
+    await events(stale, 1)
+    resume(b)  # watching from the mirror's revision would wait for nothing: it re-reads etcd
+    assert await asyncio.wait_for(stale.next(), WAIT) is None and stale.closed is WatcherClosed.RESYNC
+    live_a, live_b = await a.watch(model="", region=""), await b.watch(model="", region="")
+    await events(live_a, 1)
+    await events(live_b, 1)
+    await a.register_pool(reg("p9"))
+    assert await events(live_a, 1) == await events(live_b, 1)  # one change, one revision again
+    for store, w in ((a, live_a), (b, live_b)):
+        store.unwatch(w)
