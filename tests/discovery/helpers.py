@@ -21,9 +21,10 @@ def reg(pool="p1", relay="r1", inc=1, model="m", region="eu", frontends=("http:/
     )
 
 
-def start_discovery(procs, *extra: str):
-    """Starts `globaldiscovery serve` (heartbeat 0.5 s, lease 1.5 s unless `extra` overrides); (proc, address)."""
-    address = f"127.0.0.1:{free_port()}"
+def start_discovery(procs, *extra: str, address: str | None = None):
+    """Starts `globaldiscovery serve` (heartbeat 0.5 s, lease 1.5 s unless `extra` overrides) on
+    `address` (a free port when None); (proc, address)."""
+    address = address or f"127.0.0.1:{free_port()}"
     proc = procs.start(
         "globaldiscovery",
         [

@@ -76,8 +76,9 @@ def unregister(address: str, pool: str, relay: str = "r1", inc: int = 1) -> None
         )
 
 
-def serve(procs, etcd: str) -> tuple[Proc, str]:
-    # Leases far longer than the test, so only the test's own changes happen.
+def serve(procs, etcd: str, address: str | None = None) -> tuple[Proc, str]:
+    """A `globaldiscovery serve --store etcd` replica (on `address`, else a free port) with leases
+    far longer than a test, so only the test's own changes happen."""
     return start_discovery(
         procs,
         "--store",
@@ -88,6 +89,7 @@ def serve(procs, etcd: str) -> tuple[Proc, str]:
         "10",
         "--lease-duration",
         "60",
+        address=address,
     )
 
 
