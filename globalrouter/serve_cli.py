@@ -74,7 +74,12 @@ def add_parser(subparsers) -> None:
         help=f"seconds from admission to the first token, plus {stall.DEFAULT_PREFILL_FACTOR:g}x the pool's predicted prefill, before the "
         "pool counts as having refused (default %(default)s)",
     )
-    p.add_argument("--metrics-listen", type=host_port, default=None, help="HOST:PORT for Prometheus /metrics")
+    p.add_argument(
+        "--metrics-listen",
+        type=host_port,
+        default=None,
+        help="HOST:PORT for Prometheus /metrics (HTTPS under the TLS flags, mutual with --tls-ca)",
+    )
     p.add_argument(
         "--http-listen",
         type=host_port,

@@ -62,6 +62,13 @@ class Router:
 
     def start_background(self) -> None:
         """Starts the directory watch, the lease renewals and the HTTP front (needs a running loop)."""
+        if self.config.metrics_listen:
+            # The process's TLS flags, and the gRPC listener's certificate reloader (SIGHUP too).
+            # First: a refused --metrics-listen stops the start before any task runs.
+            self.metrics_port = self.metrics.serve(
+                self.config.metrics_listen, self.config.security, self.handle.certificates
+            )
+            log.info("metrics served", listen=self.config.metrics_listen, port=self.metrics_port)
         if self.http is not None:
             self._tasks += (asyncio.create_task(self.http.start(), name="http-front-start"),)
         if self.config.discovery:
@@ -86,9 +93,6 @@ class Router:
                 asyncio.create_task(self.watcher.run(), name="directory-watch"),
                 asyncio.create_task(self.registration.run(), name="frontend-registration"),
             )
-        if self.config.metrics_listen:
-            self.metrics_port = self.metrics.serve(self.config.metrics_listen)
-            log.info("metrics served", listen=self.config.metrics_listen, port=self.metrics_port)
 
     def _directory_changed(self) -> None:
         urls = {u for p in self.core.table.pools.values() if p.listed for u in p.frontends}

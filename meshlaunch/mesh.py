@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 import subprocess
 import tempfile
 import urllib.request
@@ -104,14 +105,20 @@ class RouterProc:
     address: str
     proc: Proc
     metrics_port: int
+    scraper: SecurityConfig | None = None
+    """The certificate /metrics is read with when the frontend runs over TLS (it then serves HTTPS)."""
 
     def stub(self, channel: grpc.Channel) -> router_pb2_grpc.RouterServiceStub:
         return router_pb2_grpc.RouterServiceStub(channel)
 
     def metric(self, name: str, **labels: str) -> float:
         """The value of one sample on /metrics (0 when absent)."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as reply:
+        tls = None
+        if self.scraper is not None:
+            tls = ssl.create_default_context(cafile=self.scraper.tls_ca or None)
+            tls.load_cert_chain(self.scraper.tls_cert, self.scraper.tls_key)
+        url = f"{'https' if tls else 'http'}://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5, context=tls) as reply:
             text = reply.read().decode()
         want = name + (
             "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else ""
@@ -232,7 +239,7 @@ class Mesh:
             ),
         )
         wait_healthy(address, self.start_timeout, proc=proc)
-        router = RouterProc(address, proc, metrics_port)
+        router = RouterProc(address, proc, metrics_port, scraper=self._admin())
         self.routers.append(router)
         return router
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,13 @@ class Pki:
             tls_ca=self.ca_path,
             **extra,
         )
+
+    def client_context(self, cert: str | None) -> ssl.SSLContext:
+        """An HTTPS client's context: trusts this CA, presents NAME.crt (`cert`), or nothing when None."""
+        ctx = ssl.create_default_context(cafile=self.ca_path)
+        if cert is not None:
+            ctx.load_cert_chain(str(self.root / f"{cert}.crt"), str(self.root / f"{cert}.key"))
+        return ctx
 
     def issue(self, name: str, role: Role | None, *names: str, ca: devcerts.Authority | None = None, **kw):
         """Writes NAME.crt / NAME.key for spiffe://mesh.local/ROLE/NAMES (no URI SAN when role is None)."""

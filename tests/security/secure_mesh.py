@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -117,9 +118,18 @@ class SecureMesh:
         wait_until(self.routable, 30, message="pool-a routable over mutual TLS")
         return self
 
+    @property
+    def metrics_url(self) -> str:
+        """The router's /metrics: HTTPS under the process's TLS flags, like every listener."""
+        return f"{'https' if self.pki else 'http'}://127.0.0.1:{self.metrics_port}/metrics"
+
+    def scraper_tls(self, cert: str | None = "admin") -> ssl.SSLContext | None:
+        """What a scraper trusts (the mesh's CA) and presents (`cert`, or nothing); None: plain text."""
+        return self.pki.client_context(cert) if self.pki else None
+
     def router_metric(self, name: str, **labels: str) -> float:
         """One sample of the router's /metrics (0 when absent)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as reply:
+        with urllib.request.urlopen(self.metrics_url, timeout=5, context=self.scraper_tls()) as reply:
             for family in text_string_to_metric_families(reply.read().decode()):
                 for sample in family.samples:
                     if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):

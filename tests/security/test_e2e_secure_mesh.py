@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 import ssl
+import urllib.error
+import urllib.request
 
 import grpc
 import pytest
@@ -177,6 +180,20 @@ def test_refusals_are_counted_in_metrics(mesh):
     assert refused() == before + 1
 
 
+def test_the_metrics_port_serves_https_to_certificates_of_the_ca_only(mesh):
+    """--metrics-listen follows the router's TLS flags: plain HTTP and a scraper without a
+    certificate (or with one of another CA) are refused in the handshake."""
+    url = mesh.metrics_url
+    assert url.startswith("https://")
+    with urllib.request.urlopen(url, context=mesh.scraper_tls("admin"), timeout=5) as reply:
+        assert reply.status == 200 and b"mesh_auth_refusals_total" in reply.read()
+    for context in (mesh.scraper_tls(None), mesh.scraper_tls("other-ca")):
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            urllib.request.urlopen(url, context=context, timeout=5).read()
+    with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+        urllib.request.urlopen(url.replace("https://", "http://"), timeout=5).read()
+
+
 def test_a_relay_sends_no_telemetry_to_a_peer_that_is_not_a_frontend(mesh):
     """A relay told to stream to the pool's own address (no frontend identity) never opens a stream there.
 
@@ -231,11 +248,11 @@ def test_a_rotated_router_certificate_is_served_and_open_streams_survive(mesh):
     router = mesh.procs["router"]
     cert_path = mesh.pki.root / "frontend.crt"
 
-    def served_cert() -> bytes:
+    def served_cert(address: str = mesh.router) -> bytes:
         ctx = ssl.create_default_context(cafile=mesh.pki.ca_path)
         ctx.load_cert_chain(mesh.pki.root / "relay-a.crt", mesh.pki.root / "relay-a.key")
         ctx.set_alpn_protocols(["h2"])
-        host, port = mesh.router.rsplit(":", 1)
+        host, port = address.rsplit(":", 1)
         with (
             socket.create_connection((host, int(port)), timeout=5) as raw,
             ctx.wrap_socket(raw, server_hostname=host) as tls,
@@ -253,6 +270,8 @@ def test_a_rotated_router_certificate_is_served_and_open_streams_survive(mesh):
     (mesh.pki.root / "frontend.key").write_bytes(leaf.key_pem)
     router.signal(1)  # SIGHUP
     wait_until(lambda: served_cert() != old, 15, message="the rotated certificate being served")
+    # The metrics port shares the gRPC listener's reloader: it serves the new certificate too.
+    assert served_cert(f"127.0.0.1:{mesh.metrics_port}") == served_cert()
     after_view = mesh.router_view()["pool-a"]
     assert after_view.telemetry_streams == before_view.telemetry_streams == 1
     assert mesh.routable()

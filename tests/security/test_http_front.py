@@ -62,10 +62,7 @@ async def front(security: SecurityConfig, **limits):
 
 def client_context(pki, cert: str | None) -> ssl.SSLContext:
     """What a client trusts (the test CA) and presents (`cert`, or nothing)."""
-    ctx = ssl.create_default_context(cafile=pki.ca_path)
-    if cert is not None:
-        ctx.load_cert_chain(str(pki.root / f"{cert}.crt"), str(pki.root / f"{cert}.key"))
-    return ctx
+    return pki.client_context(cert)
 
 
 async def call(base: str, path: str, *, verify=False, key: str | None = None, body=None):
