@@ -120,6 +120,12 @@ def add_parser(subparsers) -> None:
         help="request line and headers of one HTTP request, in bytes (more: 431)",
     )
     p.add_argument(
+        "--http-header-timeout",
+        type=positive_seconds,
+        default=10.0,
+        help="seconds a client has to send a complete request head (then 408 and closed)",
+    )
+    p.add_argument(
         "--http-max-headers",
         type=int_at_least(8),
         default=100,
@@ -181,6 +187,7 @@ def _run(args: argparse.Namespace) -> int:
             default_max_tokens=args.http_default_max_tokens,
             max_head_bytes=args.http_max_header_bytes,
             max_headers=args.http_max_headers,
+            head_timeout=args.http_header_timeout,
         ),
     )
     try:

@@ -21,7 +21,10 @@ class HttpConfig:
     default_max_tokens: int = 256
     """Output tokens when a request sets neither max_tokens nor max_completion_tokens."""
     max_connections: int = 1024
-    """Concurrent HTTP connections; more are answered 503 by uvicorn."""
+    """Concurrent HTTP connections; one more is answered 503 and closed as soon as it is made."""
+    head_timeout: float = 10.0
+    """Seconds a client has to send a complete request head (request line and headers), from the
+    connection's start and then from each next request's first byte; then 408 and closed."""
     max_head_bytes: int = 32 * 1024
     """Request line and headers of one request, in bytes; more is answered 431."""
     max_headers: int = 100

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -26,21 +27,31 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     httptools (llhttp) bounds neither the URL nor the header block, so a client could grow one
     request's head without limit; here the URL and headers together are capped in bytes and
     headers in count, and a request past either gets 431 before any handler runs.
+
+    uvicorn has no timeout for a request head either (its keep-alive timer runs only between
+    requests, and stops at the first byte), and its limit_concurrency answers 503 only once a head
+    is complete, so slow-loris connections that never finish their heads were unbounded in time
+    and number. Here a head must be complete within `head_timeout` (from the connection's start,
+    then from each next request's first byte; 408 and closed otherwise), and a connection past
+    limit_concurrency is answered 503 and closed as soon as it is made.
     """
 
     max_head_bytes = 32 * 1024
     max_headers = 100
+    head_timeout = 10.0
 
     @classmethod
-    def bounded(cls, max_head_bytes: int, max_headers: int) -> type[BoundedHttpProtocol]:
+    def bounded(cls, max_head_bytes: int, max_headers: int, head_timeout: float) -> type[BoundedHttpProtocol]:
         """This protocol with the given bounds (uvicorn instantiates the class it is given)."""
-        return type(cls.__name__, (cls,), {"max_head_bytes": max_head_bytes, "max_headers": max_headers})
+        bounds = {"max_head_bytes": max_head_bytes, "max_headers": max_headers, "head_timeout": head_timeout}
+        return type(cls.__name__, (cls,), bounds)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._head_bytes = 0
         self._header_count = 0
         self._head_error = ""
+        self._head_timer: asyncio.TimerHandle | None = None
         # The handshake is over when a TLS transport reaches the protocol: the peer certificate (if
         # any) is verified; its URI SANs are read once per connection, not per request.
         self._peer_uris: tuple[str, ...] = ()
@@ -49,9 +60,17 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             der = ssl_object.getpeercert(binary_form=True)
             if der:
                 self._peer_uris = tuple(certificate_uris(der))
+        if self.limit_concurrency is not None and len(self.connections) > self.limit_concurrency:
+            # uvicorn counted this connection in already; it would wait for a complete head to say 503.
+            self._reply_and_close(503, "too many connections", "server_busy", "server_error")
+            return
+        # For a TLS connection the handshake is over (asyncio bounds it: 60 s); the head starts now.
+        self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        if self._head_timer is None:  # a next request on a kept-alive connection: its head's deadline
+            self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
         self._head_bytes = 0
         self._header_count = 0
         # ASGI extensions map names to dicts; this one carries the verified peer's URI SANs.
@@ -75,25 +94,56 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._count(len(name) + len(value), True)
         super().on_header(name, value)
 
+    def on_headers_complete(self) -> None:
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined head trickling in while a response is still being written: a 408 would
+            # land inside that response, so the connection is just closed.
+            self.transport.close()
+            return
+        self._reply_and_close(
+            408,
+            f"request head not complete within {self.head_timeout:g} s",
+            "head_timeout",
+            "invalid_request_error",
+        )
+
     def send_400_response(self, msg: str) -> None:
         if not self._head_error:
             super().send_400_response(msg)
             return
-        body = json.dumps(
-            {
-                "error": {
-                    "message": self._head_error,
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "headers_too_large",
-                }
-            }
-        ).encode()
+        self._reply_and_close(431, self._head_error, "headers_too_large", "invalid_request_error")
+
+    def _reply_and_close(self, status: int, message: str, code: str, kind: str) -> None:
+        """An error in OpenAI's shape, written straight to the transport (no request reached the app)."""
+        self._cancel_head_timer()
+        body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
         self.transport.write(
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-            b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n" % (status, _REASONS[status])
+            + b"content-length: "
+            + str(len(body)).encode()
+            + b"\r\nconnection: close\r\n\r\n"
+            + body
         )
         self.transport.close()
+
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
 _HTTP_STATUS = {grpc.StatusCode.UNAUTHENTICATED: 401, grpc.StatusCode.PERMISSION_DENIED: 403}

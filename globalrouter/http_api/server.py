@@ -81,7 +81,9 @@ class HttpServer:
             access_log=False,
             lifespan="off",
             # The C parser (h11, pure Python, costs a third of the throughput), with bounded heads.
-            http=BoundedHttpProtocol.bounded(front.config.max_head_bytes, front.config.max_headers),
+            http=BoundedHttpProtocol.bounded(
+                front.config.max_head_bytes, front.config.max_headers, front.config.head_timeout
+            ),
             ws="none",
             server_header=False,
             timeout_graceful_shutdown=max(1, math.ceil(grace)),  # whole seconds for uvicorn

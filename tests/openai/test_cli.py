@@ -31,6 +31,7 @@ def serve(*flags: str) -> subprocess.CompletedProcess:
         (["--tokenizer", "m=/nonexistent"], "has no tokenizer.json"),
         (["--http-listen", "nonsense"], "HOST:PORT"),
         (["--http-write-timeout", "0"], "--http-write-timeout"),
+        (["--http-header-timeout", "0"], "--http-header-timeout"),
         (["--http-max-body-bytes", "10"], "--http-max-body-bytes"),
     ],
 )

@@ -232,6 +232,84 @@ async def test_oversized_heads_get_431_and_the_front_stays_healthy():
         assert (await call(f"http://127.0.0.1:{port}", "/health"))[0] == 200
 
 
+async def _reply_within(reader: asyncio.StreamReader, seconds: float) -> tuple[bytes, float]:
+    """All the server sends until it closes the connection, and how long that took."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    reply = await asyncio.wait_for(reader.read(), seconds)
+    return reply, loop.time() - started
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "mutual-tls"])
+async def test_a_head_never_finished_is_cut_off_with_408_while_requests_go_on(pki, tls):
+    """Slow loris: a connection that sends part of a head (or nothing), or trickles it, is answered
+    408 and closed at the head timeout; complete requests meanwhile are served."""
+    security = pki.config("frontend") if tls else SecurityConfig()
+    context = client_context(pki, "client") if tls else None
+    async with front(security, head_timeout=1.0) as router:
+        assert router.http is not None
+        port = router.http.port
+        base = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        partial = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        partial[1].write(b"GET /health HTTP/1.1\r\nhost: x\r\n")  # no blank line: never complete
+        silent = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        trickle = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        trickle[1].write(b"GET /health HTTP/1.1\r\n")
+
+        async def drip() -> None:
+            # One header line every 0.2 s: each arrives well inside any per-read timeout.
+            for i in range(50):
+                if trickle[1].is_closing() or trickle[0].at_eof():
+                    return
+                trickle[1].write(b"x-slow-%d: 1\r\n" % i)
+                await asyncio.sleep(0.2)
+
+        dripping = asyncio.create_task(drip())
+        # Meanwhile a complete request is served.
+        assert (await call(base, "/health", verify=context or False))[0] == 200
+        for reader, writer in (partial, silent, trickle):
+            reply, took = await _reply_within(reader, 10)
+            writer.close()
+            assert reply.startswith(b"HTTP/1.1 408 "), reply[:200]
+            assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "head_timeout"
+            assert took < 10
+        await dripping
+        # A kept-alive connection: the first request is served; the deadline of the next head
+        # starts at its first byte.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).startswith(b"HTTP/1.1 200")
+        writer.write(b"GET /health HTTP/1.1\r\n")
+        reply, _ = await _reply_within(reader, 10)
+        writer.close()
+        assert b"HTTP/1.1 408 " in reply
+        assert (await call(base, "/health", verify=context or False))[0] == 200
+
+
+async def test_connections_past_the_cap_get_503_at_once_and_slots_come_back():
+    async with front(SecurityConfig(), max_connections=3, head_timeout=30.0) as router:
+        assert router.http is not None
+        port = router.http.port
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        for _reader, writer in held:
+            writer.write(b"GET /health HTTP/1.1\r\n")  # heads that would take 30 s to time out
+        extra_reader, extra_writer = await asyncio.open_connection("127.0.0.1", port)
+        reply, _ = await _reply_within(extra_reader, 10)  # answered without sending anything
+        extra_writer.close()
+        assert reply.startswith(b"HTTP/1.1 503 "), reply[:200]
+        assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "server_busy"
+        for _reader, writer in held:
+            writer.close()
+
+        async def served() -> bool:
+            return (await call(f"http://127.0.0.1:{port}", "/health"))[0] == 200
+
+        deadline = asyncio.get_running_loop().time() + 10
+        while not await served():
+            assert asyncio.get_running_loop().time() < deadline, "slots never came back"
+            await asyncio.sleep(0.05)
+
+
 async def test_a_rotated_certificate_is_served_to_new_http_connections(pki, tmp_path):
     import shutil
 

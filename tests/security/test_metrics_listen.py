@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -14,6 +15,7 @@ import pytest
 
 from globalrouter.metrics import RouterMetrics
 from meshkit.tls import SecurityConfig
+from tests.support import command, free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,6 +76,20 @@ def test_without_tls_it_binds_only_loopback_unless_insecure() -> None:
             assert "globalrouter_decisions_total" in scrape(f"http://127.0.0.1:{port}/metrics")
         finally:
             metrics.close()
+
+
+def test_the_cli_refuses_a_plain_metrics_port_off_loopback_before_serving() -> None:
+    done = subprocess.run(
+        [
+            *(command("globalrouter"), "serve", "--listen", f"127.0.0.1:{free_port()}"),
+            *("--discovery", "127.0.0.1:1", "--metrics-listen", f"0.0.0.0:{free_port()}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1
+    assert "--metrics-listen" in done.stdout + done.stderr
 
 
 def test_a_port_in_use_is_a_clear_error(metrics) -> None:
