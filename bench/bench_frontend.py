@@ -68,7 +68,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Target:
-    """Issues one streaming request and returns (ttft seconds, tokens, token messages).
+    """Issues one streaming request and returns (ttft seconds, tokens, messages of any kind).
+
+    Requests ask for combined messages (combine_messages): a pool or frontend that knows the field
+    may put the first tokens in the admission and the finish or summary in the last tokens.
 
     Through frontends, requests go round-robin over `channels` (one per frontend process)."""
 
@@ -97,22 +100,35 @@ class Target:
                     model=MODEL,
                     prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=tokens)),
                     max_tokens=max_tokens,
+                    combine_messages=True,
                 ),
                 timeout=30,
             )
         else:
             call = self._pool.Generate(
                 pool_frontend_pb2.PoolFrontendServiceGenerateRequest(
-                    request_id=f"bench-{i}", model=MODEL, token_ids=tokens, max_tokens=max_tokens
+                    request_id=f"bench-{i}",
+                    model=MODEL,
+                    token_ids=tokens,
+                    max_tokens=max_tokens,
+                    combine_messages=True,
                 ),
                 timeout=30,
             )
         async for msg in call:
-            if msg.WhichOneof("payload") == "tokens":
-                if ttft is None:
-                    ttft = time.perf_counter() - started
-                count += len(msg.tokens.token_ids)
-                messages += 1
+            messages += 1
+            kind = msg.WhichOneof("payload")
+            if kind == "tokens":
+                ids = msg.tokens.token_ids
+            elif kind == "admission":  # only the pool's own stream has admissions
+                ids = cast(
+                    "pool_frontend_pb2.PoolFrontendServiceGenerateResponse", msg
+                ).admission.tokens.token_ids
+            else:
+                continue
+            if ids and ttft is None:
+                ttft = time.perf_counter() - started
+            count += len(ids)
         return ttft or float("nan"), count, messages
 
 
@@ -251,20 +267,29 @@ async def python_work(requests: int, repeats: int) -> float:
     from globalrouter.server import create_server
     from globalrouter.serving import Admitted, ServingLinks
 
-    messages = [
-        pool_frontend_pb2.PoolFrontendServiceGenerateResponse(
-            tokens=pool_frontend_pb2.PoolTokens(token_ids=[7])
-        ),
-        pool_frontend_pb2.PoolFrontendServiceGenerateResponse(
-            tokens=pool_frontend_pb2.PoolTokens(token_ids=list(range(OUTPUT_TOKENS - 1)))
-        ),
-        pool_frontend_pb2.PoolFrontendServiceGenerateResponse(
-            finish=pool_frontend_pb2.PoolFinish(reason=pool_frontend_pb2.POOL_FINISH_REASON_LENGTH)
-        ),
-    ]
+    first = pool_frontend_pb2.PoolTokens(token_ids=[7])
+    rest = list(range(OUTPUT_TOKENS - 1))
+    finish = pool_frontend_pb2.PoolFinish(reason=pool_frontend_pb2.POOL_FINISH_REASON_LENGTH)
     admission = pool_frontend_pb2.PoolAdmission(worker_id="w0", prompt_blocks=8)
+    # A tree whose protocol combines messages gets them as the mocker sends them then (admission
+    # with the first token, the other 15 with the finish); an older tree gets them separately.
+    combined = "finish" in pool_frontend_pb2.PoolTokens.DESCRIPTOR.fields_by_name
+    if combined:
+        messages = [
+            pool_frontend_pb2.PoolFrontendServiceGenerateResponse(
+                tokens=pool_frontend_pb2.PoolTokens(token_ids=rest, finish=finish)
+            )
+        ]
+    else:
+        messages = [
+            pool_frontend_pb2.PoolFrontendServiceGenerateResponse(tokens=first),
+            pool_frontend_pb2.PoolFrontendServiceGenerateResponse(
+                tokens=pool_frontend_pb2.PoolTokens(token_ids=rest)
+            ),
+            pool_frontend_pb2.PoolFrontendServiceGenerateResponse(finish=finish),
+        ]
 
-    class Stream:  # the pool's messages as the gRPC link delivers them (1 + 15 tokens, finish)
+    class Stream:  # the pool's messages after the admission, as the gRPC link delivers them
         def __init__(self) -> None:
             self._left = iter(messages)
 
@@ -278,6 +303,10 @@ async def python_work(requests: int, repeats: int) -> float:
         async def admit(self, pool, request):
             url = self.next_frontend(pool)
             self._in_flight[url] = self._in_flight.get(url, 0) + 1
+            if combined:
+                return Admitted(
+                    pool_id=pool.pool_id, url=url, stream=Stream(), admission=admission, first=first
+                )
             return Admitted(pool_id=pool.pool_id, url=url, stream=Stream(), admission=admission)
 
     class Context:
@@ -307,6 +336,9 @@ async def python_work(requests: int, repeats: int) -> float:
         )
         for i in range(requests)
     ]
+    if combined:
+        for request in requests_:
+            request.combine_messages = True
     best = float("inf")
     for _ in range(repeats):
         started = time.process_time()
@@ -428,12 +460,12 @@ def summarize(result: dict, args) -> tuple[list[str], str]:
             f"{name:18s} TTFT p50 {p50 * 1e3:.2f} ms p99 {p99 * 1e3:.2f} ms (added p50 {(p50 - d50) * 1e3:+.2f} ms); "
             f"req/s {rates} (ratio to direct {ratio:.2f}); CPU us/request frontend {cpu['frontend']:.0f} "
             f"(serving {_us(cpu.get('serving'))}) "
-            f"pool {cpu['pool']:.0f} client {cpu['client']:.0f}; token messages/request {msgs:.2f}"
+            f"pool {cpu['pool']:.0f} client {cpu['client']:.0f}; messages/request {msgs:.2f}"
         )
     table = (
         "| path | TTFT p50 | TTFT p99 | added TTFT p50 | req/s per round | req/s ratio to direct (median) "
         "| frontend CPU µs/req | of which serving | pool CPU µs/req (less idle) | client CPU µs/req "
-        "| CPU µs/req of an idle frontend | token messages/req |\n"
+        "| CPU µs/req of an idle frontend | messages/req (all kinds) |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     return lines, table

@@ -247,6 +247,7 @@ class FailoverClient:
             prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=prompt + res.tokens)),
             max_tokens=remaining,
             request_id=request_id,
+            combine_messages=True,  # the summary may come inside the last chunk (read below)
         )
         res.frontends.append(router)
         try:
@@ -256,6 +257,9 @@ class FailoverClient:
                     if ids:
                         res.tokens.extend(ids)
                         yield ids
+                    if msg.tokens.HasField("summary"):
+                        self._summarize(res, msg.tokens.summary, first=len(res.frontends) == 1)
+                        return
                 else:
                     self._summarize(res, msg.summary, first=len(res.frontends) == 1)
                     return

@@ -70,6 +70,7 @@ class GenerateRun:
         admission_tries: int,
         sampling: sampling_pb2.SamplingParams | None = None,
         stall: StallPolicy | None = None,
+        combine: bool = False,
     ) -> None:
         self._core = core
         self._links = links
@@ -82,6 +83,8 @@ class GenerateRun:
         self._sampling = sampling
         self._stall = stall or StallPolicy()
         self._stalled_starts = 0
+        self._combine = combine
+        """The client accepts the summary inside the last TokenChunk (GenerateRequest.combine_messages)."""
         self.record = RunRecord()
 
     @property
@@ -90,7 +93,8 @@ class GenerateRun:
         return log.bind(request_id=self._request_id, model=self._model)
 
     async def stream(self, first: Decision) -> AsyncIterator[router_pb2.GenerateResponse]:
-        """Yields TokenChunks then the GenerateSummary; raises GenerateError on failure."""
+        """Yields TokenChunks then the GenerateSummary (inside the last TokenChunk when `combine` and
+        the pool's last tokens came with its finish); raises GenerateError on failure."""
         rec = self.record
         decision = first
         failed_pools: set[str] = set()
@@ -101,28 +105,43 @@ class GenerateRun:
                 rec.prompt_blocks = admitted.admission.prompt_blocks
             rec.pools.append(admitted.pool_id)
             finish: pool_frontend_pb2.PoolFinish | None = None
+            last: router_pb2.TokenChunk | None = None
             broken: StreamBroken | None = None
             silent: Silent | None = None
             read = admitted.stream.read
             clock = self._core.clock
+            pending = admitted.first  # tokens the admission carried come first
             try:
-                while (msg := await within(clock, read, watch.allowance(clock.monotonic()))) is not None:
-                    kind = msg.WhichOneof("payload")
-                    if kind == "tokens":
-                        watch.arrived(clock.monotonic())
-                        ids = list(msg.tokens.token_ids)[: self._max_tokens - len(rec.tokens)]
-                        if ids:
-                            offset = len(rec.tokens)
-                            rec.tokens.extend(ids)
-                            yield router_pb2.GenerateResponse(
-                                tokens=router_pb2.TokenChunk(
-                                    token_ids=ids, offset=offset, pool_id=admitted.pool_id
-                                )
-                            )
-                    elif kind == "finish":
-                        # The last message: answer the client now, not after the pool's trailers.
-                        finish = msg.finish
+                while True:
+                    if pending is not None:
+                        tokens, pending = pending, None
+                    else:
+                        msg = await within(clock, read, watch.allowance(clock.monotonic()))
+                        if msg is None:
+                            break
+                        kind = msg.WhichOneof("payload")
+                        if kind == "finish":
+                            # The last message: answer the client now, not after the pool's trailers.
+                            finish = msg.finish
+                            break
+                        if kind != "tokens":
+                            continue
+                        tokens = msg.tokens
+                    watch.arrived(clock.monotonic())
+                    ids = list(tokens.token_ids)[: self._max_tokens - len(rec.tokens)]
+                    chunk = None
+                    if ids:
+                        chunk = router_pb2.TokenChunk(
+                            token_ids=ids, offset=len(rec.tokens), pool_id=admitted.pool_id
+                        )
+                        rec.tokens.extend(ids)
+                    if tokens.HasField("finish"):
+                        # Tokens and finish in one message: the chunk goes out after the pool's
+                        # call is let go, with the summary inside when the client accepts that.
+                        finish, last = tokens.finish, chunk
                         break
+                    if chunk is not None:
+                        yield router_pb2.GenerateResponse(tokens=chunk)
             except StreamBroken as exc:
                 broken = exc
             except Silent as exc:
@@ -130,12 +149,15 @@ class GenerateRun:
             finally:
                 await self._links.release(admitted)
             if finish is not None or len(rec.tokens) >= self._max_tokens:
-                reason = (
-                    _FINISH.get(finish.reason, router_pb2.FINISH_REASON_LENGTH)
-                    if finish
-                    else (router_pb2.FINISH_REASON_LENGTH)
-                )
-                yield router_pb2.GenerateResponse(summary=self._summary(reason))
+                reason = _FINISH.get(finish.reason, router_pb2.FINISH_REASON_LENGTH) if finish else None
+                summary = self._summary(reason or router_pb2.FINISH_REASON_LENGTH)
+                if last is not None and self._combine:
+                    last.summary.CopyFrom(summary)
+                    yield router_pb2.GenerateResponse(tokens=last)
+                    return
+                if last is not None:
+                    yield router_pb2.GenerateResponse(tokens=last)
+                yield router_pb2.GenerateResponse(summary=summary)
                 return
             pool = self._core.table.pools.get(admitted.pool_id)
             if silent is not None and not watch.started:
@@ -246,6 +268,8 @@ class GenerateRun:
             token_ids=prompt,
             max_tokens=remaining,
             sampling=self._sampling,
+            # This side reads combined messages (admission with first tokens, tokens with finish).
+            combine_messages=True,
         )
         failures: list[AdmissionFailed] = []
         metrics = self._core.metrics

@@ -153,6 +153,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             admission_tries=self.config.admission_tries,
             sampling=request.sampling if request.HasField("sampling") else None,
             stall=self.config.stall,
+            combine=request.combine_messages,
         )
         outcome = "OK"
         try:

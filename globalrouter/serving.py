@@ -83,12 +83,14 @@ class GrpcPoolStream:
 
 @dataclass(slots=True)
 class Admitted:
-    """A pool accepted the request: its stream (positioned after the admission message)."""
+    """A pool accepted the request: its stream (positioned after the admission message), and the
+    first tokens when the admission carried them (to be read before the stream's next message)."""
 
     pool_id: str
     url: str
     stream: PoolStream
     admission: pool_frontend_pb2.PoolAdmission
+    first: pool_frontend_pb2.PoolTokens | None = None
 
 
 class AdmissionFailed(Exception):
@@ -229,7 +231,14 @@ class ServingLinks:
                 "the pool's stream did not start with an admission",
                 refused=False,
             )
-        return Admitted(pool_id=pool.pool_id, url=url, stream=GrpcPoolStream(call), admission=first.admission)
+        admission = first.admission
+        return Admitted(
+            pool_id=pool.pool_id,
+            url=url,
+            stream=GrpcPoolStream(call),
+            admission=admission,
+            first=admission.tokens if admission.HasField("tokens") else None,
+        )
 
     async def _admit_openai(self, pool: PoolState, url: str, request: PoolRequest) -> Admitted:
         """The same admission over OpenAI HTTP: a 200 admits, anything else before the stream fails it."""

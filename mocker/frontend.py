@@ -86,37 +86,46 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
             await abort_with_reason(context, code, reason, refused.message)
         rlog = rlog.bind(worker=ticket.worker.worker_id)
         rlog.debug("admitted", cached_blocks=ticket.cached_blocks, prompt_blocks=ticket.prompt_blocks)
+        out = _Outbox(
+            context,
+            pf.PoolAdmission(
+                worker_id=ticket.worker.worker_id,
+                cached_blocks=ticket.cached_blocks,
+                prompt_blocks=ticket.prompt_blocks,
+            ),
+        )
+        # Combined messages (when the caller understands them): the admission waits for the first
+        # tokens only when they are due at once, and the finish rides on the last tokens.
+        combine = request.combine_messages
+        if not (combine and self.pool.first_tokens_soon(ticket)):
+            await out.admit()
         sent = 0
         try:
-            await context.write(
-                pf.PoolFrontendServiceGenerateResponse(
-                    admission=pf.PoolAdmission(
-                        worker_id=ticket.worker.worker_id,
-                        cached_blocks=ticket.cached_blocks,
-                        prompt_blocks=ticket.prompt_blocks,
-                    )
-                )
-            )
+            last: list[int] | None = None
             async with contextlib.aclosing(self.pool.run(ticket)) as batches:
                 async for batch in batches:
                     limit = self.pool.faults.fail_after_tokens
                     if limit and sent + len(batch) >= limit:
-                        await self._send_and_die(context, batch[: limit - sent], rlog)
+                        await self._send_and_die(out, batch[: limit - sent], rlog)
                     stall = self.pool.faults.stall_after_tokens
                     if stall and sent + len(batch) >= stall:
-                        await self._send_and_hang(context, batch[: stall - sent], rlog)
-                    await context.write(
-                        pf.PoolFrontendServiceGenerateResponse(tokens=pf.PoolTokens(token_ids=batch))
-                    )
+                        await self._send_and_hang(out, batch[: stall - sent], rlog)
+                    if combine and (ticket.stopped or ticket.generated >= ticket.max_tokens):
+                        # The last batch: held until the run ends (its cache store comes before
+                        # the finish, as when the finish is separate), then sent with the finish.
+                        last = batch
+                        continue
+                    await out.tokens(pf.PoolTokens(token_ids=batch))
                     sent += len(batch)
-            await context.write(
-                pf.PoolFrontendServiceGenerateResponse(
-                    finish=pf.PoolFinish(
-                        reason=pf.POOL_FINISH_REASON_STOP if ticket.stopped else pf.POOL_FINISH_REASON_LENGTH,
-                        tokens_generated=sent,
-                    )
-                )
+            finish = pf.PoolFinish(
+                reason=pf.POOL_FINISH_REASON_STOP if ticket.stopped else pf.POOL_FINISH_REASON_LENGTH,
+                tokens_generated=sent + len(last or ()),
             )
+            if last is not None:
+                await out.tokens(pf.PoolTokens(token_ids=last, finish=finish))
+            else:
+                await out.admit()
+                await context.write(pf.PoolFrontendServiceGenerateResponse(finish=finish))
         except asyncio.CancelledError:
             if not ticket.handed_back:
                 raise  # the caller went away
@@ -124,28 +133,57 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
             if task is not None:
                 task.uncancel()
             rlog.info("handed back at drain deadline", tokens_sent=sent)
+            await out.admit()  # handed back after admission (the caller migrates it), never before
             await abort_with_reason(
                 context, grpc.StatusCode.UNAVAILABLE, Reason.DRAIN_HANDED_BACK, HANDED_BACK_MESSAGE
             )
         finally:
             self.pool.close(ticket)
 
-    async def _send_and_hang(self, context: grpc.aio.ServicerContext, batch: list[int], rlog) -> None:
+    async def _send_and_hang(self, out: _Outbox, batch: list[int], rlog) -> None:
         """Fault injection: sends the tokens up to the limit, then the stream hangs until the caller
         gives up on it (the process and its other streams keep running)."""
         if batch:
-            await context.write(pf.PoolFrontendServiceGenerateResponse(tokens=pf.PoolTokens(token_ids=batch)))
+            await out.tokens(pf.PoolTokens(token_ids=batch))
+        await out.admit()
         rlog.warning(
             "stall-after-tokens reached: the stream hangs", limit=self.pool.faults.stall_after_tokens
         )
         await asyncio.Event().wait()
 
-    async def _send_and_die(self, context: grpc.aio.ServicerContext, batch: list[int], rlog) -> None:
+    async def _send_and_die(self, out: _Outbox, batch: list[int], rlog) -> None:
         """Fault injection: sends the tokens up to the limit, then the process exits abruptly."""
         if batch:
-            await context.write(pf.PoolFrontendServiceGenerateResponse(tokens=pf.PoolTokens(token_ids=batch)))
+            await out.tokens(pf.PoolTokens(token_ids=batch))
+        await out.admit()
         rlog.warning("fail-after-tokens reached: exiting abruptly", limit=self.pool.faults.fail_after_tokens)
         await asyncio.sleep(FAIL_FLUSH_S)
         self.exit_process(1)
         # Only reached when exit_process is a test double: end the stream as a failure would.
-        await context.abort(grpc.StatusCode.UNAVAILABLE, "pool failed (fault injection)")
+        await out.context.abort(grpc.StatusCode.UNAVAILABLE, "pool failed (fault injection)")
+
+
+class _Outbox:
+    """One stream's writes: the admission goes out once, before or together with the first tokens."""
+
+    __slots__ = ("admission", "context")
+
+    def __init__(self, context: grpc.aio.ServicerContext, admission: pf.PoolAdmission) -> None:
+        self.context = context
+        self.admission: pf.PoolAdmission | None = admission
+        """Not yet sent."""
+
+    async def admit(self) -> None:
+        """Sends the admission on its own unless it went out already."""
+        if self.admission is not None:
+            admission, self.admission = self.admission, None
+            await self.context.write(pf.PoolFrontendServiceGenerateResponse(admission=admission))
+
+    async def tokens(self, tokens: pf.PoolTokens) -> None:
+        """Sends tokens, inside the admission when that is still to go."""
+        if self.admission is None:
+            await self.context.write(pf.PoolFrontendServiceGenerateResponse(tokens=tokens))
+            return
+        admission, self.admission = self.admission, None
+        admission.tokens.CopyFrom(tokens)
+        await self.context.write(pf.PoolFrontendServiceGenerateResponse(admission=admission))

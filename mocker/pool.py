@@ -204,6 +204,15 @@ class Pool:
 
     # --- running ---------------------------------------------------------------------------------
 
+    def first_tokens_soon(self, ticket: Ticket) -> bool:
+        """Whether an admitted request's first tokens are due within BATCH_WINDOW_S (a free slot, a
+        short prefill): then its admission may wait for them and go out in the same message."""
+        worker = ticket.worker
+        if not worker.has_free_slot or worker.waiting or worker.prefill_lock.locked():
+            return False
+        due = self.timing.prefill_seconds(ticket.prefill_pending) + self.timing.token_interval()
+        return due <= BATCH_WINDOW_S
+
     async def run(self, ticket: Ticket) -> AsyncGenerator[list[int], None]:
         """Runs an admitted request: waits for a slot, prefills, then yields output token batches."""
         worker = ticket.worker

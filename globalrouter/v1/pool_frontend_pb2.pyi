@@ -18,34 +18,40 @@ POOL_FINISH_REASON_LENGTH: PoolFinishReason
 POOL_FINISH_REASON_STOP: PoolFinishReason
 
 class PoolFrontendServiceGenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "token_ids", "max_tokens", "sampling")
+    __slots__ = ("request_id", "model", "token_ids", "max_tokens", "sampling", "combine_messages")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    COMBINE_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_tokens: int
     sampling: _sampling_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    combine_messages: bool
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., combine_messages: _Optional[bool] = ...) -> None: ...
 
 class PoolAdmission(_message.Message):
-    __slots__ = ("worker_id", "cached_blocks", "prompt_blocks")
+    __slots__ = ("worker_id", "cached_blocks", "prompt_blocks", "tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     cached_blocks: int
     prompt_blocks: int
-    def __init__(self, worker_id: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., prompt_blocks: _Optional[int] = ...) -> None: ...
+    tokens: PoolTokens
+    def __init__(self, worker_id: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., prompt_blocks: _Optional[int] = ..., tokens: _Optional[_Union[PoolTokens, _Mapping]] = ...) -> None: ...
 
 class PoolTokens(_message.Message):
-    __slots__ = ("token_ids",)
+    __slots__ = ("token_ids", "finish")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    finish: PoolFinish
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish: _Optional[_Union[PoolFinish, _Mapping]] = ...) -> None: ...
 
 class PoolFinish(_message.Message):
     __slots__ = ("reason", "tokens_generated")

@@ -50,28 +50,32 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "prompt", "max_tokens", "request_id", "sampling")
+    __slots__ = ("model", "prompt", "max_tokens", "request_id", "sampling", "combine_messages")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    COMBINE_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: Prompt
     max_tokens: int
     request_id: str
     sampling: _sampling_pb2.SamplingParams
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ..., max_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    combine_messages: bool
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ..., max_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., combine_messages: _Optional[bool] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("token_ids", "offset", "pool_id")
+    __slots__ = ("token_ids", "offset", "pool_id", "summary")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     offset: int
     pool_id: str
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., pool_id: _Optional[str] = ...) -> None: ...
+    summary: GenerateSummary
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., pool_id: _Optional[str] = ..., summary: _Optional[_Union[GenerateSummary, _Mapping]] = ...) -> None: ...
 
 class GenerateSummary(_message.Message):
     __slots__ = ("finish_reason", "pools", "cached_blocks", "prompt_blocks", "migrations", "tokens_generated", "refused_by", "request_id")
