@@ -49,7 +49,8 @@ class PoolFrontendServiceServicer:
     def Generate(self, request, context):
         """Generates up to max_tokens output tokens for a prompt of token ids, streamed as they are
         produced. The first message is a PoolAdmission (the pool accepted the request); tokens
-        follow; the last message is a PoolFinish.
+        follow; the last message is a PoolFinish. With combine_messages the first tokens may ride in
+        the admission and the finish in the last tokens (same order, fewer messages).
 
         Admission is the pool's final say, given before the first message, each refusal with a
         google.rpc.ErrorInfo (domain "globalrouter.mesh") whose reason the caller decides on:

@@ -38,7 +38,8 @@ class PoolFrontendServiceStub:
     Generate: _grpc.UnaryStreamMultiCallable[_pool_frontend_pb2.PoolFrontendServiceGenerateRequest, _pool_frontend_pb2.PoolFrontendServiceGenerateResponse]
     """Generates up to max_tokens output tokens for a prompt of token ids, streamed as they are
     produced. The first message is a PoolAdmission (the pool accepted the request); tokens
-    follow; the last message is a PoolFinish.
+    follow; the last message is a PoolFinish. With combine_messages the first tokens may ride in
+    the admission and the finish in the last tokens (same order, fewer messages).
 
     Admission is the pool's final say, given before the first message, each refusal with a
     google.rpc.ErrorInfo (domain "globalrouter.mesh") whose reason the caller decides on:
@@ -61,7 +62,8 @@ class PoolFrontendServiceAsyncStub(PoolFrontendServiceStub):
     Generate: _aio.UnaryStreamMultiCallable[_pool_frontend_pb2.PoolFrontendServiceGenerateRequest, _pool_frontend_pb2.PoolFrontendServiceGenerateResponse]  # type: ignore[assignment]
     """Generates up to max_tokens output tokens for a prompt of token ids, streamed as they are
     produced. The first message is a PoolAdmission (the pool accepted the request); tokens
-    follow; the last message is a PoolFinish.
+    follow; the last message is a PoolFinish. With combine_messages the first tokens may ride in
+    the admission and the finish in the last tokens (same order, fewer messages).
 
     Admission is the pool's final say, given before the first message, each refusal with a
     google.rpc.ErrorInfo (domain "globalrouter.mesh") whose reason the caller decides on:
@@ -87,7 +89,8 @@ class PoolFrontendServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_pool_frontend_pb2.PoolFrontendServiceGenerateResponse], _abc.AsyncIterator[_pool_frontend_pb2.PoolFrontendServiceGenerateResponse]]:
         """Generates up to max_tokens output tokens for a prompt of token ids, streamed as they are
         produced. The first message is a PoolAdmission (the pool accepted the request); tokens
-        follow; the last message is a PoolFinish.
+        follow; the last message is a PoolFinish. With combine_messages the first tokens may ride in
+        the admission and the finish in the last tokens (same order, fewer messages).
 
         Admission is the pool's final say, given before the first message, each refusal with a
         google.rpc.ErrorInfo (domain "globalrouter.mesh") whose reason the caller decides on:

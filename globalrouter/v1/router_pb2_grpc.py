@@ -60,7 +60,9 @@ class RouterServiceServicer:
         """Generates tokens for a prompt on the best pool, streamed as they are produced. If the pool
         fails mid-stream the request migrates (prompt + tokens so far, remaining budget) to another
         eligible pool; the client sees one stream with no token lost or repeated. The last message
-        is a GenerateSummary. Trailing metadata carries `x-pools` and `x-migrations`.
+        is a GenerateSummary (inside the last TokenChunk when the request set combine_messages and
+        the last tokens and the finish came together). Trailing metadata carries `x-pools` and
+        `x-migrations`.
 
         Errors: INVALID_ARGUMENT (BadRequest names the field); NOT_FOUND when no listed pool serves
         the model; UNAVAILABLE when pools serve it but none is eligible (each reason in the
