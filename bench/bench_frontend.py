@@ -363,6 +363,9 @@ def python_work_of(src: Path | None) -> float:
     return float(out.stdout.split()[-1])
 
 
+_SERVE = "from globalrouter.cli import main; sys.exit(main())"
+
+
 def start_frontend(mesh: Mesh, name: str, src: Path) -> RouterProc:
     """A global frontend process running the source tree `src`; every frontend of the run is
     started this same way (no /metrics endpoint), so they differ only in their code."""
@@ -370,11 +373,12 @@ def start_frontend(mesh: Mesh, name: str, src: Path) -> RouterProc:
     proc = mesh.group.start(
         name,
         [
-            *(sys.executable, "-c", "import sys; from globalrouter.cli import main; sys.exit(main())"),
+            # `src` first on sys.path: PYTHONPATH alone would come after the working directory
+            # (this tree), so a baseline frontend would silently run this tree's code.
+            *(sys.executable, "-c", f"import sys; sys.path.insert(0, {str(src)!r}); {_SERVE}"),
             *("serve", "--listen", address, "--discovery", mesh.discovery, "--grace", "1"),
             *("--log-level", "warning"),
         ],
-        env={"PYTHONPATH": str(src)},
     )
     wait_healthy(address, proc=proc)
     return RouterProc(address, proc, 0)

@@ -133,7 +133,13 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         # the request in every log line and at every pool; it is sent back as x-request-id.
         header = dict(context.invocation_metadata() or ()).get("x-request-id")
         request_id = request.request_id or request_id_from(header if isinstance(header, str) else None)
-        await context.send_initial_metadata((("x-request-id", request_id),))
+        # A header sent on its own is one more write per request; a client that asked for combined
+        # messages gets the id in the summary and in the trailing metadata instead.
+        combine = request.combine_messages
+        sent_back = (("x-request-id", request_id),)
+        if not combine:
+            await context.send_initial_metadata(sent_back)
+        id_trailer = sent_back if combine else ()
         metrics = self._core.metrics
         decision = self._core.decide(request.model, tokens, request.max_tokens)
         error = self._no_candidate_error(request.model, decision)
@@ -141,7 +147,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             # A model no pool serves is labelled as such: clients must not grow the label set.
             label = request.model if decision.model_served else "(not served)"
             metrics.labelled(metrics.requests, label, error.code.name).inc()
-            await _abort(context, error)
+            await _abort(context, error, id_trailer)
         run = GenerateRun(
             self._core,
             self._links,
@@ -153,7 +159,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             admission_tries=self.config.admission_tries,
             sampling=request.sampling if request.HasField("sampling") else None,
             stall=self.config.stall,
-            combine=request.combine_messages,
+            combine=combine,
         )
         outcome = "OK"
         try:
@@ -161,13 +167,13 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 yield response
         except GenerateError as exc:
             outcome = exc.code.name
-            await _abort(context, exc, self._trailers(run))
+            await _abort(context, exc, (*self._trailers(run), *id_trailer))
         except asyncio.CancelledError:
             outcome = "CANCELLED"
             raise
         finally:
             metrics.labelled(metrics.requests, request.model, outcome).inc()
-        context.set_trailing_metadata(self._trailers(run))
+        context.set_trailing_metadata((*self._trailers(run), *id_trailer))
 
     @staticmethod
     def _trailers(run: GenerateRun) -> tuple[tuple[str, str], ...]:

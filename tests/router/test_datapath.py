@@ -187,3 +187,25 @@ async def test_a_stream_that_began_inside_the_admission_migrates_with_prompt_and
     assert list(resumed.token_ids) == PROMPT + tokens[:3] and resumed.max_tokens == 7
     assert len(tokens) == 10 and chunks[-1].summary.migrations == 1
     assert list(chunks[-1].summary.pools) == [first.pool_id, second.pool_id]
+
+
+async def test_a_combining_client_gets_the_request_id_in_the_trailers_instead_of_a_header():
+    async with routed(CombiningPool("p1")) as stub:
+        request = combined_request(10, True)
+        request.request_id = "combined-1"
+        call = stub.Generate(request, timeout=5)
+        messages = [m async for m in call]
+        assert messages[-1].tokens.summary.request_id == "combined-1"
+        assert "x-request-id" not in dict(await call.initial_metadata())
+        assert dict(await call.trailing_metadata())["x-request-id"] == "combined-1"
+        # An error names the request too (here: no pool serves the model).
+        request.model = "other"
+        failed = stub.Generate(request, timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            _ = [m async for m in failed]
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert dict(err.value.trailing_metadata())["x-request-id"] == "combined-1"
+        # A client that did not ask keeps its header.
+        plain = stub.Generate(combined_request(10, False), timeout=5)
+        _ = [m async for m in plain]
+        assert dict(await plain.initial_metadata())["x-request-id"]
