@@ -1,4 +1,4 @@
-"""The stall allowance (pure) and the clock-driven read race, on a FakeClock."""
+"""The stall allowance (pure) and the clock-driven read race, on a FakeClock (and its real-clock path)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from globalrouter.stall import Silent, StallPolicy, StallWatch, within
-from meshkit.clock import FakeClock
+from meshkit.clock import FakeClock, SystemClock
 
 POLICY = StallPolicy(stall_timeout=5.0, pace_factor=10.0, first_token_timeout=10.0, prefill_factor=3.0)
 
@@ -71,3 +71,32 @@ async def test_within_gives_up_after_the_allowance_and_cancels_the_read(fake_clo
     with pytest.raises(Silent, match=r"5\.0 s"):
         await task
     assert cancelled.is_set()
+
+
+async def test_within_on_the_real_clock_returns_in_time_gives_up_after_the_allowance_and_keeps_a_reads_own_timeout():
+    # The real clock's path (asyncio.timeout around the read, no race of tasks) means the same.
+    clock = SystemClock()
+
+    async def value() -> int:
+        await asyncio.sleep(0)
+        return 7
+
+    assert await within(clock, value, 5.0) == 7
+    cancelled = asyncio.Event()
+
+    async def hangs() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    with pytest.raises(Silent):
+        await within(clock, hangs, 0.01)
+    assert cancelled.is_set(), "the read was given up on"
+
+    async def times_out_itself() -> None:
+        raise TimeoutError("the read's own")
+
+    with pytest.raises(TimeoutError, match="the read's own"):
+        await within(clock, times_out_itself, 5.0)
