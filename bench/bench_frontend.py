@@ -560,7 +560,11 @@ def main() -> int:
         "frontend's CPU includes work that does not scale with its own requests (telemetry ingest of all\n"
         "traffic, its background tasks): 'of which serving' subtracts what a frontend that served none\n"
         "of the run's requests spent meanwhile (the 'idle frontend' column); the pool's figure\n"
-        "subtracts its CPU rate with no request in flight, measured before the rounds.\n\n"
+        "subtracts its CPU rate with no request in flight, measured before the rounds.\n"
+        "Every request sets combine_messages (the pool's first tokens may ride in its admission and\n"
+        "its finish in the last tokens; a frontend's summary in its last chunk, the request id in its\n"
+        "trailers): 'messages/req' counts every message the client received, so it shows how many a\n"
+        "path needs (a baseline tree that predates the field sends them separately).\n\n"
         + table
         + "\nOn 2 shared cores the request rate is set by CPU: through a frontend, every request costs the\n"
         "client's and the pool's CPU plus the frontend's, which is one more gRPC server stream and one\n"
