@@ -20,7 +20,9 @@ blocks per KV event) go into an overlay, a dict of block hash -> the source bits
 since the last fold: a pure-Python probe of the table costs several times a dict update (an
 absent key reads a whole bucket), so the table takes the overlay in one vectorised pass once it
 holds PENDING keys (or before a reader that needs the table alone); walks and `holds` read the
-table then the overlay.
+table then the overlay. Short walks and `holds` first read a bounded dict of recently read blocks'
+masks (prompts share prefixes, and a dict read costs a fraction of a table probe), which small
+deltas keep exact key by key and whole-source changes empty.
 A source's whole set is not kept apart, so replacing a non-empty source's snapshot or dropping
 a source clears its bit with one pass over the table.
 """
