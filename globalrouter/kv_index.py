@@ -22,7 +22,7 @@ absent key reads a whole bucket), so the table takes the overlay in one vectoris
 holds PENDING keys (or before a reader that needs the table alone); walks and `holds` read the
 table then the overlay. Short walks and `holds` first read a bounded dict of recently read blocks'
 masks (prompts share prefixes, and a dict read costs a fraction of a table probe), which small
-deltas keep exact key by key and whole-source changes empty.
+deltas update key by key and whole-source changes empty.
 A source's whole set is not kept apart, so replacing a non-empty source's snapshot or dropping
 a source clears its bit with one pass over the table.
 """
@@ -483,12 +483,16 @@ class KvIndex:
             for h in stored:
                 pend[h] = (get(h, 0) | put) & keep_bit
             hot = self._hot
-            if hot:
-                drop = hot.pop
+            if hot:  # cached masks follow the delta (the same order: removed, then stored)
+                cached = hot.get
                 for h in removed:
-                    drop(h, None)
+                    mask = cached(h)
+                    if mask is not None:
+                        hot[h] = mask & keep_bit
                 for h in stored:
-                    drop(h, None)
+                    mask = cached(h)
+                    if mask is not None:
+                        hot[h] = mask | bit
             if len(pend) > PENDING:
                 self._flush()
         else:
