@@ -602,13 +602,36 @@ class KvIndex:
     def _walk(self, block_hashes: Sequence[int], alive: int) -> dict[str, int]:
         """The prefix walk one block at a time, for a short prompt: a dict read per block the
         hot-block cache holds (prompts share prefixes), a table probe for the others."""
-        cached, fill = self._hot.get, self._cached_mask_of
+        hot = self._hot
+        cached, fill = hot.get, self._cached_mask_of
         grouped, group_of = self._groups.get, self._group
+        km, mm, nb, cap = self._kmv, self._mmv, self._nb, self._cap
+        pending, sh = self._pend.get, self._sh
+        inline = self._words == 1
         out: dict[str, int] = {}
         for i, h in enumerate(islice(block_hashes, 1, None), 1):
             held = cached(h)
             if held is None:
-                held = fill(h)
+                if inline and h != _EMPTY_INT and len(hot) < HOT:
+                    # The miss, inlined for one mask word (three method calls per block showed).
+                    s = h % nb * BUCKET
+                    k = km[s]
+                    while k != h:
+                        if k == _EMPTY_INT:
+                            held = 0
+                            break
+                        s += 1
+                        if s == cap:
+                            s = 0
+                        k = km[s]
+                    else:
+                        held = mm[s]
+                    p = pending(h)
+                    if p is not None:
+                        held = (held & ~p) | (p >> sh)
+                    hot[h] = held
+                else:
+                    held = fill(h)
             mask = alive & held
             if mask != alive:
                 gone = alive & ~mask
