@@ -181,7 +181,7 @@ def small_paths(
         out[name] = [sorted(got)[DELTAS // 2] / 1000 for got in samples] + [
             sum(got) / DELTAS / 1000 for got in samples
         ]
-    return [(name, *figures) for name, figures in out.items()]
+    return [(name, figures[0], figures[1], figures[2], figures[3]) for name, figures in out.items()]
 
 
 def main() -> int:
