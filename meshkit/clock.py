@@ -68,6 +68,14 @@ class FakeClock:
         """How many tasks wait on this clock now."""
         return sum(1 for _, _, f in self._sleepers if not f.done())
 
+    def parked_at(self, when: float) -> bool:
+        """Whether a task sleeps on this clock until `when` now.
+
+        A test that advances time must first wait for the code under test to park: an advance that
+        runs before the sleep is registered is missed, and the sleep then never ends.
+        """
+        return any(abs(due - when) < 1e-6 and not f.done() for due, _, f in self._sleepers)
+
     async def settle(self, rounds: int = 5) -> None:
         """Lets ready tasks run until they block (on the clock or elsewhere)."""
         for _ in range(rounds):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -41,12 +42,46 @@ class LaunchTimeout(LaunchError, TimeoutError):
     """A wait (health, a condition) did not end within its bound."""
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PORT_CHOICE = random.SystemRandom()
+_handed_out: set[int] = set()
+
+
+def _below_ephemeral() -> tuple[int, int]:
+    """The ports below the kernel's ephemeral range (the range it gives outgoing connections)."""
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return max(1024, low - 16384), low - 1
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now, below the ephemeral range.
+
+    A port from bind(("127.0.0.1", 0)) comes from the range the kernel also gives every outgoing
+    connection, so between this check and the server's own bind any client socket on the machine
+    could take it ("Address already in use"). Ports below that range are never handed to outgoing
+    connections; a random pick (not handed out before by this process) keeps parallel runs apart.
+    """
+    low, high = _below_ephemeral()
+    if len(_handed_out) > (high - low) // 2:
+        _handed_out.clear()  # bounded: a long run reuses ports its first servers are long done with
+    for _ in range(256):
+        port = _PORT_CHOICE.randint(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded range: the kernel's pick
+        s.bind(("127.0.0.1", 0))
+        picked: int = s.getsockname()[1]
+        return picked
 
 
 def command(name: str) -> str:
