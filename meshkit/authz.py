@@ -43,6 +43,9 @@ class Rule:
     """Why, for SECURITY.md."""
     anonymous: bool = False
     """Callable without any credentials (an HTTP liveness probe); everything else needs an identity."""
+    server_pool: bool = False
+    """A relay caller's pool must be the pool the server serves (`Authorizer(pool=...)`); a server
+    that does not know its pool refuses every relay (fail closed)."""
 
 
 def _rule(
@@ -52,9 +55,16 @@ def _rule(
     stream: bool = False,
     note: str = "",
     anonymous: bool = False,
+    server_pool: bool = False,
 ) -> Rule:
     return Rule(
-        frozenset(roles), pool_field=pool, name_field=name, per_message=stream, note=note, anonymous=anonymous
+        frozenset(roles),
+        pool_field=pool,
+        name_field=name,
+        per_message=stream,
+        note=note,
+        anonymous=anonymous,
+        server_pool=server_pool,
     )
 
 
@@ -96,9 +106,11 @@ TABLE: Mapping[str, Rule] = {
     ),
     # Pool side (mocker pool frontend, relay status).
     _P + "Generate": _rule(F, note="global frontends send work to pools"),
-    _E + "WatchPoolStatus": _rule(R, note="the pool's relays read its state"),
-    _E + "WatchKvEvents": _rule(R, note="the pool's relays read its state"),
-    _E + "StartDrain": _rule(R, A, note="a relay passes a discovery drain on; operators"),
+    _E + "WatchPoolStatus": _rule(R, server_pool=True, note="the pool's own relays read its state"),
+    _E + "WatchKvEvents": _rule(R, server_pool=True, note="the pool's own relays read its state"),
+    _E + "StartDrain": _rule(
+        R, A, server_pool=True, note="the pool's own relay passes a discovery drain on; operators"
+    ),
     _S + "GetRelayStatus": _rule(A, note="operators"),
     _M + "SetModelReady": _rule(A, note="operators (simulation control)"),
     _M + "SetFaults": _rule(A, note="operators (simulation control)"),
@@ -159,13 +171,20 @@ def _denied(message: str) -> Refusal:
     return Refusal(grpc.StatusCode.PERMISSION_DENIED, Reason.NOT_AUTHORIZED, message)
 
 
-def decide(identity: Identity, method: str, request: object | None = None) -> Refusal | None:
-    """Whether `identity` may call `method` (with `request` when its fields matter). Pure."""
+def decide(
+    identity: Identity, method: str, request: object | None = None, server_pool: str = ""
+) -> Refusal | None:
+    """Whether `identity` may call `method` (with `request` when its fields matter) on a server of
+    pool `server_pool` ("": a server of no pool, or one that does not know it). Pure."""
     rule = rule_for(method)
     if rule is None:
         return _denied(f"{method} is not callable")
     if identity.role not in rule.roles:
         return _denied(f"{identity} may not call {method} (allowed: {', '.join(sorted(rule.roles))})")
+    if rule.server_pool and identity.role == Role.RELAY and identity.pool != server_pool:
+        if not server_pool:
+            return _denied(f"{identity} may not call {method}: this server does not know its pool")
+        return _denied(f"{identity} may not call {method} of pool {server_pool!r}: not its pool")
     if request is None:
         return None
     # (field path, the caller's own value, what a mismatch means)
@@ -197,9 +216,16 @@ class Authorizer:
     """Identifies callers and applies TABLE for one server; counts what it refuses."""
 
     def __init__(
-        self, config: SecurityConfig, service: str, *, registry: CollectorRegistry | None = None
+        self,
+        config: SecurityConfig,
+        service: str,
+        *,
+        registry: CollectorRegistry | None = None,
+        pool: str = "",
     ) -> None:
         self.enforced = config.enforced
+        self.pool = pool
+        """The pool this server serves, for rules with `server_pool` ("" for servers of no pool)."""
         self.trust_domain = config.trust_domain
         self.service = service
         self.api_keys = ApiKeys.load(config.api_keys) if config.api_keys else ApiKeys()
@@ -261,7 +287,7 @@ class Authorizer:
         try:
             identity = self.identify(context)
             if self.enforced:
-                refusal = decide(identity, method, request)
+                refusal = decide(identity, method, request, self.pool)
                 if refusal is not None:
                     raise refusal
         except Refusal as refusal:
@@ -291,7 +317,7 @@ class Authorizer:
         """For a client stream's servicer: may the stream's caller send this message? (None: yes; counted when no.)"""
         if not self.enforced:
             return None
-        refusal = decide(current_identity(), method, request)
+        refusal = decide(current_identity(), method, request, self.pool)
         if refusal is not None:
             self.record(method, refusal)
         return refusal

@@ -32,7 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve a simulated pool (serving link, pool events, admin API)")
     d = _DEFAULTS
     s.add_argument("--listen", type=host_port, required=True, help="HOST:PORT to serve on")
-    s.add_argument("--pool-id", required=True, help="the pool's id (reported in its status)")
+    s.add_argument(
+        "--pool-id",
+        required=True,
+        help="the pool's id (reported in its status; with TLS, only this pool's relays may read its events)",
+    )
     s.add_argument("--model", action="append", required=True, help="a model the pool serves (repeatable)")
     s.add_argument("--workers", type=int_at_least(1, MAX_WORKERS), default=d.workers)
     s.add_argument(

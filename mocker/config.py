@@ -28,7 +28,8 @@ class PoolConfig:
     """What the simulated pool is: its models, workers, timing model and admission limits."""
 
     pool_id: str
-    """The pool's id as it reports it in its status (informational)."""
+    """The pool's id as it reports it in its status; with TLS, only relays whose certificate names
+    this pool may read its events or drain it."""
     models: tuple[str, ...]
     """The models in the pool's topology (all served by every worker)."""
     workers: int = 2

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import grpc
 
 from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc
+from meshkit.authz import Authorizer
 from meshkit.clock import Clock, SystemClock
 from meshkit.logs import get_logger
 from meshkit.server import ServerHandle, create_server, serve_until_signalled
@@ -46,7 +47,11 @@ def build_server(
             admin_pb2.DESCRIPTOR.services_by_name["MockerAdminService"].full_name,
         ]
 
-    return create_server(listen, register, security=security)
+    # The pool events carry this pool's state: a relay certificate of another pool may not read or
+    # drain it (authz rules with server_pool compare the caller's pool with this one).
+    security = security or SecurityConfig()
+    authorizer = Authorizer(security, service="mocker", pool=pool.config.pool_id)
+    return create_server(listen, register, security=security, authorizer=authorizer)
 
 
 async def serve(

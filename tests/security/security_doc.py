@@ -36,6 +36,8 @@ def authz_table() -> str:
             for label, path in (("pool", rule.pool_field), ("id", rule.name_field))
             if path
         )
+        if rule.server_pool:
+            owned += "pool: the server's own (relays)"
         if rule.per_message:
             owned += " (every message)"
         if rule.anonymous:

@@ -84,3 +84,17 @@ def test_a_method_not_in_the_table_is_refused_to_everyone():
 def test_every_rule_names_roles_and_why(method):
     rule = TABLE[method]
     assert rule.roles and rule.note
+
+
+def test_pool_events_are_for_the_servers_own_pool_only():
+    e = "/poolrelay.v1.PoolEventsService/"
+    relay_b = Identity(Role.RELAY, "relay-1", pool="pool-b")
+    for method in ("WatchPoolStatus", "WatchKvEvents", "StartDrain"):
+        assert decide(RELAY_A, e + method, server_pool="pool-a") is None
+        refusal = decide(relay_b, e + method, server_pool="pool-a")
+        assert refusal is not None
+        assert (refusal.code, refusal.reason) == (grpc.StatusCode.PERMISSION_DENIED, Reason.NOT_AUTHORIZED)
+        # A server that does not know its pool refuses every relay (fail closed).
+        assert decide(RELAY_A, e + method, server_pool="") is not None
+    # Operators are not relays of a pool: they may still drain it.
+    assert decide(ADMIN, e + "StartDrain", server_pool="pool-a") is None
