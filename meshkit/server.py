@@ -56,6 +56,7 @@ def create_server(
     interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
     security: SecurityConfig | None = None,
     authorizer: Authorizer | None = None,
+    listen_flag: str = "--listen",
 ) -> ServerHandle:
     """Builds an aio server bound to `listen` (HOST:PORT; port 0 picks a free one).
 
@@ -64,10 +65,11 @@ def create_server(
 
     With `security.tls` it serves TLS (mutual with a CA) and every call is authorized by
     `authorizer` (one is made from `security` when not given). Without TLS it binds only to
-    loopback unless `security.insecure` says otherwise, and then says so in its log.
+    loopback unless `security.insecure` says otherwise, and then says so in its log; a refusal names
+    `listen_flag`, the flag `listen` came from (a relay's is --status-listen).
     """
     security = security or SecurityConfig()
-    check_listen(listen, security)
+    check_listen(listen, security, listen_flag)
     authorizer = authorizer or Authorizer(security, service="mesh")
     # Outermost first. ParseRequests parses (a request that does not parse is INVALID_ARGUMENT, not
     # UNKNOWN) and hands parsed requests to the authorization and size checks inside it; each of

@@ -172,7 +172,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 async def serve(config: RelayConfig, listen: str, security: SecurityConfig | None = None) -> None:
     log = configure_logging("poolrelay")
     relay = Relay(config)
-    handle = create_server(listen, register(relay), security=security)
+    handle = create_server(listen, register(relay), security=security, listen_flag="--status-listen")
     log.info(
         "relay starting",
         status=f"{listen.rpartition(':')[0]}:{handle.port}",

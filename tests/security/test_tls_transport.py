@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -13,6 +15,7 @@ from meshkit.errors import Reason, reason_of
 from meshkit.identity import Role, hash_api_key, new_api_key, spiffe_id
 from meshkit.server import create_server
 from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig, channel_credentials, peer_identity
+from meshlaunch.mesh import relay_argv
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -191,3 +194,15 @@ async def test_without_tls_a_server_binds_loopback_only_unless_insecure():
         create_server("0.0.0.0:0", register)
     handle = create_server("0.0.0.0:0", register, security=SecurityConfig(insecure=True))
     await handle.server.stop(0)
+
+
+async def test_a_refused_listen_address_names_the_flag_it_came_from():
+    with pytest.raises(RuntimeError, match="--status-listen"):
+        create_server("0.0.0.0:0", lambda _server: [], listen_flag="--status-listen")
+
+
+def test_the_relay_refuses_a_plain_text_status_listen_naming_that_flag():
+    argv = relay_argv("127.0.0.1:1", "127.0.0.1:2", "pool-a", "r1", "relay-1", "--status-listen", "0.0.0.0:0")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "(--status-listen) without TLS" in done.stderr
