@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import platform
+import ssl
 import statistics
 import sys
 import tempfile
@@ -79,7 +80,10 @@ class Http:
 
     name = "HTTP /v1/completions"
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: ssl.SSLContext | None = None, name: str = "") -> None:
+        """`tls`: HTTPS with this client context (bench_security); `name` overrides the label."""
+        self.name = name or self.name
+        self._tls = tls
         self._host, port = address.rsplit(":", 1)
         self._port = int(port)
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
@@ -109,7 +113,7 @@ class Http:
             except ConnectionError:
                 status = b""
         if not status:
-            reader, writer = await asyncio.open_connection(self._host, self._port)
+            reader, writer = await asyncio.open_connection(self._host, self._port, ssl=self._tls)
             writer.write(request)
             status = await reader.readline()
         assert status.startswith(b"HTTP/1.1 200"), status

@@ -5,7 +5,12 @@ every call authorized, measured in the same run, alternating rounds:
 - renewals/s: 32 relays (each with its own certificate) renewing their pool over KeepAlivePools
   streams, pipelined with a window of 8, at one discovery server;
 - TTFT p50 through the global frontend: sequential Generate calls (128-token prompts, 1 token);
-- telemetry events/s at the global frontend: one relay stream carrying KV deltas of 16 blocks.
+- telemetry events/s at the global frontend: one relay stream carrying KV deltas of 16 blocks;
+- the OpenAI HTTP front of the same global frontend (HTTPS under its TLS flags): TTFT p50 of
+  sequential streamed /v1/completions (128-token id prompts, 1 token) and requests/s of a closed
+  loop of keep-alive clients (16-token outputs), bounded in time and count. Server-only TLS is not
+  a mesh configuration (a frontend with a CA requires client certificates), so the HTTP rows
+  compare plain HTTP with mutual TLS (a client certificate).
 Writes bench/results/bench_security.md.
 
 Run: .venv/bin/python -m bench.bench_security
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import platform
+import ssl
 import statistics
 import sys
 import tempfile
@@ -25,23 +31,26 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.bench_http import VOCAB, Http
+from bench.measure import closed_loop
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
+from globalrouter.tokenizer_train import train_tokenizer
 from globalrouter.v1 import router_pb2 as rpb
 from globalrouter.v1 import router_pb2_grpc as rpb_grpc
 from meshkit import devcerts
 from meshkit.identity import Role, spiffe_id
 from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig, channel_credentials
-from meshlaunch import command, free_port, process_group
+from meshlaunch import MODEL, command, free_port, process_group
 from meshlaunch.mesh import relay_argv, router_argv
 from poolrelay.v1 import telemetry_pb2 as tpb
 from poolrelay.v1 import telemetry_pb2_grpc as tpb_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "bench_security.md"
-MODEL = "bench-model"
 RELAYS = 32
 WINDOW = 8
+HTTP_OUTPUT_TOKENS = 16
 
 
 class Certs:
@@ -91,9 +100,10 @@ async def wait_serving(address: str, config: SecurityConfig | None, limit: float
 class Mesh:
     """discovery + mocker pool + relay + global frontend, plain or over mutual TLS."""
 
-    def __init__(self, group, certs: Certs | None) -> None:
+    def __init__(self, group, certs: Certs | None, tokenizer: Path) -> None:
         self.group = group
         self.secure = certs is not None
+        self.tokenizer = tokenizer
         c = certs
         self.server = {
             name: (c.make(name, role, *names) if c else None)
@@ -132,22 +142,42 @@ class Mesh:
                 MODEL,
                 "--speedup",
                 "100",
+                "--vocab-size",
+                str(VOCAB),
                 *flags(s["pool"]),
             ],
         )
         await wait_serving(self.discovery, s["admin"])
         await wait_serving(self.pool, s["admin"])
         self.router = f"127.0.0.1:{free_port()}"
+        self.http = f"127.0.0.1:{free_port()}"
         self.group.start(
             "router",
-            router_argv(self.router, self.discovery, "--frontend-id", "router-1", *flags(s["router"])),
+            router_argv(
+                self.router,
+                self.discovery,
+                "--frontend-id",
+                "router-1",
+                "--http-listen",
+                self.http,
+                "--tokenizer",
+                f"{MODEL}={self.tokenizer}",
+                *flags(s["router"]),
+            ),
         )
         await wait_serving(self.router, s["admin"])
         self.group.start(
             "relay",
             relay_argv(self.pool, self.discovery, "pool-a", "r1", "relay-1", *flags(s["relay"])),
         )
-        async with channel(self.router, s["client"]) as ch:
+        client = s["client"]
+        tls = None
+        if client is not None:
+            tls = ssl.create_default_context(cafile=client.tls_ca)
+            tls.load_cert_chain(client.tls_cert, client.tls_key)
+        # One lean keep-alive HTTP/1.1 client (bench_http's); HTTPS with the client certificate.
+        self.http_client = Http(self.http, tls)
+        async with channel(self.router, client) as ch:
             stub = rpb_grpc.RouterServiceStub(ch)
             deadline = time.monotonic() + 60
             while True:
@@ -255,6 +285,18 @@ class Mesh:
             elapsed = time.perf_counter() - started
         return deltas * 16 / elapsed
 
+    async def http_ttft(self, n: int, round_: int) -> list[float]:
+        """TTFT of `n` sequential streamed /v1/completions (1 token) through the HTTP front (after warm-up)."""
+        base = 1_000_000 * (round_ + 1)  # prompts distinct across rounds: no run is a pure cache hit
+        for i in range(20):
+            await self.http_client.one(base + 500_000 + i, 1)
+        return [(await self.http_client.one(base + i, 1))[0] for i in range(n)]
+
+    async def http_rps(self, seconds: float, concurrency: int) -> float:
+        """Requests/s of `concurrency` keep-alive clients, each sending the next when the last ends."""
+        rate, _ = await closed_loop(self.http_client, seconds, concurrency, 100_000, HTTP_OUTPUT_TOKENS)
+        return rate
+
 
 def p50(values: list[float]) -> float:
     return statistics.median(values)
@@ -264,7 +306,8 @@ async def run(args) -> dict:
     results: dict[str, dict[str, list[float]]] = {"plain": {}, "mtls": {}}
     with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp, process_group(Path(tmp)) as group:
         certs = Certs(Path(tmp))
-        meshes = {"plain": Mesh(group, None), "mtls": Mesh(group, certs)}
+        tokenizer = train_tokenizer(Path(tmp) / "tokenizer", vocab_size=VOCAB)
+        meshes = {"plain": Mesh(group, None, tokenizer), "mtls": Mesh(group, certs, tokenizer)}
         for mesh in meshes.values():
             await mesh.start()
         for round_ in range(args.rounds):
@@ -274,6 +317,10 @@ async def run(args) -> dict:
                 r.setdefault("renewals", []).append(await mesh.renewals(args.seconds))
                 r.setdefault("ttft", []).extend(await mesh.ttft(args.ttft_requests))
                 r.setdefault("telemetry", []).append(await mesh.telemetry(args.deltas))
+                r.setdefault("http_ttft", []).extend(await mesh.http_ttft(args.ttft_requests, round_))
+                r.setdefault("http_rps", []).append(
+                    await mesh.http_rps(args.http_seconds, args.http_concurrency)
+                )
                 print(name, round_, {k: round(v[-1], 4) for k, v in r.items()}, flush=True)
     return results
 
@@ -286,6 +333,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds of renewals per round")
     parser.add_argument("--ttft-requests", type=int, default=100, help="Generates per round")
     parser.add_argument("--deltas", type=int, default=5000, help="KV deltas per telemetry round")
+    parser.add_argument("--http-seconds", type=float, default=3.0, help="seconds of HTTP load per round")
+    parser.add_argument("--http-concurrency", type=int, default=8, help="HTTP clients in the closed loop")
     args = parser.parse_args()
     r = asyncio.run(run(args))
     plain, mtls = r["plain"], r["mtls"]
@@ -294,6 +343,14 @@ def main() -> int:
         ("renewals/s (32 relays, KeepAlivePools, window 8)", plain["renewals"], mtls["renewals"], 1.0),
         ("TTFT p50 through the global frontend (ms)", plain["ttft"], mtls["ttft"], 1e3),
         ("telemetry KV events/s (one stream, 16 per delta)", plain["telemetry"], mtls["telemetry"], 1.0),
+        ("HTTP front: TTFT p50 of streamed /v1/completions (ms)", plain["http_ttft"], mtls["http_ttft"], 1e3),
+        (
+            f"HTTP front: requests/s ({args.http_concurrency} keep-alive clients, "
+            f"{HTTP_OUTPUT_TOKENS}-token streamed /v1/completions)",
+            plain["http_rps"],
+            mtls["http_rps"],
+            1.0,
+        ),
     ]
     lines = [
         "## Mutual TLS: added cost (bench_security)",
@@ -302,7 +359,8 @@ def main() -> int:
         f"{args.rounds} alternating rounds per mesh: median of rounds, and the range of the rounds (TTFT: "
         f"median of all {args.rounds * args.ttft_requests} requests, and the range of the rounds' medians). "
         "Plain: loopback, nothing checked. mTLS: every link mutual TLS, every call authorized (renewals: "
-        "each message checked against the relay's identity). The machine is shared: where the ranges of "
+        "each message checked against the relay's identity; HTTP: HTTPS with a client certificate, server-only "
+        "TLS is not a mesh configuration). The machine is shared: where the ranges of "
         "the two meshes overlap, the difference is within the noise of this run.",
         "",
         "| path | plain | mutual TLS | mTLS / plain |",
@@ -310,7 +368,7 @@ def main() -> int:
     ]
     for label, a_samples, b_samples, scale in rows:
         a, b = p50(a_samples) * scale, p50(b_samples) * scale
-        if label.startswith("TTFT"):
+        if "TTFT" in label:
             n = args.ttft_requests
             a_rounds = [p50(a_samples[i : i + n]) * scale for i in range(0, len(a_samples), n)]
             b_rounds = [p50(b_samples[i : i + n]) * scale for i in range(0, len(b_samples), n)]
