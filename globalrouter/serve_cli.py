@@ -123,7 +123,7 @@ def add_parser(subparsers) -> None:
         "--http-header-timeout",
         type=positive_seconds,
         default=10.0,
-        help="seconds a client has to send a complete request head (then 408 and closed)",
+        help="seconds from accept (TLS handshake included) to a complete request head (then 408 and closed)",
     )
     p.add_argument(
         "--http-max-headers",

@@ -24,7 +24,8 @@ class HttpConfig:
     """Concurrent HTTP connections; one more is answered 503 and closed as soon as it is made."""
     head_timeout: float = 10.0
     """Seconds a client has to send a complete request head (request line and headers), from the
-    connection's start and then from each next request's first byte; then 408 and closed."""
+    connection's accept (a TLS handshake included, which is cut off at this bound too) and then
+    from each next request's first byte; then 408 and closed."""
     max_head_bytes: int = 32 * 1024
     """Request line and headers of one request, in bytes; more is answered 431."""
     max_headers: int = 100

@@ -31,8 +31,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     uvicorn has no timeout for a request head either (its keep-alive timer runs only between
     requests, and stops at the first byte), and its limit_concurrency answers 503 only once a head
     is complete, so slow-loris connections that never finish their heads were unbounded in time
-    and number. Here a head must be complete within `head_timeout` (from the connection's start,
-    then from each next request's first byte; 408 and closed otherwise), and a connection past
+    and number. Here a head must be complete within `head_timeout` (from the connection's accept,
+    TLS handshake included, then from each next request's first byte; 408 and closed otherwise), and a connection past
     limit_concurrency is answered 503 and closed as soon as it is made.
     """
 
@@ -45,6 +45,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         """This protocol with the given bounds (uvicorn instantiates the class it is given)."""
         bounds = {"max_head_bytes": max_head_bytes, "max_headers": max_headers, "head_timeout": head_timeout}
         return type(cls.__name__, (cls,), bounds)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Made at accept, before any TLS handshake: the head's deadline counts from here.
+        self._accepted_at = self.loop.time()
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -64,8 +69,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             # uvicorn counted this connection in already; it would wait for a complete head to say 503.
             self._reply_and_close(503, "too many connections", "server_busy", "server_error")
             return
-        # For a TLS connection the handshake is over (asyncio bounds it: 60 s); the head starts now.
-        self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+        # One budget from accept: a TLS handshake (which the listener bounds by head_timeout too)
+        # spends part of it, and the first head gets what is left.
+        remaining = self.head_timeout - (self.loop.time() - self._accepted_at)
+        self._head_timer = self.loop.call_later(max(0.0, remaining), self._head_timed_out)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

@@ -75,23 +75,25 @@ class HttpServer:
         self.tls = certificates is not None
         self._sock = bind(listen)
         self.port: int = self._sock.getsockname()[1]
+        # The C parser (h11, pure Python, costs a third of the throughput), with bounded heads.
+        self._protocol_class = BoundedHttpProtocol.bounded(
+            front.config.max_head_bytes, front.config.max_headers, front.config.head_timeout
+        )
         config = uvicorn.Config(
             front.app(),
             log_config=None,
             access_log=False,
             lifespan="off",
-            # The C parser (h11, pure Python, costs a third of the throughput), with bounded heads.
-            http=BoundedHttpProtocol.bounded(
-                front.config.max_head_bytes, front.config.max_headers, front.config.head_timeout
-            ),
+            http=self._protocol_class,
             ws="none",
             server_header=False,
             timeout_graceful_shutdown=max(1, math.ceil(grace)),  # whole seconds for uvicorn
             limit_concurrency=front.config.max_connections,
         )
         config.load()
-        if certificates is not None:
-            config.ssl = certificates.ssl_context()  # after load(): uvicorn's own context would not reload
+        # The reloading context (uvicorn's own would not reload), served by start()'s listener.
+        self._ssl = certificates.ssl_context() if certificates is not None else None
+        self._config = config
         self._server = uvicorn.Server(config)
         # What Server.serve() sets up before startup(); lifespan is "off" (nothing to run).
         self._server.lifespan = config.lifespan_class(config)
@@ -99,9 +101,27 @@ class HttpServer:
 
     async def start(self) -> None:
         """Starts serving on the bound socket (needs the running loop)."""
-        await self._server.startup(sockets=[self._sock])
+        await self._server.startup(sockets=[])  # uvicorn's lifespan and state, no listener of its own
+        # The listener is made here because uvicorn's startup() passes no ssl_handshake_timeout, which
+        # leaves a TLS handshake asyncio's 60 s: a client that connects and never finishes its
+        # handshake would hold a socket that long. The handshake gets the head deadline instead
+        # (one budget from accept to a complete first head; BoundedHttpProtocol times the rest).
+        server = await asyncio.get_running_loop().create_server(
+            self._protocol,
+            sock=self._sock,
+            ssl=self._ssl,
+            backlog=BACKLOG,
+            ssl_handshake_timeout=self.front.config.head_timeout if self._ssl is not None else None,
+        )
+        self._server.servers.append(server)  # closed and awaited by uvicorn's shutdown()
         self._task = asyncio.create_task(self._server.main_loop(), name="http-front")
         log.info("HTTP front serving", listen=self.listen, port=self.port, tls=self.tls)
+
+    def _protocol(self) -> asyncio.Protocol:
+        """One connection's protocol, made as uvicorn's startup() makes it."""
+        return self._protocol_class(
+            config=self._config, server_state=self._server.server_state, app_state=self._server.lifespan.state
+        )
 
     async def stop(self) -> None:
         """/health turns 503, new connections are refused, open requests get the grace period."""

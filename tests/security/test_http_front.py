@@ -286,6 +286,47 @@ async def test_a_head_never_finished_is_cut_off_with_408_while_requests_go_on(pk
         assert (await call(base, "/health", verify=context or False))[0] == 200
 
 
+def _partial_client_hello(context: ssl.SSLContext) -> bytes:
+    """The first half of a real ClientHello (a handshake begun and never finished)."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    hello = outgoing.read()
+    return hello[: len(hello) // 2]
+
+
+async def _closed_by(reader: asyncio.StreamReader, deadline: float) -> float:
+    """The loop time at which the server closed a raw connection (nothing may be sent to it)."""
+    loop = asyncio.get_running_loop()
+    try:
+        assert await asyncio.wait_for(reader.read(), deadline - loop.time()) == b""
+    except ConnectionResetError:
+        pass
+    return loop.time()
+
+
+async def test_a_tls_handshake_never_finished_is_cut_off_at_the_head_timeout(pki):
+    """A client that connects and never starts its TLS handshake, or sends half a ClientHello, is
+    closed at --http-header-timeout (not asyncio's 60 s), while HTTPS requests are served."""
+    context = client_context(pki, "client")
+    async with front(pki.config("frontend"), head_timeout=1.0) as router:
+        assert router.http is not None
+        port = router.http.port
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        silent = await asyncio.open_connection("127.0.0.1", port)
+        partial = await asyncio.open_connection("127.0.0.1", port)
+        partial[1].write(_partial_client_hello(context))
+        # Meanwhile a complete request with a client certificate is served.
+        assert (await call(f"https://127.0.0.1:{port}", "/health", verify=context))[0] == 200
+        for reader, writer in (silent, partial):
+            closed = await _closed_by(reader, started + 10)  # asyncio's own bound would be 60 s
+            writer.close()
+            assert closed - started > 0.9  # cut off by the deadline, not refused at once
+        assert (await call(f"https://127.0.0.1:{port}", "/health", verify=context))[0] == 200
+
+
 async def test_connections_past_the_cap_get_503_at_once_and_slots_come_back():
     async with front(SecurityConfig(), max_connections=3, head_timeout=30.0) as router:
         assert router.http is not None
