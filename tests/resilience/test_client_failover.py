@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import socket
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -16,6 +15,7 @@ import pytest
 from globalrouter.client import FailoverClient, FailoverError, frontend_lost, router_list
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.errors import Reason, grpc_status_for
+from meshlaunch import free_port
 from mocker.tokens import continue_sequence
 
 pytestmark = pytest.mark.timeout(30)
@@ -90,7 +90,7 @@ def test_a_frontend_lost_mid_stream_is_continued_on_the_next_without_loss_or_rep
 def test_an_unreachable_first_frontend_is_skipped():
     with (
         frontends(FakeFrontend()) as addresses,
-        FailoverClient([f"127.0.0.1:{_closed_port()}", *addresses]) as c,
+        FailoverClient([f"127.0.0.1:{free_port()}", *addresses]) as c,
     ):
         result = c.generate("m", PROMPT, 5)
     assert result.tokens == continue_sequence(PROMPT, 5) and result.failovers == 1
@@ -106,7 +106,7 @@ def test_a_frontends_reasoned_answer_is_final():
 
 
 def test_every_frontend_lost_ends_with_a_clear_error_and_the_tokens_received():
-    with FailoverClient([f"127.0.0.1:{_closed_port()}", f"127.0.0.1:{_closed_port()}"]) as client:
+    with FailoverClient([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]) as client:
         with pytest.raises(FailoverError) as info:
             client.generate("m", PROMPT, 5)
     err = info.value
@@ -153,9 +153,3 @@ def test_generate_cli_takes_several_routers(capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == continue_sequence([1, 2, 3], 6) and out["failovers"] == 1
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
