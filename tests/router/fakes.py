@@ -72,8 +72,12 @@ async def _abort(context, code: grpc.StatusCode, reason: Reason | None, message:
         await abort_with_reason(context, code, reason, message)
 
 
-async def eventually(predicate, within: float = 5.0) -> None:
-    """Polls `predicate` on the event loop until it is true; fails after `within` seconds."""
+async def eventually(predicate, within: float = 10.0) -> None:
+    """Polls `predicate` on the event loop until it is true; fails after `within` seconds.
+
+    10 s by default, as the relay tests' wait_for: each wait crosses real gRPC, which a loaded
+    2-core machine can hold up for seconds.
+    """
     deadline = asyncio.get_running_loop().time() + within
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
