@@ -155,7 +155,9 @@ async def test_incomplete_snapshot_adds_but_removes_nothing_then_resyncs(discove
     await eventually(lambda: table.synced)
     fake.live[-1].put_nowait(None)
     fake.watches.put_nowait(snapshot(pool_msg("b", "http://h:2"), complete=False))  # a fresh replica
-    await eventually(lambda: watcher.watches_started == 2 and len(fake.live) == 2)
+    # The second watch open says nothing of its snapshot: wait until the incomplete one is applied
+    # (table.complete turns False), else a snapshot that wrongly removed `a` could pass unseen.
+    await eventually(lambda: watcher.watches_started == 2 and len(fake.live) == 2 and not table.complete)
     assert sorted(p.pool_id for p in table.listed()) == ["a", "b"]
     fake.watches.put_nowait(snapshot(pool_msg("b", "http://h:2")))  # complete now: a is gone
     await eventually(lambda: watcher.watches_started == 3 and "a" not in table.pools)
