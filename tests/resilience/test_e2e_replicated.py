@@ -60,8 +60,10 @@ def start_replica(procs, address: str, cluster: EtcdCluster):
 
 
 def listed_at(address: str) -> set[str]:
+    # 10 s: the Watchdog records a slow reply on a loaded machine as a miss, which is no evidence
+    # that the pool was unlisted (an unlisted pool still shows as one).
     with grpc.insecure_channel(address) as ch:
-        reply = dpb_grpc.DiscoveryServiceStub(ch).ListPools(dpb.ListPoolsRequest(), timeout=3)
+        reply = dpb_grpc.DiscoveryServiceStub(ch).ListPools(dpb.ListPoolsRequest(), timeout=10)
     return {p.pool_id for p in reply.pools}
 
 
