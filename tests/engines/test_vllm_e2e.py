@@ -37,6 +37,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 ENGINES_PYTHON = os.environ.get("ENGINES_PYTHON", "")
 REQUIRED = os.environ.get("GR_TEST_ENGINES") == "1"
 MESH_BLOCK = 16
+LOAD_WINDOW_S = 8.0
 START_TIMEOUT_S = 900.0  # vLLM on a busy 2-core machine: about 65 s idle, several minutes loaded
 
 
@@ -268,12 +269,23 @@ def blocks_match(em: EngineMesh, pool: str) -> bool:
 
 def test_relay_block_set_equals_what_vllm_reported(em):
     em.ensure_up()
+    expected: dict[str, set[int]] = {}
     for i, pool in enumerate(("pool-a", "pool-b")):
+        expected[pool] = set()
         for j in range(3):
-            em.engines[pool].complete(prompt_of(100 * i + j, 200 + 40 * j), 40)
+            prompt = prompt_of(100 * i + j, 200 + 40 * j)
+            em.engines[pool].complete(prompt, 40)
+            # The prompt's full engine blocks are cached once it is prefilled (generated tokens may add more).
+            expected[pool].update(block_hashes(prompt[: len(prompt) // ENGINE_BLOCK * ENGINE_BLOCK], MESH_BLOCK))
     for pool in em.engines:
+        # vLLM publishes a step's events after the step; the completion can return first.
+        wait_until(
+            lambda: expected[pool] <= em.logs[pool].mesh_blocks(),
+            30,
+            message=f"{pool}: vLLM reported the prompts' blocks",
+        )
         wait_until(partial(blocks_match, em, pool), 30, message=f"{pool}: relay blocks == vLLM's report")
-        assert len(em.sink.of(pool)) >= 3 * (200 // MESH_BLOCK)
+        assert expected[pool] <= em.sink.of(pool)
 
 
 def test_shared_prefix_goes_to_the_pool_holding_it_and_hits_its_cache(em):
@@ -292,49 +304,74 @@ def test_shared_prefix_goes_to_the_pool_holding_it_and_hits_its_cache(em):
     assert hits_after - hits_before >= 512 - ENGINE_BLOCK  # the prefix's tokens came from its cache
 
 
+def _sample_until(stop: threading.Event, read, out: list) -> None:
+    """Appends read() to out until stop is set; a read that fails (a busy server) is skipped."""
+    while not stop.is_set():
+        try:
+            out.append(read())
+        except (OSError, grpc.RpcError):
+            pass
+        stop.wait(0.05)
+
+
 def test_load_the_frontend_sees_follows_vllm_running_and_waiting(em):
+    """Per pool: the running + waiting the frontend sees rises with what that vLLM reports, then
+    falls back to 0. Compared per pool and by peak: two vLLMs on two shared cores take turns
+    (one pool's requests can wait seconds for their first token while the other's run), so a
+    sum across pools at one instant is not what either engine ever held."""
     em.ensure_up()
-    seen: list[tuple[int, int]] = []
-    engine_seen: list[int] = []
+    front_seen: list[dict[str, int]] = []
+    engine_seen: list[dict[str, int]] = []
     stop = threading.Event()
 
-    def burst(i):
-        generate(em.router, prompt_of(1000 + i, 64), 400)
+    def front_load() -> dict[str, int]:
+        return {p: v.load.requests_running + v.load.requests_waiting for p, v in em.router.pools().items()}
 
-    with futures.ThreadPoolExecutor(max_workers=12) as pool:
-        jobs = [pool.submit(burst, i) for i in range(12)]
-        deadline = time.monotonic() + 300
-        while not all(j.done() for j in jobs) and time.monotonic() < deadline:
-            views = em.router.pools()
-            seen.append(
-                (
-                    sum(v.load.requests_running + v.load.requests_waiting for v in views.values()),
-                    len(views),
-                )
-            )
-            engine_seen.append(
-                int(
-                    sum(
-                        e.metric("vllm:num_requests_running") + e.metric("vllm:num_requests_waiting")
-                        for e in em.engines.values()
-                    )
-                )
-            )
-            time.sleep(0.2)
-        for j in jobs:
-            j.result()
-    stop.set()
-    peak = max(s for s, _ in seen)
-    assert max(engine_seen) >= 6, f"the burst did not load vLLM: {engine_seen}"
-    assert peak >= max(engine_seen) // 2, f"the frontend saw {seen}, vLLM said {engine_seen}"
-    # Once the burst is over, the frontend sees the engines idle again.
-    wait_until(
-        lambda: all(
-            v.load.requests_running + v.load.requests_waiting == 0 for v in em.router.pools().values()
-        ),
-        30,
-        message="idle load at the frontend",
+    def engine_load() -> dict[str, int]:
+        return {
+            p: int(e.metric("vllm:num_requests_running") + e.metric("vllm:num_requests_waiting"))
+            for p, e in em.engines.items()
+        }
+
+    # Twelve clients each send requests back to back for a fixed window: the engines hold about
+    # twelve requests the whole window however fast this machine runs them (and whichever
+    # answers the tiny random model ends early), so the slow /metrics scrapes catch the load.
+    deadline = time.monotonic() + LOAD_WINDOW_S
+
+    def client(i: int) -> int:
+        sent = 0
+        while time.monotonic() < deadline and sent < 200:
+            generate(em.router, prompt_of(1000 + 200 * i + sent, 64), 300)
+            sent += 1
+        return sent
+
+    # Each sampler runs on its own thread: a slow /metrics scrape must not hide the frontend's view.
+    samplers = [
+        threading.Thread(target=_sample_until, args=(stop, front_load, front_seen), daemon=True),
+        threading.Thread(target=_sample_until, args=(stop, engine_load, engine_seen), daemon=True),
+    ]
+    for t in samplers:
+        t.start()
+    try:
+        with futures.ThreadPoolExecutor(max_workers=12) as pool:
+            jobs = [pool.submit(client, i) for i in range(12)]
+            for j in jobs:
+                j.result(timeout=300)
+    finally:
+        stop.set()
+        for t in samplers:
+            t.join(timeout=10)
+    assert engine_seen and front_seen, "no load sample was read"
+    engine_peak = {p: max(s.get(p, 0) for s in engine_seen) for p in em.engines}
+    front_peak = {p: max(s.get(p, 0) for s in front_seen) for p in em.engines}
+    busiest = max(engine_peak, key=lambda p: engine_peak[p])
+    # Twelve clients over two pools: one pool holds about six of their requests at a time.
+    assert engine_peak[busiest] >= 3, f"the burst did not load vLLM: {engine_seen}"
+    assert front_peak[busiest] >= engine_peak[busiest] // 2, (
+        f"{busiest}: the frontend saw {front_seen}, vLLM said {engine_seen}"
     )
+    # Once the burst is over, the frontend sees the engines idle again.
+    wait_until(lambda: not any(front_load().values()), 30, message="idle load at the frontend")
 
 
 def _freeze_then_kill(em: EngineMesh, prompt: list[int], max_tokens: int):
@@ -363,6 +400,9 @@ def _freeze_then_kill(em: EngineMesh, prompt: list[int], max_tokens: int):
     with futures.ThreadPoolExecutor(max_workers=1) as ex:
         job = ex.submit(run)
         assert first.wait(120), "no tokens in 120 s"
+        if "pool" not in served:
+            job.result()  # the request ended without a token: raises its error
+            raise AssertionError(f"the request ended without a token: {served}")
         victim = str(served["pool"])
         proc = em.engines[victim].proc
         assert proc is not None
