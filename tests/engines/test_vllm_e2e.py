@@ -276,11 +276,13 @@ def test_relay_block_set_equals_what_vllm_reported(em):
             prompt = prompt_of(100 * i + j, 200 + 40 * j)
             em.engines[pool].complete(prompt, 40)
             # The prompt's full engine blocks are cached once it is prefilled (generated tokens may add more).
-            expected[pool].update(block_hashes(prompt[: len(prompt) // ENGINE_BLOCK * ENGINE_BLOCK], MESH_BLOCK))
+            expected[pool].update(
+                block_hashes(prompt[: len(prompt) // ENGINE_BLOCK * ENGINE_BLOCK], MESH_BLOCK)
+            )
     for pool in em.engines:
         # vLLM publishes a step's events after the step; the completion can return first.
         wait_until(
-            lambda: expected[pool] <= em.logs[pool].mesh_blocks(),
+            partial(lambda p: expected[p] <= em.logs[p].mesh_blocks(), pool),
             30,
             message=f"{pool}: vLLM reported the prompts' blocks",
         )
