@@ -315,10 +315,13 @@ class TelemetryHub:
         if status.block_size:
             self.block_size = status.block_size
         old = self._reports
-        load = Req(load=tm.LoadReport(load=status.load, observe_time=timestamp(observed_wall)))
         ready = Req(readiness=tm.ReadinessReport(models=status.models))
         drain = Req(drain=tm.DrainReport(drain=status.drain))
-        self._report("load", load, changed="load" not in old or old["load"].load.load != status.load)
+        if status.HasField("load"):
+            load = Req(load=tm.LoadReport(load=status.load, observe_time=timestamp(observed_wall)))
+            self._report("load", load, changed="load" not in old or old["load"].load.load != status.load)
+        else:  # the pool could not read its load: receivers see the last report go stale
+            self.forget_load()
         self._report("readiness", ready, changed=old.get("readiness") != ready)
         self._report("drain", drain, changed=old.get("drain") != drain)
 

@@ -39,7 +39,9 @@ class WorkerState:
     transport: ZmqWorkerTransport
     healthy: bool = False
     failures: int = 0
-    """Failed polls in a row."""
+    """Failed /health polls in a row."""
+    read_failures: int = 0
+    """Polls in a row whose /health answered but whose /metrics or /v1/models read failed."""
     models: list[str] = field(default_factory=list)
     load: EngineLoad | None = None
     last_error: str = ""
@@ -102,15 +104,7 @@ class EngineSource:
             status, _ = await self._get(session, f"{base}/health")
             if status != 200:
                 raise ConnectionError(f"/health answered {status}")
-            status, body = await self._get(session, f"{base}/metrics")
-            if status != 200:
-                raise ConnectionError(f"/metrics answered {status}")
-            load = parse_load(body.decode("utf-8", "replace"), self.names)
-            status, body = await self._get(session, f"{base}/v1/models")
-            if status != 200:
-                raise ConnectionError(f"/v1/models answered {status}")
-            models = parse_models(json.loads(body))
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, ConnectionError) as exc:
+        except (aiohttp.ClientError, OSError, TimeoutError, ConnectionError) as exc:
             st.failures += 1
             st.last_error = clip(repr(exc))
             if st.failures >= self.config.down_after and st.healthy:
@@ -120,6 +114,27 @@ class EngineSource:
             if st.failures == self.config.down_after:
                 # It may be restarting with an empty cache: its blocks can no longer be vouched for.
                 st.feed.reset(f"worker down: {st.last_error}")
+            return
+        try:
+            status, body = await self._get(session, f"{base}/metrics")
+            if status != 200:
+                raise ConnectionError(f"/metrics answered {status}")
+            load = parse_load(body.decode("utf-8", "replace"), self.names)
+            status, body = await self._get(session, f"{base}/v1/models")
+            if status != 200:
+                raise ConnectionError(f"/v1/models answered {status}")
+            models = parse_models(json.loads(body))
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, ConnectionError) as exc:
+            # Alive (it answered /health) but its load or models could not be read: a busy vLLM
+            # renders every histogram on /metrics and can take seconds to. Taking a serving pool
+            # out of the mesh for that would move its traffic exactly when it is loaded, so the
+            # worker stays up with its last models; its last load counts for `down_after` polls,
+            # then the pool's load is unknown (status() leaves it out) until a read succeeds.
+            st.failures = 0
+            st.read_failures += 1
+            st.last_error = clip(f"reading load or models: {exc!r}")
+            if st.read_failures == self.config.down_after:
+                log.warning("engine worker load unreadable", worker=st.worker.worker_id, error=st.last_error)
             return
         if (
             st.load is not None
@@ -131,6 +146,15 @@ class EngineSource:
         if not st.healthy:
             log.info("engine worker up", worker=st.worker.worker_id, models=models)
         st.healthy, st.failures, st.load, st.models, st.last_error = True, 0, load, models, ""
+        st.read_failures = 0
+
+    def load_known(self) -> bool:
+        """Whether every up worker's load is current: read, and not stale past `down_after` failed reads."""
+        return all(
+            st.load is not None and st.read_failures < self.config.down_after
+            for st in self.workers.values()
+            if st.healthy
+        )
 
     def status(self) -> pe.WatchPoolStatusResponse:
         """The pool's status as the relay reports it."""
@@ -158,16 +182,17 @@ class EngineSource:
                 load.requests_waiting += lo.waiting
                 load.kv_blocks_used += lo.kv_blocks_used
                 load.kv_blocks_total += lo.kv_blocks_total
+        load_known = self.load_known()
         drain = pe.DrainStatus(state=pe.DRAIN_STATE_ACTIVE)
         if self.drain_deadline is not None:
-            idle = load.requests_running == 0 and load.requests_waiting == 0
+            idle = load_known and load.requests_running == 0 and load.requests_waiting == 0
             if idle or self.clock.wall() >= self.drain_deadline:
                 self.drained = True
             drain = pe.DrainStatus(
                 state=pe.DRAIN_STATE_DRAINED if self.drained else pe.DRAIN_STATE_DRAINING,
                 deadline=timestamp(self.drain_deadline),
             )
-        return pe.WatchPoolStatusResponse(
+        reply = pe.WatchPoolStatusResponse(
             models=[
                 pe.ModelStatus(
                     model=m, state=pe.MODEL_STATE_READY if m in ready else pe.MODEL_STATE_NOT_READY
@@ -175,11 +200,13 @@ class EngineSource:
                 for m in sorted(known)
             ],
             workers=workers,
-            load=load,
             drain=drain,
             block_size=self.mesh_block_size,
             sequence=self.sequence,
         )
+        if load_known:  # an unknown load is left out, not sent as a partial sum that looks idle
+            reply.load.CopyFrom(load)
+        return reply
 
     async def _poll_loop(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.config.http_timeout)

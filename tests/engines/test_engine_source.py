@@ -16,6 +16,7 @@ from poolrelay.engine.source import EngineSource, WorkerState
 from poolrelay.engine.translate import Transition, WorkerBlocks
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.status import engine_worker_status
+from poolrelay.telemetry_publisher import TelemetryConfig, TelemetryHub
 from poolrelay.v1 import pool_events_pb2 as pe
 from tests.relay.fakes import VLLM_METRICS, FakeEngine, FakeEngineEvents, wait_for
 from tests.support import free_port
@@ -111,6 +112,89 @@ async def test_status_follows_the_engine_and_a_down_or_restarted_engine_loses_it
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await engine.runner.cleanup()
+
+
+async def test_a_worker_that_answers_health_but_not_metrics_stays_up_and_its_load_goes_unknown():
+    """A busy engine reads its /metrics slowly: the pool stays registered with its blocks, and its
+    load is reported as unknown (left out) once `down_after` reads have failed, not as idle."""
+    engine = FakeEngine()
+    url = await engine.start()
+    statuses: list[pe.WatchPoolStatusResponse] = []
+    reachable: list[bool] = []
+    pool = PoolBlocks()
+    worker = EngineWorker("w0", url, f"tcp://127.0.0.1:{free_port()}")
+    config = EngineConfig(kind="vllm", workers=(worker,), block_size=32, poll_interval=0.05, down_after=2)
+    changed = asyncio.Event()
+
+    def record(into):
+        def add(value) -> None:
+            into.append(value)
+            changed.set()
+
+        return add
+
+    source = EngineSource(
+        config, pool, on_status=record(statuses), on_reachable=record(reachable), on_blocks=changed.set
+    )
+    st = source.workers["w0"]
+    task = asyncio.create_task(source.run())
+
+    async def until(predicate):
+        async with asyncio.timeout(10.0):
+            while not predicate():
+                changed.clear()
+                await changed.wait()
+
+    try:
+        await until(lambda: statuses)
+        assert statuses[-1].HasField("load") and statuses[-1].load.requests_running == 5
+        source._apply("w0", Transition(stored=[1, 2]))
+        engine.metrics_status = 500
+        await until(lambda: st.read_failures >= 4 and not statuses[-1].HasField("load"))
+        failing = statuses[-1]
+        assert reachable == [True], "a worker that answers /health stays up"
+        assert [(m.model, m.state) for m in failing.models] == [("tiny", pe.MODEL_STATE_READY)]
+        assert len(pool) == 2 and st.feed.counts.resets == 0, "its blocks are still vouched for"
+        shown = engine_worker_status(st)
+        assert shown.healthy and shown.consecutive_failures == 0 and "500" in shown.last_error
+        # The last load counted while fewer than `down_after` reads had failed, not after.
+        with_load = [s.HasField("load") for s in statuses]
+        assert with_load[-1] is False and with_load.index(False) > 0
+        assert all(not x for x in with_load[with_load.index(False) :])
+        # A drain cannot finish on a load it cannot read.
+        await source.start_drain(30.0, "discovery")
+        engine.metrics = (
+            VLLM_METRICS.replace("} 3.0", "} 0.0").replace("} 2.0", "} 0.0").replace("} 4.0", "} 0.0")
+        )
+        n = len(statuses)
+        await until(lambda: len(statuses) >= n + 3)
+        assert statuses[-1].drain.state == pe.DRAIN_STATE_DRAINING
+        # Readable again: the load is back (idle), and the drain completes.
+        engine.metrics_status = 200
+        await until(lambda: statuses[-1].HasField("load"))
+        await until(lambda: statuses[-1].drain.state == pe.DRAIN_STATE_DRAINED)
+        assert engine_worker_status(st).last_error == "" and st.read_failures == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await engine.runner.cleanup()
+
+
+def test_a_status_without_load_makes_the_hub_stop_repeating_the_last_load():
+    hub = TelemetryHub(
+        TelemetryConfig(pool_id="p", relay_id="r", incarnation=1, region="x", report_interval=30),
+        PoolBlocks(),
+        FakeClock(),
+    )
+    with_load = pe.WatchPoolStatusResponse(load=pe.PoolLoad(requests_running=3), block_size=16)
+    hub.set_status(with_load, 1.0)
+    assert hub.current_reports()["load"].load.load.requests_running == 3
+    hub.set_status(pe.WatchPoolStatusResponse(block_size=16), 2.0)
+    assert "load" not in hub.current_reports()
+    assert {"readiness", "drain"} <= set(hub.current_reports())
+    # An idle pool's load is present (all zero) and is reported, not taken for unknown.
+    hub.set_status(pe.WatchPoolStatusResponse(load=pe.PoolLoad(), block_size=16), 3.0)
+    assert hub.current_reports()["load"].load.load.requests_running == 0
 
 
 # --- the per-worker counters, driven with fake batches ------------------------------------------

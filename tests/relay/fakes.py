@@ -302,11 +302,15 @@ class FakeEngine:
     def __init__(self) -> None:
         self.up = True
         self.metrics = VLLM_METRICS
+        self.metrics_status = 200
+        """What /metrics answers (500: up, but its load cannot be read)."""
 
     async def health(self, request):
         return web.Response(status=200 if self.up else 503)
 
     async def metrics_page(self, request):
+        if self.metrics_status != 200:
+            return web.Response(status=self.metrics_status)
         return web.Response(text=self.metrics)
 
     async def models(self, request):
