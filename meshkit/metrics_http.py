@@ -8,6 +8,7 @@ import socketserver
 import ssl
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -15,7 +16,13 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from meshkit.logs import get_logger
 from meshkit.tls import SecurityConfig, ServerCertificates, check_listen
 
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIApplication
+
 log = get_logger(module="meshkit.metrics_http")
+
+# What socketserver hands its request methods (a datagram server's is a tuple; this one's a socket).
+_Request = socket.socket | tuple[bytes, socket.socket]
 
 # Seconds one scrape may take from accept to the last byte (TLS handshake, request, reply): a
 # connection that has not finished by then is cut off, whatever it sends or does not send.
@@ -92,7 +99,7 @@ class _MetricsServer(socketserver.ThreadingMixIn, WSGIServer):
     def __init__(
         self,
         address: tuple[str, int],
-        app,
+        app: WSGIApplication,
         *,
         tls: ssl.SSLContext | None,
         scrape_seconds: float,
@@ -105,7 +112,7 @@ class _MetricsServer(socketserver.ThreadingMixIn, WSGIServer):
         super().__init__(address, _QuietHandler)
         self.set_app(app)
 
-    def process_request(self, request, client_address) -> None:
+    def process_request(self, request: _Request, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
             self.shutdown_request(request)  # full: closed at once rather than queued without bound
             return
@@ -115,16 +122,17 @@ class _MetricsServer(socketserver.ThreadingMixIn, WSGIServer):
             self._slots.release()
             raise
 
-    def process_request_thread(self, request, client_address) -> None:
+    def process_request_thread(self, request: _Request, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
 
-    def finish_request(self, request, client_address) -> None:
+    def finish_request(self, request: _Request, client_address: Any) -> None:
         # One deadline for the whole connection: a per-read timeout alone would let a client that
         # sends a byte now and then hold it for ever. Shutting the socket down (through a duplicate,
         # which outlives the TLS wrapper) wakes whatever read or write is blocked on it.
+        assert isinstance(request, socket.socket)  # a stream server's request is its connection
         raw = request.dup()
         cut = threading.Timer(self.scrape_seconds, _shut, (raw,))
         cut.start()

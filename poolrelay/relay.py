@@ -60,6 +60,8 @@ class RelayConfig:
     unregister_on_exit: bool = False
     """Unregister at a graceful stop, so the pool leaves at once; by default (PR #18077) the relay
     only stops renewing and the pool leaves one lease later, so a relay restart keeps it routed."""
+    metrics_listen: str = ""
+    """HOST:PORT of the Prometheus /metrics endpoint (--metrics-listen); empty: none."""
 
     def __post_init__(self) -> None:
         # The same checks as the command line, so a relay built in code cannot register garbage.
