@@ -68,6 +68,8 @@ def serve_metrics(
         certificates = ServerCertificates(security)
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit():
+        raise RuntimeError(f"cannot listen on {listen} ({flag}): expected HOST:PORT")
     try:
         server = _MetricsServer(
             (host, int(port)),

@@ -125,6 +125,7 @@ _FLAGS = {
     "relay_id": "--relay-id",
     "global_frontends": "--global-frontends",
     "report_interval": "--report-interval",
+    "metrics_listen": "--metrics-listen",
 }
 
 

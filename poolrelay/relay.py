@@ -87,6 +87,9 @@ class RelayConfig:
             check_url(v, f"global_frontends[{i}]", url, allow_path=False)
         if not self.report_interval > 0:
             v.add("report_interval", f"must be > 0 seconds (got {self.report_interval})")
+        host, sep, port = self.metrics_listen.rpartition(":")
+        if self.metrics_listen and not (sep and host and port.isdigit() and int(port) <= 65535):
+            v.add("metrics_listen", f"must be HOST:PORT (got {self.metrics_listen!r})")
         return v
 
 

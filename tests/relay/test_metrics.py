@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -12,11 +13,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from meshkit.clock import FakeClock
 from meshkit.timeconv import timestamp
+from poolrelay.cli import build_parser, config_from_args
 from poolrelay.engine.config import EngineConfig, parse_workers
 from poolrelay.engine.source import EngineSource
 from poolrelay.metrics import RelayCollector, relay_reader
 from poolrelay.model_choice import Choice, Reason
-from poolrelay.relay import Relay, RelayConfig
+from poolrelay.relay import Relay, RelayConfig, RelayConfigError
 from poolrelay.v1 import status_pb2
 
 pytestmark = pytest.mark.timeout(30)
@@ -211,3 +213,18 @@ def test_a_scrape_fails_within_the_timeout_while_the_relays_loop_is_busy() -> No
         loop.call_soon_threadsafe(loop.stop)
         runner.join(10)
         loop.close()
+
+
+def test_metrics_listen_is_off_unless_given_and_a_bad_one_is_refused_naming_it(capsys) -> None:
+    base = ["serve", "--pool", "127.0.0.1:1", "--discovery", "127.0.0.1:2"]
+    base += ["--routing-pool", "p", "--routing-pool-region", "r"]
+    parser = build_parser()
+    assert config_from_args(parser, parser.parse_args(base)).metrics_listen == ""
+    given = config_from_args(parser, parser.parse_args([*base, "--metrics-listen", "127.0.0.1:9464"]))
+    assert given.metrics_listen == "127.0.0.1:9464"
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args([*base, "--metrics-listen", "9464"])
+    assert exc.value.code == 2 and "--metrics-listen" in capsys.readouterr().err
+    # A RelayConfig built in code runs the same check.
+    with pytest.raises(RelayConfigError, match="metrics_listen: must be HOST:PORT"):
+        replace(given, metrics_listen="localhost:http")
