@@ -103,26 +103,26 @@ def _families(values: _Values, labels: list[str]) -> dict[str, CounterMetricFami
 def status_families(status: status_pb2.GetRelayStatusResponse, now: float) -> list[Metric]:
     """The metric families of one status (`now`: wall seconds, for the lease's time left).
 
-    Label cardinality is bounded by the relay's own state, not by its scrapers: pool_id and
-    relay_id are its flags; worker_id and url come from its --engine-worker flags (fixed at start);
-    frontend_url is a --global-frontends flag or a global frontend discovery lists (only a frontend
-    authorized by discovery registers one, and the relay already holds a publisher and a bounded
-    queue per URL: the series are a constant number per stream it keeps anyway, and a stream's
-    series go when discovery stops listing it). No label value comes from a scrape request.
+    Label cardinality is bounded by the relay's own state, not by its scrapers; no label value comes
+    from a scrape. pool_id and relay_id are its flags; worker_id and url its --engine-worker flags,
+    fixed at start. frontend_url is a --global-frontends flag or a global frontend discovery lists
+    (under TLS only a frontend identity registers one, and discovery checks each URL): the relay
+    already keeps a publisher with a bounded queue per such URL, the series add a fixed number per
+    stream, and a stream's series go when discovery stops listing it.
     """
     relay = [status.pool_id, status.relay_id]
     out: list[Metric] = []
 
-    def gauge(name: str, doc: str, value: float, labels: list[str] = _RELAY, values: list[str] = relay):
-        family = GaugeMetricFamily(f"poolrelay_{name}", doc, labels=labels)
-        family.add_metric(values, value)
+    def gauge(name: str, doc: str, value: float) -> None:
+        family = GaugeMetricFamily(f"poolrelay_{name}", doc, labels=_RELAY)
+        family.add_metric(relay, value)
         out.append(family)
 
     reason = status.routing_pool_unregistered_reason
     gauge(
         "registered",
         "1 while the pool is registered and renewed (unregistered reason none)",
-        float(reason == 0),
+        float(reason == status_pb2.UNREGISTERED_REASON_UNSPECIFIED),
     )
     unregistered = GaugeMetricFamily(
         "poolrelay_unregistered_reason",
