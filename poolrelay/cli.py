@@ -33,6 +33,7 @@ from meshkit.tls import SecurityConfig
 from meshkit.validation import url_problem
 from poolrelay.engine.config import ENGINES, EngineConfig, parse_workers
 from poolrelay.engine.translate import check_block_sizes
+from poolrelay.metrics import serve_relay_metrics
 from poolrelay.relay import Relay, RelayConfig, RelayConfigError
 from poolrelay.status import register
 from poolrelay.v1 import status_pb2, status_pb2_grpc
@@ -91,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--status-listen", type=host_port, default="127.0.0.1:0", help="status + health, HOST:PORT"
     )
     serve.add_argument(
+        "--metrics-listen",
+        type=host_port,
+        help="serve Prometheus /metrics on HOST:PORT (HTTPS under --tls-cert/--tls-key, mutual with "
+        "--tls-ca; loopback only without TLS unless --insecure); off when not given",
+    )
+    serve.add_argument(
         "--report-interval", type=positive_seconds, default=1.0, help="seconds between load reports"
     )
     serve.add_argument(
@@ -118,6 +125,7 @@ _FLAGS = {
     "relay_id": "--relay-id",
     "global_frontends": "--global-frontends",
     "report_interval": "--report-interval",
+    "metrics_listen": "--metrics-listen",
 }
 
 
@@ -163,6 +171,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             report_interval=args.report_interval,
             engine=engine,
             unregister_on_exit=args.unregister_on_exit,
+            metrics_listen=args.metrics_listen or "",
         )
     except RelayConfigError as exc:
         named = "; ".join(f"{_FLAGS.get(f.split('[')[0], f)}: {d}" for f, d in exc.violations.items)
@@ -180,8 +189,23 @@ async def serve(config: RelayConfig, listen: str, security: SecurityConfig | Non
         pool_id=config.pool_id,
         relay_id=config.relay_id,
     )
+    metrics = None
+    if config.metrics_listen:
+        # The process's TLS flags and the status listener's certificate reloader (SIGHUP reaches
+        # both). Before the relay starts: a refused --metrics-listen stops the process at once.
+        metrics = serve_relay_metrics(
+            relay, asyncio.get_running_loop(), config.metrics_listen, security, handle.certificates
+        )
+        log.info("metrics served", listen=config.metrics_listen, port=metrics.port)
     await relay.start()
-    await serve_until_signalled(handle, on_stop=[relay.stop])
+
+    async def close_metrics() -> None:
+        if metrics is not None:
+            # In a thread: shutdown() waits for the accept loop's next poll, which must not hold
+            # the event loop (a scrape in flight reads the status on it).
+            await asyncio.to_thread(metrics.close)
+
+    await serve_until_signalled(handle, on_stop=[relay.stop], after_stop=[close_metrics])
     log.info("relay stopped")
 
 

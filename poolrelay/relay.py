@@ -60,6 +60,8 @@ class RelayConfig:
     unregister_on_exit: bool = False
     """Unregister at a graceful stop, so the pool leaves at once; by default (PR #18077) the relay
     only stops renewing and the pool leaves one lease later, so a relay restart keeps it routed."""
+    metrics_listen: str = ""
+    """HOST:PORT of the Prometheus /metrics endpoint (--metrics-listen); empty: none."""
 
     def __post_init__(self) -> None:
         # The same checks as the command line, so a relay built in code cannot register garbage.
@@ -85,6 +87,9 @@ class RelayConfig:
             check_url(v, f"global_frontends[{i}]", url, allow_path=False)
         if not self.report_interval > 0:
             v.add("report_interval", f"must be > 0 seconds (got {self.report_interval})")
+        host, sep, port = self.metrics_listen.rpartition(":")
+        if self.metrics_listen and not (sep and host and port.isdigit() and int(port) <= 65535):
+            v.add("metrics_listen", f"must be HOST:PORT (got {self.metrics_listen!r})")
         return v
 
 
