@@ -60,8 +60,8 @@ _STREAM_VALUES: _Values = (
     ),
 )
 _WORKER_VALUES: _Values = (
-    ("healthy", "engine_worker_healthy", False, "1 while the worker's polls succeed"),
-    ("consecutive_failures", "engine_worker_consecutive_failures", False, "Failed polls in a row"),
+    ("healthy", "engine_worker_healthy", False, "1 while the worker answers /health"),
+    ("consecutive_failures", "engine_worker_consecutive_failures", False, "Failed /health polls in a row"),
     ("blocks", "engine_worker_blocks", False, "Mesh blocks the worker holds now, as rebuilt from its events"),
     (
         "kv_event_batches",
