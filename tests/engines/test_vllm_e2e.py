@@ -235,6 +235,16 @@ def em(tmp_path_factory):
         server.stop(grace=None)
 
 
+@pytest.fixture(autouse=True)
+def _logs_on_failure(request, em):
+    """A failed test prints the tail of every mesh process's log (vLLM, relays, frontend, discovery):
+    on a shared CI machine that is the only record of what the mesh saw."""
+    yield
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        print(em.group.dump_logs(6000))
+
+
 def generate(router: RouterProc, prompt: list[int], max_tokens: int, on_chunk=None):
     """Generate through the global frontend: (tokens, pools per token, summary)."""
     tokens: list[int] = []
