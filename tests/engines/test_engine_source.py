@@ -4,6 +4,8 @@ and the per-worker counters the relay's status shows."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from dataclasses import dataclass
 
 import zmq.asyncio
 
@@ -38,93 +40,41 @@ def test_models_leave_out_lora_adapters():
     assert parse_models(body) == ["base"]
 
 
-async def test_status_follows_the_engine_and_a_down_or_restarted_engine_loses_its_blocks():
-    engine = FakeEngine()
-    url = await engine.start()
-    statuses: list[pe.WatchPoolStatusResponse] = []
-    reachable: list[bool] = []
-    pool = PoolBlocks()
-    worker = EngineWorker("w0", url, f"tcp://127.0.0.1:{free_port()}")
-    config = EngineConfig(kind="vllm", workers=(worker,), block_size=32, poll_interval=0.05, down_after=2)
-    changed = asyncio.Event()
+@dataclass
+class Watched:
+    """An EngineSource polling a FakeEngine over real HTTP, with what it reported."""
 
-    def report(into):
-        def record(value) -> None:
-            into.append(value)
-            changed.set()
+    engine: FakeEngine
+    url: str
+    source: EngineSource
+    pool: PoolBlocks
+    statuses: list[pe.WatchPoolStatusResponse]
+    reachable: list[bool]
+    changed: asyncio.Event
 
-        return record
+    @property
+    def st(self) -> WorkerState:
+        return self.source.workers["w0"]
 
-    source = EngineSource(
-        config,
-        pool,
-        on_status=report(statuses),
-        on_reachable=report(reachable),
-        on_blocks=changed.set,
-        clock=FakeClock(),
-    )
-    st = source.workers["w0"]
-    task = asyncio.create_task(source.run())
-
-    async def until(predicate):
-        """Waits for `predicate` re-checking it whenever the source reports something."""
+    async def until(self, predicate) -> None:
+        """Waits for `predicate`, re-checking it whenever the source reports something."""
         async with asyncio.timeout(10.0):
             while not predicate():
-                changed.clear()
-                await changed.wait()
-
-    try:
-        await until(lambda: statuses)
-        s = statuses[-1]
-        assert [(m.model, m.state) for m in s.models] == [("tiny", pe.MODEL_STATE_READY)]
-        assert (s.load.requests_running, s.load.requests_waiting, s.load.kv_blocks_total) == (5, 4, 1000)
-        assert s.block_size == 16 and s.drain.state == pe.DRAIN_STATE_ACTIVE and reachable == [True]
-        # Blocks the worker holds; a restart (process_start_time_seconds changes) drops them.
-        source._apply("w0", Transition(stored=[1, 2, 3]))
-        assert len(pool) == 3
-        engine.metrics = VLLM_METRICS.replace("1.7e+09", "1.8e+09")
-        await until(lambda: len(pool) == 0)
-        # Down for `down_after` polls: unreachable, blocks dropped again.
-        source._apply("w0", Transition(stored=[4]))
-        engine.up = False
-        await until(lambda: reachable[-1] is False)
-        assert len(pool) == 0 and st.feed.counts.resets == 2
-        # The status names the worker, the failed polls and why its blocks went.
-        shown = engine_worker_status(st)
-        assert (shown.worker_id, shown.url, shown.healthy) == ("w0", url, False)
-        assert shown.consecutive_failures >= 2 and "503" in shown.last_error
-        assert shown.resets == 2 and shown.last_reset_reason.startswith("worker down: ")
-        assert "503" in shown.last_reset_reason and shown.blocks == 0
-        # A drain the relay carries: DRAINING until the engine is idle.
-        engine.up = True
-        await until(lambda: reachable[-1] is True)
-        shown = engine_worker_status(st)
-        assert shown.healthy and shown.consecutive_failures == 0 and shown.last_error == ""
-        assert shown.resets == 2, "a worker coming back is no reset; the last reason stays"
-        assert shown.last_reset_reason.startswith("worker down: ")
-        reply = await source.start_drain(30.0, "discovery")
-        assert reply.drain.state == pe.DRAIN_STATE_DRAINING
-        engine.metrics = (
-            VLLM_METRICS.replace("} 3.0", "} 0.0").replace("} 2.0", "} 0.0").replace("} 4.0", "} 0.0")
-        )
-        await until(lambda: statuses[-1].drain.state == pe.DRAIN_STATE_DRAINED)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await engine.runner.cleanup()
+                self.changed.clear()
+                await self.changed.wait()
 
 
-async def test_a_worker_that_answers_health_but_not_metrics_stays_up_and_its_load_goes_unknown():
-    """A busy engine reads its /metrics slowly: the pool stays registered with its blocks, and its
-    load is reported as unknown (left out) once `down_after` reads have failed, not as idle."""
+@contextlib.asynccontextmanager
+async def watched_source():
+    """One worker "w0" on a FakeEngine, polled every 0.05 s, down after 2 failed /health polls."""
     engine = FakeEngine()
     url = await engine.start()
-    statuses: list[pe.WatchPoolStatusResponse] = []
-    reachable: list[bool] = []
     pool = PoolBlocks()
     worker = EngineWorker("w0", url, f"tcp://127.0.0.1:{free_port()}")
     config = EngineConfig(kind="vllm", workers=(worker,), block_size=32, poll_interval=0.05, down_after=2)
     changed = asyncio.Event()
+    statuses: list[pe.WatchPoolStatusResponse] = []
+    reachable: list[bool] = []
 
     def record(into):
         def add(value) -> None:
@@ -134,50 +84,92 @@ async def test_a_worker_that_answers_health_but_not_metrics_stays_up_and_its_loa
         return add
 
     source = EngineSource(
-        config, pool, on_status=record(statuses), on_reachable=record(reachable), on_blocks=changed.set
+        config,
+        pool,
+        on_status=record(statuses),
+        on_reachable=record(reachable),
+        on_blocks=changed.set,
+        clock=FakeClock(),
     )
-    st = source.workers["w0"]
     task = asyncio.create_task(source.run())
-
-    async def until(predicate):
-        async with asyncio.timeout(10.0):
-            while not predicate():
-                changed.clear()
-                await changed.wait()
-
     try:
-        await until(lambda: statuses)
-        assert statuses[-1].HasField("load") and statuses[-1].load.requests_running == 5
-        source._apply("w0", Transition(stored=[1, 2]))
-        engine.metrics_status = 500
-        await until(lambda: st.read_failures >= 4 and not statuses[-1].HasField("load"))
-        failing = statuses[-1]
-        assert reachable == [True], "a worker that answers /health stays up"
-        assert [(m.model, m.state) for m in failing.models] == [("tiny", pe.MODEL_STATE_READY)]
-        assert len(pool) == 2 and st.feed.counts.resets == 0, "its blocks are still vouched for"
-        shown = engine_worker_status(st)
-        assert shown.healthy and shown.consecutive_failures == 0 and "500" in shown.last_error
-        # The last load counted while fewer than `down_after` reads had failed, not after.
-        with_load = [s.HasField("load") for s in statuses]
-        assert with_load[-1] is False and with_load.index(False) > 0
-        assert all(not x for x in with_load[with_load.index(False) :])
-        # A drain cannot finish on a load it cannot read.
-        await source.start_drain(30.0, "discovery")
-        engine.metrics = (
-            VLLM_METRICS.replace("} 3.0", "} 0.0").replace("} 2.0", "} 0.0").replace("} 4.0", "} 0.0")
-        )
-        n = len(statuses)
-        await until(lambda: len(statuses) >= n + 3)
-        assert statuses[-1].drain.state == pe.DRAIN_STATE_DRAINING
-        # Readable again: the load is back (idle), and the drain completes.
-        engine.metrics_status = 200
-        await until(lambda: statuses[-1].HasField("load"))
-        await until(lambda: statuses[-1].drain.state == pe.DRAIN_STATE_DRAINED)
-        assert engine_worker_status(st).last_error == "" and st.read_failures == 0
+        yield Watched(engine, url, source, pool, statuses, reachable, changed)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await engine.runner.cleanup()
+
+
+async def test_status_follows_the_engine_and_a_down_or_restarted_engine_loses_its_blocks():
+    async with watched_source() as w:
+        await w.until(lambda: w.statuses)
+        s = w.statuses[-1]
+        assert [(m.model, m.state) for m in s.models] == [("tiny", pe.MODEL_STATE_READY)]
+        assert (s.load.requests_running, s.load.requests_waiting, s.load.kv_blocks_total) == (5, 4, 1000)
+        assert s.block_size == 16 and s.drain.state == pe.DRAIN_STATE_ACTIVE and w.reachable == [True]
+        # Blocks the worker holds; a restart (process_start_time_seconds changes) drops them.
+        w.source._apply("w0", Transition(stored=[1, 2, 3]))
+        assert len(w.pool) == 3
+        w.engine.metrics = VLLM_METRICS.replace("1.7e+09", "1.8e+09")
+        await w.until(lambda: len(w.pool) == 0)
+        # Down for `down_after` polls: unreachable, blocks dropped again.
+        w.source._apply("w0", Transition(stored=[4]))
+        w.engine.up = False
+        await w.until(lambda: w.reachable[-1] is False)
+        assert len(w.pool) == 0 and w.st.feed.counts.resets == 2
+        # The status names the worker, the failed polls and why its blocks went.
+        shown = engine_worker_status(w.st)
+        assert (shown.worker_id, shown.url, shown.healthy) == ("w0", w.url, False)
+        assert shown.consecutive_failures >= 2 and "503" in shown.last_error
+        assert shown.resets == 2 and shown.last_reset_reason.startswith("worker down: ")
+        assert "503" in shown.last_reset_reason and shown.blocks == 0
+        # A drain the relay carries: DRAINING until the engine is idle.
+        w.engine.up = True
+        await w.until(lambda: w.reachable[-1] is True)
+        shown = engine_worker_status(w.st)
+        assert shown.healthy and shown.consecutive_failures == 0 and shown.last_error == ""
+        assert shown.resets == 2, "a worker coming back is no reset; the last reason stays"
+        assert shown.last_reset_reason.startswith("worker down: ")
+        reply = await w.source.start_drain(30.0, "discovery")
+        assert reply.drain.state == pe.DRAIN_STATE_DRAINING
+        w.engine.metrics = (
+            VLLM_METRICS.replace("} 3.0", "} 0.0").replace("} 2.0", "} 0.0").replace("} 4.0", "} 0.0")
+        )
+        await w.until(lambda: w.statuses[-1].drain.state == pe.DRAIN_STATE_DRAINED)
+
+
+async def test_a_worker_that_answers_health_but_not_metrics_stays_up_and_its_load_goes_unknown():
+    """A busy engine reads its /metrics slowly: the pool stays registered with its blocks, and its
+    load is reported as unknown (left out) once `down_after` reads have failed, not as idle."""
+    async with watched_source() as w:
+        await w.until(lambda: w.statuses)
+        assert w.statuses[-1].HasField("load") and w.statuses[-1].load.requests_running == 5
+        w.source._apply("w0", Transition(stored=[1, 2]))
+        w.engine.metrics_status = 500
+        await w.until(lambda: w.st.read_failures >= 4 and not w.statuses[-1].HasField("load"))
+        failing = w.statuses[-1]
+        assert w.reachable == [True], "a worker that answers /health stays up"
+        assert [(m.model, m.state) for m in failing.models] == [("tiny", pe.MODEL_STATE_READY)]
+        assert len(w.pool) == 2 and w.st.feed.counts.resets == 0, "its blocks are still vouched for"
+        shown = engine_worker_status(w.st)
+        assert shown.healthy and shown.consecutive_failures == 0 and "500" in shown.last_error
+        # The last load counted while fewer than `down_after` reads had failed, not after.
+        with_load = [s.HasField("load") for s in w.statuses]
+        assert with_load[-1] is False and with_load.index(False) > 0
+        assert all(not x for x in with_load[with_load.index(False) :])
+        # A drain cannot finish on a load it cannot read.
+        await w.source.start_drain(30.0, "discovery")
+        w.engine.metrics = (
+            VLLM_METRICS.replace("} 3.0", "} 0.0").replace("} 2.0", "} 0.0").replace("} 4.0", "} 0.0")
+        )
+        n = len(w.statuses)
+        await w.until(lambda: len(w.statuses) >= n + 3)
+        assert w.statuses[-1].drain.state == pe.DRAIN_STATE_DRAINING
+        # Readable again: the load is back (idle), and the drain completes.
+        w.engine.metrics_status = 200
+        await w.until(lambda: w.statuses[-1].HasField("load"))
+        await w.until(lambda: w.statuses[-1].drain.state == pe.DRAIN_STATE_DRAINED)
+        assert engine_worker_status(w.st).last_error == "" and w.st.read_failures == 0
 
 
 def test_a_status_without_load_makes_the_hub_stop_repeating_the_last_load():
