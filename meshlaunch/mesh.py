@@ -171,11 +171,12 @@ class Mesh:
             tls_cert=str(c / "admin.crt"), tls_key=str(c / "admin.key"), tls_ca=str(c / "ca.crt")
         )
 
-    def start_discovery(self, port: int | None = None) -> str:
-        """Starts `globaldiscovery serve` (short leases) and waits until it serves; its address."""
+    def start_discovery(self, port: int | None = None, *extra: str) -> str:
+        """Starts `globaldiscovery serve` (short leases unless `extra` sets others) and waits until
+        it serves; its address."""
         self.discovery = self.discovery or f"127.0.0.1:{port or free_port()}"
         self.discovery_proc = self.group.start(
-            "discovery", discovery_argv(self.discovery, *self._tls("discovery"))
+            "discovery", discovery_argv(self.discovery, *self._tls("discovery"), *extra)
         )
         wait_healthy(self.discovery, self.start_timeout, proc=self.discovery_proc)
         return self.discovery

@@ -206,7 +206,10 @@ def em(tmp_path_factory):
     try:
         engines = {p: Engine(p, free_port(), free_port(), free_port()) for p in ("pool-a", "pool-b")}
         mesh = Mesh(group)
-        mesh.start_discovery()
+        # Leases of 10 s, not the suites' 1.5 s: two vLLMs on two shared cores under a burst can
+        # hold a relay's or discovery's loop past a second, and a lapsed lease takes a serving pool
+        # out of the listing (NOT_FOUND) though nothing failed.
+        mesh.start_discovery(None, "--heartbeat-interval", "2", "--lease-duration", "10")
         router = mesh.start_router()
         em = EngineMesh(group, mesh, router, engines, logs, sink, python, model_dir)
         for pool, e in engines.items():
