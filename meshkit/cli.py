@@ -7,14 +7,14 @@ from collections.abc import Callable
 
 from meshkit.channels import use_security
 from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig
-from meshkit.validation import Violations, check_identifier, url_problem
+from meshkit.validation import Violations, check_identifier, host_port_problem, url_problem
 
 
 def host_port(value: str) -> str:
     """argparse type: HOST:PORT with a numeric port."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    problem = host_port_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from meshkit.logs import get_logger
 from meshkit.tls import SecurityConfig, ServerCertificates, check_listen
+from meshkit.validation import host_port_problem
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
@@ -66,10 +67,11 @@ def serve_metrics(
     check_listen(listen, security, flag)
     if security.tls and certificates is None:
         certificates = ServerCertificates(security)
+    problem = host_port_problem(listen)
+    if problem:
+        raise RuntimeError(f"cannot listen on {listen} ({flag}): {problem}")
     host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    if not port.isdigit():
-        raise RuntimeError(f"cannot listen on {listen} ({flag}): expected HOST:PORT")
+    host = host.strip("[]")
     try:
         server = _MetricsServer(
             (host, int(port)),

@@ -104,6 +104,14 @@ def check_identifier(v: Violations, field_path: str, value: str, *, required: bo
         v.add(field_path, "must not contain control characters")
 
 
+def host_port_problem(value: str) -> str | None:
+    """Why `value` is not a listen address HOST:PORT with a numeric port in 0..65535; None when it is."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        return f"must be HOST:PORT with a port in 0..65535 (got {value!r})"
+    return None
+
+
 def url_problem(url: str, *, allow_path: bool = True) -> str | None:
     """Why `url` is not an http:// or https:// frontend URL; None when it is.
 

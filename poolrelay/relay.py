@@ -14,7 +14,7 @@ from meshkit import discovery_endpoints
 from meshkit.clock import Clock, SystemClock
 from meshkit.logs import get_logger
 from meshkit.timeconv import seconds, timestamp, wall_seconds
-from meshkit.validation import Violations, check_frontends, check_identifier, check_url
+from meshkit.validation import Violations, check_frontends, check_identifier, check_url, host_port_problem
 from poolrelay.engine.config import EngineConfig
 from poolrelay.engine.source import EngineSource
 from poolrelay.heartbeat import HeartbeatLoop, Renewal
@@ -87,9 +87,9 @@ class RelayConfig:
             check_url(v, f"global_frontends[{i}]", url, allow_path=False)
         if not self.report_interval > 0:
             v.add("report_interval", f"must be > 0 seconds (got {self.report_interval})")
-        host, sep, port = self.metrics_listen.rpartition(":")
-        if self.metrics_listen and not (sep and host and port.isdigit() and int(port) <= 65535):
-            v.add("metrics_listen", f"must be HOST:PORT (got {self.metrics_listen!r})")
+        problem = host_port_problem(self.metrics_listen) if self.metrics_listen else None
+        if problem:
+            v.add("metrics_listen", problem)
         return v
 
 

@@ -417,13 +417,8 @@ def _freeze_then_kill(em: EngineMesh, prompt: list[int], max_tokens: int):
     with futures.ThreadPoolExecutor(max_workers=1) as ex:
         job = ex.submit(run)
         assert first.wait(120), "no tokens in 120 s"
-        if "pool" not in served:  # the request ended without a token: name why, with the frontend's log
-            try:
-                job.result()
-            except Exception as exc:
-                raise AssertionError(
-                    f"the request ended without a token: {exc!r}\n{em.router.proc.output_tail(6000)}"
-                ) from exc
+        if "pool" not in served:  # the request ended without a token: its error (the mesh's logs follow)
+            job.result()
             raise AssertionError(f"the request ended without a token: {served}")
         victim = str(served["pool"])
         proc = em.engines[victim].proc
