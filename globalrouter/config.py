@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
 from globalrouter.stall import StallPolicy
+from globalrouter.wait_slo import WaitSlo
 from meshkit.tls import SecurityConfig
 
 
@@ -42,6 +43,9 @@ class RouterConfig:
     """How long an admitted pool may stay silent before it counts as hung for the request."""
     freshness: FreshnessLimits = field(default_factory=FreshnessLimits)
     """How old each kind of pool signal may be before it counts as unknown."""
+    wait_slo: WaitSlo | None = None
+    """When set, the prefill weight is steered toward this wait objective instead of fixed
+    (`SelectionConfig.wait_slo`)."""
     max_streams_per_client: int = 64
     """Concurrent Generate streams one client identity may hold (enforced with TLS or API keys)."""
     max_generate_streams: int = 10_000

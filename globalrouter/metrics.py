@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from meshkit.metrics_http import MAX_SCRAPES, SCRAPE_SECONDS, MetricsEndpoint, serve_metrics
 from meshkit.tls import SecurityConfig, ServerCertificates
@@ -59,6 +59,11 @@ class RouterMetrics:
             "globalrouter_decision_latency_seconds",
             "Time to filter and rank pools for one request",
             buckets=(5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1),
+            registry=r,
+        )
+        self.prefill_weight = Gauge(
+            "globalrouter_prefill_weight",
+            "The ranking's prefill weight now (steered under --wait-slo, else the fixed default)",
             registry=r,
         )
         self.telemetry_lag = Histogram(

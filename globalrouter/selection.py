@@ -21,6 +21,7 @@ import xxhash
 
 from globalrouter.kv_index import KvIndex
 from globalrouter.pool_state import FreshnessLimits, PoolState
+from globalrouter.wait_slo import PrefillWeightSteering, WaitSlo
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _SEED_MASK = (1 << 64) - 1
@@ -77,6 +78,11 @@ class SelectionConfig:
     """How much of the request's own service time T widens the hotspot scale: a long request
     (whose prefill dwarfs a queue excess of the same size) is shed later than a short one, so
     the long prefixes that carry most of the cache hits stay with their holder."""
+    wait_slo: WaitSlo | None = None
+    """When set, the prefill weight is not fixed: each decision observes the wait it estimates
+    at the pool it ranks first and the weight is steered (within the SLO's bounds, starting at
+    its initial weight) so that the estimate exceeds the SLO's target on at most a
+    `1 - quantile` share of decisions (`globalrouter.wait_slo`). `prefill_weight` is unused then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,12 +177,19 @@ def _filter_reason(pool: PoolState, model: str, now: float, limits: FreshnessLim
 
 
 class Selector:
-    """Filter then rank, per request; stateless apart from its configuration."""
+    """Filter then rank, per request; stateless apart from its configuration and, with a wait
+    SLO, the steered prefill weight (every `select` is one observation)."""
 
-    __slots__ = ("config",)
+    __slots__ = ("config", "steering")
 
     def __init__(self, config: SelectionConfig = SelectionConfig()) -> None:
         self.config = config
+        self.steering = PrefillWeightSteering(config.wait_slo) if config.wait_slo is not None else None
+
+    @property
+    def prefill_weight(self) -> float:
+        """The prefill weight the next decision uses (steered under a wait SLO, else fixed)."""
+        return self.steering.weight if self.steering is not None else self.config.prefill_weight
 
     def throughput(self, pool: PoolState) -> float:
         """Work tokens per second the pool serves (stated, else estimated from its slots)."""
@@ -237,6 +250,8 @@ class Selector:
         model_served = False
         first_block_size = 0
         own_work = prompt_tokens + cfg.decode_weight * max_tokens
+        steering = self.steering
+        prefill_weight = steering.weight if steering is not None else cfg.prefill_weight
         for pool in pools:
             if not pool.listed:
                 continue
@@ -264,7 +279,7 @@ class Selector:
                 _Row(
                     pool,
                     known,
-                    cfg.prefill_weight * uncached / rate,
+                    prefill_weight * uncached / rate,
                     load_cost,
                     pending_cost,
                     cached,
@@ -295,6 +310,14 @@ class Selector:
         candidates.sort(key=_rank_key)
         filtered.sort(key=lambda f: f.pool_id)
         ranked_list = _break_ties(candidates, affinity_key & _SEED_MASK)
+        if steering is not None and ranked_list:
+            # The estimated wait at the pick, before the hotspot term: drained reported work
+            # plus pending, in seconds (worked out again only here, off the path without an SLO).
+            first = next(r for r in rows if r.pool.pool_id == ranked_list[0].pool_id)
+            load_cost, pending_cost, _ = self._queue(
+                first.pool, first.known, self.throughput(first.pool), now
+            )
+            steering.observe(load_cost + pending_cost)
         if ranked_list:
             prompt_blocks = ranked_list[0].prompt_blocks
         else:

@@ -10,8 +10,10 @@ from globalrouter import stall
 from globalrouter.config import RouterConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.server import serve
+from globalrouter.wait_slo import WaitSlo
 from meshkit.cli import (
     add_security_flags,
+    fraction,
     host_port,
     identifier,
     int_at_least,
@@ -73,6 +75,21 @@ def add_parser(subparsers) -> None:
         default=stall.DEFAULT_FIRST_TOKEN_TIMEOUT_S,
         help=f"seconds from admission to the first token, plus {stall.DEFAULT_PREFILL_FACTOR:g}x the pool's predicted prefill, before the "
         "pool counts as having refused (default %(default)s)",
+    )
+    p.add_argument(
+        "--wait-slo",
+        type=positive_number,
+        default=None,
+        metavar="SECONDS",
+        help="steer the ranking's prefill weight so that the wait this frontend estimates at the pool "
+        "it picks exceeds SECONDS on at most 1 - --wait-slo-quantile of requests: more cache "
+        "affinity while queues allow it, less when they do not (default: off, a fixed weight)",
+    )
+    p.add_argument(
+        "--wait-slo-quantile",
+        type=fraction,
+        default=0.99,
+        help="the share of requests whose estimated wait should be within --wait-slo (default %(default)s)",
     )
     p.add_argument(
         "--metrics-listen",
@@ -172,6 +189,7 @@ def _run(args: argparse.Namespace) -> int:
             stall_timeout=args.stall_timeout, first_token_timeout=args.first_token_timeout
         ),
         metrics_listen=args.metrics_listen or "",
+        wait_slo=WaitSlo(args.wait_slo, quantile=args.wait_slo_quantile) if args.wait_slo else None,
         grace=args.grace,
         max_streams_per_client=args.max_streams_per_client,
         max_prompt_tokens=args.max_prompt_tokens,

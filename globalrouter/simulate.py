@@ -20,17 +20,18 @@ import json
 import sys
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from globalrouter.kv_index import KvIndex
-from globalrouter.policies import POLICIES, FrontendView, make_policy
+from globalrouter.policies import POLICIES, FrontendView, Policy, make_policy
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
 from globalrouter.selection import SelectionConfig
 from globalrouter.trace import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
-from meshkit.cli import int_at_least, positive_number
+from globalrouter.wait_slo import WaitSlo
+from meshkit.cli import fraction, int_at_least, positive_number
 
 DECODE_WORK_PER_TOKEN = 4
 """Work tokens per output token in the pool model (fixed by the issue)."""
@@ -212,12 +213,18 @@ def simulate(
     config: SimConfig,
     policy_name: str = "default",
     selection: SelectionConfig | None = None,
+    omniscient: Callable[[list[SimPool]], Policy] | None = None,
 ) -> SimResult:
-    """Runs one policy over the trace and returns its figures."""
+    """Runs one policy over the trace and returns its figures.
+
+    `omniscient`, when given, builds the policy from the simulated pools themselves (their true
+    caches and queues): a bound for benches to compare against, never what a frontend sees."""
     started = time.perf_counter()
     selection = selection or SelectionConfig()
-    policy = make_policy(policy_name, selection, config.seed, TRACE_BLOCK_SIZE)
     sims = [SimPool(config.capacity_blocks, config.rate) for _ in range(config.pools)]
+    policy = (
+        omniscient(sims) if omniscient else make_policy(policy_name, selection, config.seed, TRACE_BLOCK_SIZE)
+    )
     states = [
         PoolState(
             pool_id=f"pool-{k:02d}",
@@ -335,6 +342,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=0.1,
         help="seconds between KV delta batches (default 0.1)",
     )
+    p.add_argument(
+        "--wait-slo",
+        type=positive_number,
+        default=None,
+        metavar="SECONDS",
+        help="the default policy steers its prefill weight toward this wait objective, as "
+        "`globalrouter serve --wait-slo` does (default: off)",
+    )
+    p.add_argument(
+        "--wait-slo-quantile", type=fraction, default=0.99, help="quantile of --wait-slo (default 0.99)"
+    )
     p.add_argument("--limit", type=int_at_least(1), default=None, help="only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with --policy all)")
@@ -361,7 +379,12 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     names = list(POLICIES) if args.policy == "all" else [args.policy]
-    results = [simulate(trace, config, name) for name in names]
+    selection = (
+        SelectionConfig(wait_slo=WaitSlo(args.wait_slo, quantile=args.wait_slo_quantile))
+        if args.wait_slo
+        else None
+    )
+    results = [simulate(trace, config, name, selection) for name in names]
     if args.json:
         out = [summary(r) for r in results]
         print(json.dumps(out if args.policy == "all" else out[0], indent=None))

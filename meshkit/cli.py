@@ -78,6 +78,17 @@ non_negative_number = number_above(0, inclusive=True)
 positive_number = number_above(0, inclusive=False)
 
 
+def fraction(value: str) -> float:
+    """argparse type: a number strictly between 0 and 1 (a share, a quantile)."""
+    try:
+        x = float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {value!r}") from exc
+    if not 0 < x < 1:
+        raise argparse.ArgumentTypeError(f"must be strictly between 0 and 1, got {value!r}")
+    return x
+
+
 def url(value: str) -> str:
     """argparse type: one http(s) frontend URL."""
     problem = url_problem(value)

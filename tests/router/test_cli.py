@@ -8,6 +8,9 @@ import json
 import pytest
 
 from globalrouter.cli import build_parser
+from globalrouter.config import RouterConfig
+from globalrouter.server import create_server
+from globalrouter.wait_slo import WaitSlo
 from tests.router.fakes import start_router
 
 
@@ -15,6 +18,24 @@ def test_serve_defaults_parse():
     args = build_parser().parse_args(["serve", "--discovery", "127.0.0.1:50051"])
     assert args.listen == "127.0.0.1:50061" and args.migration_limit == 3
     assert args.advertise is None and args.metrics_listen is None and args.frontend_id is None
+
+
+def test_wait_slo_flags_parse():
+    args = build_parser().parse_args(["serve", "--discovery", "h:1", "--wait-slo", "4.5"])
+    assert (args.wait_slo, args.wait_slo_quantile) == (4.5, 0.99)
+    assert build_parser().parse_args(["serve", "--discovery", "h:1"]).wait_slo is None
+
+
+async def test_a_frontend_under_a_wait_slo_steers_its_selector_and_exports_the_weight():
+    steered = create_server(RouterConfig(wait_slo=WaitSlo(4.5, quantile=0.95)))
+    assert steered.core.selector.steering is not None
+    assert steered.core.selector.steering.slo == WaitSlo(4.5, quantile=0.95)
+    steered.core.selector.steering.observe(10.0)
+    weight = steered.metrics.registry.get_sample_value("globalrouter_prefill_weight")
+    assert weight == pytest.approx(steered.core.selector.prefill_weight) and weight < 1.3
+    fixed = create_server(RouterConfig())
+    assert fixed.core.selector.steering is None
+    assert fixed.metrics.registry.get_sample_value("globalrouter_prefill_weight") == 1.3
 
 
 @pytest.mark.parametrize(
@@ -25,6 +46,9 @@ def test_serve_defaults_parse():
         ["serve", "--discovery", "h:1", "--migration-limit", "-1"],
         ["serve", "--discovery", "h:1", "--admission-tries", "0"],
         ["serve", "--discovery", "h:1", "--frontend-id", " x"],
+        ["serve", "--discovery", "h:1", "--wait-slo", "0"],
+        ["serve", "--discovery", "h:1", "--wait-slo", "inf"],
+        ["serve", "--discovery", "h:1", "--wait-slo", "2", "--wait-slo-quantile", "1"],
         ["generate", "--router", "h:1", "--model", "m", "--tokens", "1,x", "--max-tokens", "3"],
         [
             "generate",

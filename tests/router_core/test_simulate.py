@@ -9,6 +9,7 @@ import pytest
 
 from globalrouter.cli import main
 from globalrouter.policies import POLICIES
+from globalrouter.selection import SelectionConfig
 from globalrouter.simulate import LruCache, SimConfig, simulate
 from globalrouter.trace import (
     SyntheticTraceSpec,
@@ -18,6 +19,7 @@ from globalrouter.trace import (
     synthetic_trace,
     write_trace,
 )
+from globalrouter.wait_slo import WaitSlo
 
 TINY = [
     TraceRequest(0.0, 1024, 10, (1, 2)),  # miss; work 1024 + 40 -> busy until 1.064
@@ -131,3 +133,15 @@ def test_trace_errors_name_the_line_and_field(tmp_path, capsys):
     assert main(["simulate", "--trace", str(tmp_path / "missing.jsonl")]) == 2
     with pytest.raises(SystemExit):
         main(["simulate", "--trace", str(bad), "--pools", "0"])
+
+
+def test_simulate_wait_slo_flag_runs_the_steered_selector(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    trace = synthetic_trace(SyntheticTraceSpec(requests=300, seed=9))
+    write_trace(path, trace)
+    argv = ["simulate", "--trace", str(path), "--pools", "3", "--pool-capacity-blocks", "300"]
+    assert main([*argv, "--pool-rate", "15000", "--wait-slo", "0.2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cfg = SimConfig(pools=3, capacity_blocks=300, rate=15_000.0)
+    steered = simulate(load_trace(path), cfg, "default", SelectionConfig(wait_slo=WaitSlo(0.2)))
+    assert (out["hit_rate"], out["wait_p99"]) == (steered.hit_rate, steered.wait_p99)
