@@ -61,9 +61,9 @@ class RouterMetrics:
             buckets=(5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1),
             registry=r,
         )
-        self.prefill_weight = Gauge(
-            "globalrouter_prefill_weight",
-            "The ranking's prefill weight now (steered under --wait-slo, else the fixed default)",
+        self.wait_slo_price = Gauge(
+            "globalrouter_wait_slo_price",
+            "Cost of a second of estimated wait beyond --wait-slo, in seconds of wait (0: no SLO)",
             registry=r,
         )
         self.telemetry_lag = Histogram(

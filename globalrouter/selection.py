@@ -21,7 +21,7 @@ import xxhash
 
 from globalrouter.kv_index import KvIndex
 from globalrouter.pool_state import FreshnessLimits, PoolState
-from globalrouter.wait_slo import PrefillWeightSteering, WaitSlo
+from globalrouter.wait_slo import WaitPrice, WaitSlo
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _SEED_MASK = (1 << 64) - 1
@@ -79,10 +79,10 @@ class SelectionConfig:
     (whose prefill dwarfs a queue excess of the same size) is shed later than a short one, so
     the long prefixes that carry most of the cache hits stay with their holder."""
     wait_slo: WaitSlo | None = None
-    """When set, the prefill weight is not fixed: each decision observes the wait it estimates
-    at the pool it ranks first and the weight is steered (within the SLO's bounds, starting at
-    its initial weight) so that the estimate exceeds the SLO's target on at most a
-    `1 - quantile` share of decisions (`globalrouter.wait_slo`). `prefill_weight` is unused then."""
+    """When set, the ranking runs under this wait SLO (`globalrouter.wait_slo`): the SLO's
+    prefill weight replaces `prefill_weight`, and each pool's estimated wait beyond the SLO's
+    target costs a price per second, found online from the estimated waits at the pools the
+    decisions rank first (every `select` is one observation)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +96,8 @@ class RankedPool:
     """Prefill work left after the cached prefix, relative to the pool's throughput (weighted)."""
     load_cost: float
     """The pool's reported queued and running work, relative to its throughput (weighted);
-    0 when the load is unknown."""
+    0 when the load is unknown; plus the hotspot term and, under a wait SLO, the price of the
+    estimated wait beyond it."""
     pending_cost: float
     """Work sent there since the last load report, relative to its throughput (weighted)."""
     cached_blocks: int
@@ -178,18 +179,24 @@ def _filter_reason(pool: PoolState, model: str, now: float, limits: FreshnessLim
 
 class Selector:
     """Filter then rank, per request; stateless apart from its configuration and, with a wait
-    SLO, the steered prefill weight (every `select` is one observation)."""
+    SLO, the price of waiting beyond it (every `select` is one observation)."""
 
-    __slots__ = ("config", "steering")
+    __slots__ = ("config", "wait_price")
 
     def __init__(self, config: SelectionConfig = SelectionConfig()) -> None:
         self.config = config
-        self.steering = PrefillWeightSteering(config.wait_slo) if config.wait_slo is not None else None
+        self.wait_price = WaitPrice(config.wait_slo) if config.wait_slo is not None else None
 
     @property
     def prefill_weight(self) -> float:
-        """The prefill weight the next decision uses (steered under a wait SLO, else fixed)."""
-        return self.steering.weight if self.steering is not None else self.config.prefill_weight
+        """The prefill weight in use (the wait SLO's, else the configured one)."""
+        slo = self.config.wait_slo
+        return slo.prefill_weight if slo is not None else self.config.prefill_weight
+
+    @property
+    def wait_excess_weight(self) -> float:
+        """The price of a second of estimated wait beyond the wait SLO (0 without one)."""
+        return self.wait_price.excess_weight if self.wait_price is not None else 0.0
 
     def throughput(self, pool: PoolState) -> float:
         """Work tokens per second the pool serves (stated, else estimated from its slots)."""
@@ -250,8 +257,14 @@ class Selector:
         model_served = False
         first_block_size = 0
         own_work = prompt_tokens + cfg.decode_weight * max_tokens
-        steering = self.steering
-        prefill_weight = steering.weight if steering is not None else cfg.prefill_weight
+        price = self.wait_price
+        if price is not None:
+            prefill_weight = cfg.wait_slo.prefill_weight  # type: ignore[union-attr]
+            excess_weight = price.excess_weight
+            knee = price.slo.target_seconds
+        else:
+            prefill_weight = cfg.prefill_weight
+            excess_weight = knee = 0.0
         for pool in pools:
             if not pool.listed:
                 continue
@@ -275,6 +288,10 @@ class Selector:
                 uncached = prompt_tokens
             known = pool.load_fresh(now, limits)
             load_cost, pending_cost, assigned = self._queue(pool, known, rate, now)
+            if excess_weight:
+                over = load_cost + pending_cost - knee
+                if over > 0:
+                    load_cost += excess_weight * over
             rows.append(
                 _Row(
                     pool,
@@ -310,14 +327,15 @@ class Selector:
         candidates.sort(key=_rank_key)
         filtered.sort(key=lambda f: f.pool_id)
         ranked_list = _break_ties(candidates, affinity_key & _SEED_MASK)
-        if steering is not None and ranked_list:
-            # The estimated wait at the pick, before the hotspot term: drained reported work
-            # plus pending, in seconds (worked out again only here, off the path without an SLO).
+        if price is not None and ranked_list:
+            # The estimated wait at the pick, without the hotspot and wait-price terms: drained
+            # reported work plus pending, in seconds (worked out again only here, off the path
+            # without an SLO).
             first = next(r for r in rows if r.pool.pool_id == ranked_list[0].pool_id)
             load_cost, pending_cost, _ = self._queue(
                 first.pool, first.known, self.throughput(first.pool), now
             )
-            steering.observe(load_cost + pending_cost)
+            price.observe(load_cost + pending_cost)
         if ranked_list:
             prompt_blocks = ranked_list[0].prompt_blocks
         else:

@@ -81,9 +81,10 @@ def add_parser(subparsers) -> None:
         type=positive_number,
         default=None,
         metavar="SECONDS",
-        help="steer the ranking's prefill weight so that the wait this frontend estimates at the pool "
-        "it picks exceeds SECONDS on at most 1 - --wait-slo-quantile of requests: more cache "
-        "affinity while queues allow it, less when they do not (default: off, a fixed weight)",
+        help="rank under a wait SLO: strong cache affinity, plus a price per second of estimated "
+        "wait beyond SECONDS, raised or lowered online so that the wait this frontend estimates at "
+        "the pool it picks exceeds SECONDS on at most 1 - --wait-slo-quantile of requests "
+        "(default: off, fixed weights)",
     )
     p.add_argument(
         "--wait-slo-quantile",

@@ -150,7 +150,7 @@ def create_server(
     table = PoolTable()
     index = index if index is not None else KvIndex()
     selector = Selector(SelectionConfig(freshness=config.freshness, wait_slo=config.wait_slo))
-    metrics.prefill_weight.set_function(lambda: selector.prefill_weight)
+    metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
     links = ServingLinks(config.link_backoff_initial, config.link_backoff_max)
     ingest = TelemetryIngest(table, index, clock, metrics, max_snapshot_blocks=config.max_snapshot_blocks)

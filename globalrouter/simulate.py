@@ -347,8 +347,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=positive_number,
         default=None,
         metavar="SECONDS",
-        help="the default policy steers its prefill weight toward this wait objective, as "
-        "`globalrouter serve --wait-slo` does (default: off)",
+        help="the default policy ranks under this wait SLO, as `globalrouter serve --wait-slo` does "
+        "(default: off)",
     )
     p.add_argument(
         "--wait-slo-quantile", type=fraction, default=0.99, help="quantile of --wait-slo (default 0.99)"

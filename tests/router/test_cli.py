@@ -26,16 +26,16 @@ def test_wait_slo_flags_parse():
     assert build_parser().parse_args(["serve", "--discovery", "h:1"]).wait_slo is None
 
 
-async def test_a_frontend_under_a_wait_slo_steers_its_selector_and_exports_the_weight():
-    steered = create_server(RouterConfig(wait_slo=WaitSlo(4.5, quantile=0.95)))
-    assert steered.core.selector.steering is not None
-    assert steered.core.selector.steering.slo == WaitSlo(4.5, quantile=0.95)
-    steered.core.selector.steering.observe(10.0)
-    weight = steered.metrics.registry.get_sample_value("globalrouter_prefill_weight")
-    assert weight == pytest.approx(steered.core.selector.prefill_weight) and weight < 1.3
+async def test_a_frontend_under_a_wait_slo_prices_waits_and_exports_the_price():
+    priced = create_server(RouterConfig(wait_slo=WaitSlo(4.5, quantile=0.95)))
+    price = priced.core.selector.wait_price
+    assert price is not None and price.slo == WaitSlo(4.5, quantile=0.95)
+    price.observe(10.0)
+    exported = priced.metrics.registry.get_sample_value("globalrouter_wait_slo_price")
+    assert exported == pytest.approx(price.excess_weight) and exported > 2.0
     fixed = create_server(RouterConfig())
-    assert fixed.core.selector.steering is None
-    assert fixed.metrics.registry.get_sample_value("globalrouter_prefill_weight") == 1.3
+    assert fixed.core.selector.wait_price is None
+    assert fixed.metrics.registry.get_sample_value("globalrouter_wait_slo_price") == 0.0
 
 
 @pytest.mark.parametrize(
