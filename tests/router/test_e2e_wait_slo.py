@@ -1,0 +1,37 @@
+"""End to end, real processes: a global frontend started with --wait-slo serves requests, keeps
+a prefix on the pool holding it, and exports the price of waiting beyond the SLO on /metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshlaunch import Mesh, generate_cli, process_group
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+PREFIX = [(11 * i + 5) % 30_000 for i in range(256)]  # 16 blocks of 16
+
+
+def test_a_frontend_under_a_wait_slo_routes_and_exports_its_price(tmp_path):
+    with process_group(tmp_path) as group:
+        m = Mesh(group)
+        m.start_discovery()
+        m.start_pool("pool-a", "eu", "--workers", "2", "--speedup", "10")
+        m.start_pool("pool-b", "eu", "--workers", "2", "--speedup", "10")
+        router = m.start_router("--wait-slo", "2.5", "--wait-slo-quantile", "0.95")
+        m.wait_routable(router, m.pools)
+        # Before any decision: the initial price (2 seconds of cost per second of wait beyond 2.5 s).
+        assert router.metric("globalrouter_wait_slo_price") == pytest.approx(2.0)
+        first = generate_cli(router, PREFIX + [1, 2, 3], 4)
+        assert len(first["tokens"]) == 4
+        # The next turn of the same prefix goes where the prefix is, once the frontend knows it.
+        holder = first["pools"][0]
+        for turn in range(4):
+            out = generate_cli(router, PREFIX + [1, 2, 3, 100 + turn], 4)
+            assert len(out["tokens"]) == 4
+            if out["pools"] == [holder] and out["cached_blocks"] > 0:
+                break
+        else:
+            pytest.fail("the prefix never came back to its holder under the SLO")
+        # Idle pools: every pick's estimated wait was within 2.5 s, so the price fell from 2.0.
+        price = router.metric("globalrouter_wait_slo_price")
+        assert 0.25 <= price < 2.0
