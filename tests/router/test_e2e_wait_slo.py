@@ -21,12 +21,12 @@ def test_a_frontend_under_a_wait_slo_routes_and_exports_its_price(tmp_path):
         m.wait_routable(router, m.pools)
         # Before any decision: the initial price (2 seconds of cost per second of wait beyond 2.5 s).
         assert router.metric("globalrouter_wait_slo_price") == pytest.approx(2.0)
-        first = generate_cli(router, PREFIX + [1, 2, 3], 4)
+        first = generate_cli(router, [*PREFIX, 1, 2, 3], 4)
         assert len(first["tokens"]) == 4
         # The next turn of the same prefix goes where the prefix is, once the frontend knows it.
         holder = first["pools"][0]
         for turn in range(4):
-            out = generate_cli(router, PREFIX + [1, 2, 3, 100 + turn], 4)
+            out = generate_cli(router, [*PREFIX, 1, 2, 3, 100 + turn], 4)
             assert len(out["tokens"]) == 4
             if out["pools"] == [holder] and out["cached_blocks"] > 0:
                 break
