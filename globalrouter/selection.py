@@ -259,7 +259,7 @@ class Selector:
         own_work = prompt_tokens + cfg.decode_weight * max_tokens
         price = self.wait_price
         if price is not None:
-            prefill_weight = cfg.wait_slo.prefill_weight  # type: ignore[union-attr]
+            prefill_weight = price.slo.prefill_weight
             excess_weight = price.excess_weight
             knee = price.slo.target_seconds
         else:
