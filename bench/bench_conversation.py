@@ -108,13 +108,16 @@ def main() -> int:
         print(f"wait slo {target}: share={r.share_of_ideal:.4f} p99={r.wait_p99:.3f}", flush=True)
     oracle = []
     for w in ORACLE_WEIGHTS:
-        r = simulate(conv, config, omniscient=functools.partial(TrueStateGreedy, weight=w))
+        r = simulate(conv, config, "true_state", omniscient=functools.partial(TrueStateGreedy, weight=w))
         oracle.append((w, r))
         print(f"true-state greedy w={w}: share={r.share_of_ideal:.4f} p99={r.wait_p99:.3f}", flush=True)
     oracle_tail = []
     for w, knee, excess in ORACLE_TAIL:
         r = simulate(
-            conv, config, omniscient=functools.partial(TrueStateGreedy, weight=w, knee=knee, excess=excess)
+            conv,
+            config,
+            "true_state",
+            omniscient=functools.partial(TrueStateGreedy, weight=w, knee=knee, excess=excess),
         )
         oracle_tail.append((w, knee, excess, r))
         print(

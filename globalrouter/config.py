@@ -44,7 +44,7 @@ class RouterConfig:
     freshness: FreshnessLimits = field(default_factory=FreshnessLimits)
     """How old each kind of pool signal may be before it counts as unknown."""
     wait_slo: WaitSlo | None = None
-    """When set, the prefill weight is steered toward this wait objective instead of fixed
+    """When set, the ranking runs under this wait SLO instead of fixed weights
     (`SelectionConfig.wait_slo`)."""
     max_streams_per_client: int = 64
     """Concurrent Generate streams one client identity may hold (enforced with TLS or API keys)."""

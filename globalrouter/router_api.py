@@ -199,7 +199,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         if request.max_tokens > self.config.max_output_tokens:
             v.add("max_tokens", f"must be at most {self.config.max_output_tokens} (got {request.max_tokens})")
         await v.abort_if_any(context)
-        decision = self._core.decide(request.model, tokens, request.max_tokens or DEFAULT_ROUTE_MAX_TOKENS)
+        decision = self._core.decide(
+            request.model, tokens, request.max_tokens or DEFAULT_ROUTE_MAX_TOKENS, dry_run=True
+        )
         if not decision.model_served:
             await abort_with_reason(
                 context,

@@ -71,15 +71,29 @@ class RoutingCore:
         return self.selector.config.freshness
 
     def decide(
-        self, model: str, tokens: Sequence[int], max_tokens: int, exclude: Collection[str] = ()
+        self,
+        model: str,
+        tokens: Sequence[int],
+        max_tokens: int,
+        exclude: Collection[str] = (),
+        *,
+        dry_run: bool = False,
     ) -> Decision:
-        """Filter and rank the listed pools (minus `exclude`) for this prompt."""
+        """Filter and rank the listed pools (minus `exclude`) for this prompt; a dry run (Route)
+        sends nothing, so it does not count toward the wait SLO's price."""
         started = time.perf_counter()
         now = self.clock.monotonic()
         pools = [p for p in self.table.pools.values() if p.listed and p.pool_id not in exclude]
         cached = self.overlaps(pools, tokens, now)
         decision = self.selector.select(
-            pools, model, len(tokens), max_tokens, cached, now, affinity_key=affinity_key(tokens)
+            pools,
+            model,
+            len(tokens),
+            max_tokens,
+            cached,
+            now,
+            affinity_key=affinity_key(tokens),
+            observe=not dry_run,
         )
         self.metrics.decision_latency.observe(time.perf_counter() - started)
         return decision

@@ -82,7 +82,7 @@ class SelectionConfig:
     """When set, the ranking runs under this wait SLO (`globalrouter.wait_slo`): the SLO's
     prefill weight replaces `prefill_weight`, and each pool's estimated wait beyond the SLO's
     target costs a price per second, found online from the estimated waits at the pools the
-    decisions rank first (every `select` is one observation)."""
+    decisions rank first (every `select` but a dry run is one observation)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,13 +242,14 @@ class Selector:
         cached_blocks: Mapping[str, int],
         now: float,
         affinity_key: int = 0,
+        observe: bool = True,
     ) -> Decision:
         """Filters the listed pools and ranks the eligible ones, best first.
 
         Equal costs (typically idle pools and a prompt no pool caches) are ordered by a
         rendezvous hash of `affinity_key` and the pool id: pass the prompt's first block hash,
         so new prefixes spread evenly over the pools while the same prefix ties the same way
-        on every frontend.
+        on every frontend. `observe` False (a dry run) leaves the wait SLO's price as it is.
         """
         cfg = self.config
         limits = cfg.freshness
@@ -327,7 +328,7 @@ class Selector:
         candidates.sort(key=_rank_key)
         filtered.sort(key=lambda f: f.pool_id)
         ranked_list = _break_ties(candidates, affinity_key & _SEED_MASK)
-        if price is not None and ranked_list:
+        if price is not None and observe and ranked_list:
             # The estimated wait at the pick, without the hotspot and wait-price terms: drained
             # reported work plus pending, in seconds (worked out again only here, off the path
             # without an SLO).

@@ -1,11 +1,12 @@
 """End to end, real processes: a global frontend started with --wait-slo serves requests, keeps
-a prefix on the pool holding it, and exports the price of waiting beyond the SLO on /metrics."""
+a prefix on the pool holding it, and exports the price of waiting beyond the SLO on /metrics;
+dry runs do not move it."""
 
 from __future__ import annotations
 
 import pytest
 
-from meshlaunch import Mesh, generate_cli, process_group
+from meshlaunch import Mesh, generate_cli, process_group, route
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 PREFIX = [(11 * i + 5) % 30_000 for i in range(256)]  # 16 blocks of 16
@@ -19,7 +20,10 @@ def test_a_frontend_under_a_wait_slo_routes_and_exports_its_price(tmp_path):
         m.start_pool("pool-b", "eu", "--workers", "2", "--speedup", "10")
         router = m.start_router("--wait-slo", "2.5", "--wait-slo-quantile", "0.95")
         m.wait_routable(router, m.pools)
-        # Before any decision: the initial price (2 seconds of cost per second of wait beyond 2.5 s).
+        # Dry runs (Route) send nothing, so they leave the initial price (2 seconds of cost per
+        # second of wait beyond 2.5 s) as it is.
+        for _ in range(3):
+            assert route(router.address, [*PREFIX, 1, 2, 3]).candidates
         assert router.metric("globalrouter_wait_slo_price") == pytest.approx(2.0)
         first = generate_cli(router, [*PREFIX, 1, 2, 3], 4)
         assert len(first["tokens"]) == 4

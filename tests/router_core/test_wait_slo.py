@@ -97,3 +97,13 @@ def test_without_an_slo_nothing_is_priced():
     assert selector.wait_price is None and selector.wait_excess_weight == 0.0
     selector.select(_holder_and_idle(), MODEL, 16_000, 0, {"a": 1000}, NOW)
     assert selector.prefill_weight == 2.0
+
+
+def test_a_dry_run_leaves_the_price_as_it_is():
+    selector = Selector(SelectionConfig(wait_slo=WaitSlo(1.0)))
+    for _ in range(3):
+        selector.select(_holder_and_idle(), MODEL, 16_000, 0, {"a": 1000}, NOW, observe=False)
+    assert selector.wait_price is not None and selector.wait_price.observations == 0
+    assert selector.wait_excess_weight == pytest.approx(2.0)
+    selector.select(_holder_and_idle(), MODEL, 16_000, 0, {"a": 1000}, NOW)
+    assert selector.wait_price.observations == 1
