@@ -40,7 +40,10 @@ async def test_the_frontend_watch_resumes_on_another_replica_with_the_missed_cha
             unregister(b, "p1")
             proc_a.kill9()  # now the watch breaks; it re-watches on B from the revision it saw
             await eventually(lambda: "p1" not in table.pools and "p2" in table.pools, within=30)
-            assert watcher.watches_started == 2 and watcher.resumes == 1, "resumed on B, no snapshot"
+            # A re-watch may first reach the dead A and fail before any event (one more watch,
+            # after a back-off); what must hold is one resume on B and no second snapshot.
+            assert watcher.watches_started >= 2 and watcher.resumes == 1, "resumed on B"
+            assert table.snapshots == 1, "no snapshot after the first"
             assert table.applied == [("listed", "p1"), ("listed", "p2"), ("removed", "p1")]
             assert watcher.last_revision > seen
         finally:

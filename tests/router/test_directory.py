@@ -173,6 +173,11 @@ class Counting(PoolTable):
     def __init__(self) -> None:
         super().__init__()
         self.applied: list[tuple[str, str]] = []
+        self.snapshots = 0
+
+    def replace_directory(self, *args, **kwargs):
+        self.snapshots += 1
+        return super().replace_directory(*args, **kwargs)
 
     def apply_listed(self, msg):
         self.applied.append(("listed", msg.pool_id))
