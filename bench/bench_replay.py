@@ -10,9 +10,12 @@ tokens/s), so the mesh runs the load the simulator models. The baseline is `glob
 simulate` on the same requests with the same caps, the same R and the relays' load-report cadence
 in trace time. Then the split: the live run's placements are fed through the simulator's pool
 model, which separates where requests went (routing) from how the mesh cached them.
-Writes bench/results/bench_replay.md.
+With --wait-slo T (trace seconds) the frontend runs `--wait-slo T/S` (real seconds) and the
+simulator `--wait-slo T`. Writes bench/results/bench_replay.md (bench_replay_wait_slo.md with
+--wait-slo).
 
 Run: .venv/bin/python bench/bench_replay.py [--requests N] [--pools P] [--speedup S] [--runs K]
+     [--wait-slo T]
 """
 
 from __future__ import annotations
@@ -110,7 +113,8 @@ def live_run(args: argparse.Namespace, mocker_speedup: float, outcomes: Path) ->
                 "--log-level",
                 "warning",
             )
-        router = mesh.start_router("--log-level", "warning")
+        slo = ("--wait-slo", f"{args.wait_slo / args.speedup:g}") if args.wait_slo else ()
+        router = mesh.start_router("--log-level", "warning", *slo)
         mesh.wait_routable(router, mesh.pools)
         live = run_json(
             [
@@ -160,6 +164,12 @@ def main() -> int:
     )
     parser.add_argument("--max-output-tokens", type=int, default=16, help="cap on each request's output")
     parser.add_argument("--runs", type=int, default=2, help="live replays (their spread is the noise)")
+    parser.add_argument(
+        "--wait-slo",
+        type=float,
+        default=None,
+        help="trace seconds: the frontend and the simulator's default policy rank under this wait SLO",
+    )
     args = parser.parse_args()
     if not Path(args.trace).exists():
         print(f"trace not found: {args.trace}", file=sys.stderr)
@@ -198,6 +208,7 @@ def main() -> int:
                 f"{load_interval:g}",
                 "--policy",
                 "all",
+                *(("--wait-slo", f"{args.wait_slo:g}") if args.wait_slo else ()),
                 "--json",
             ],
             timeout=600,
@@ -226,9 +237,17 @@ def main() -> int:
         f".venv/bin/python bench/bench_replay.py --requests {args.requests} --pools {args.pools} "
         f"--capacity {args.capacity} --speedup {args.speedup:g} --rate {args.rate:g} "
         f"--max-output-tokens {args.max_output_tokens} --runs {args.runs}"
+        + (f" --wait-slo {args.wait_slo:g}" if args.wait_slo else "")
     )
+    heading = "## Routing quality through the live mesh (`bench_replay`)"
+    if args.wait_slo:
+        heading = (
+            f"### The same under a wait SLO of {args.wait_slo:g} trace seconds (`--wait-slo`: the "
+            f"frontend runs `--wait-slo {args.wait_slo / args.speedup:g}`, the simulator's default "
+            f"`--wait-slo {args.wait_slo:g}`)"
+        )
     lines = [
-        "## Routing quality through the live mesh (`bench_replay`)",
+        heading,
         "",
         f"Command: `{cmd}` on {platform.machine()} with {os.cpu_count()} shared cores. The first "
         f"{args.requests} requests of `{Path(args.trace).name}`, replayed by `globalrouter replay` through one "
@@ -263,8 +282,9 @@ def main() -> int:
         *[f"| {r['policy']} | {r['hit_rate']:.4f} | {r['share_of_ideal']:.4f} |" for r in sim],
         "",
     ]
-    RESULT.parent.mkdir(exist_ok=True)
-    RESULT.write_text("\n".join(lines))
+    result = RESULT.with_name("bench_replay_wait_slo.md") if args.wait_slo else RESULT
+    result.parent.mkdir(exist_ok=True)
+    result.write_text("\n".join(lines))
     return 0
 
 
