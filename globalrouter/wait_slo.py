@@ -61,6 +61,8 @@ class WaitSlo:
                 "excess weights must satisfy 0 < min_excess_weight <= max_excess_weight, got "
                 f"{self.min_excess_weight!r}, {self.max_excess_weight!r}"
             )
+        if not (math.isfinite(self.initial_excess_weight) and self.initial_excess_weight > 0):
+            out.append(f"initial_excess_weight must be positive, got {self.initial_excess_weight!r}")
         return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshlaunch import Mesh, generate_cli, process_group, route
+from meshlaunch import Mesh, generate_cli, process_group, route, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 PREFIX = [(11 * i + 5) % 30_000 for i in range(256)]  # 16 blocks of 16
@@ -27,15 +27,19 @@ def test_a_frontend_under_a_wait_slo_routes_and_exports_its_price(tmp_path):
         assert router.metric("globalrouter_wait_slo_price") == pytest.approx(2.0)
         first = generate_cli(router, [*PREFIX, 1, 2, 3], 4)
         assert len(first["tokens"]) == 4
-        # The next turn of the same prefix goes where the prefix is, once the frontend knows it.
+        # The next turn of the same prefix goes where the prefix is, once the frontend knows it
+        # (the holder's KV telemetry arrived: a dry run ranks it first with the prefix cached).
         holder = first["pools"][0]
-        for turn in range(4):
-            out = generate_cli(router, [*PREFIX, 1, 2, 3, 100 + turn], 4)
-            assert len(out["tokens"]) == 4
-            if out["pools"] == [holder] and out["cached_blocks"] > 0:
-                break
-        else:
-            pytest.fail("the prefix never came back to its holder under the SLO")
+        turn = [*PREFIX, 1, 2, 3, 100]
+
+        def holder_known() -> bool:
+            best = route(router.address, turn).candidates[0]
+            return best.pool_id == holder and best.cached_blocks > 0
+
+        wait_until(holder_known, timeout=20, message=f"{holder} ranked first with the prefix cached")
+        out = generate_cli(router, turn, 4)
+        assert len(out["tokens"]) == 4
+        assert out["pools"] == [holder] and out["cached_blocks"] > 0, "the prefix came back to its holder"
         # Idle pools: every pick's estimated wait was within 2.5 s, so the price fell from 2.0.
         price = router.metric("globalrouter_wait_slo_price")
         assert 0.25 <= price < 2.0

@@ -56,6 +56,7 @@ def test_the_price_settles_where_the_target_is_exceeded_at_the_quantile():
         (WaitSlo(1.0, prefill_weight=0.0), "prefill_weight"),
         (WaitSlo(1.0, step=0.0), "step"),
         (WaitSlo(1.0, min_excess_weight=3.0, max_excess_weight=2.0), "min_excess_weight"),
+        (WaitSlo(1.0, initial_excess_weight=0.0), "initial_excess_weight"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(slo, field):
