@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     return _pools(args)
 
 
-def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def discovery_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> DiscoveryConfig:
+    """The DiscoveryConfig `serve`'s parsed settings name; exits 2 naming the flag when it is wrong."""
     config = DiscoveryConfig(
         listen=args.listen,
         heartbeat_interval=args.heartbeat_interval,
@@ -122,6 +123,11 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     problems = config.problems()
     if problems:
         parser.error("; ".join(problems))  # exit code 2, message on stderr
+    return config
+
+
+def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    config = discovery_config(parser, args)
     configure_logging("globaldiscovery", args.log_level)
     from globaldiscovery.server import serve  # grpc server modules load only for `serve`
 

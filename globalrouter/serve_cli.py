@@ -287,9 +287,9 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=_run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    configure_logging("globalrouter", args.log_level)
-    config = RouterConfig(
+def router_config(args: argparse.Namespace) -> RouterConfig:
+    """The RouterConfig `globalrouter serve`'s parsed settings (args.security included) name."""
+    return RouterConfig(
         listen=args.listen,
         discovery=args.discovery,
         advertise=args.advertise or "",
@@ -336,6 +336,11 @@ def _run(args: argparse.Namespace) -> int:
             max_connections=args.openai_max_connections,
         ),
     )
+
+
+def _run(args: argparse.Namespace) -> int:
+    configure_logging("globalrouter", args.log_level)
+    config = router_config(args)
     try:
         asyncio.run(serve(config))
     except RuntimeError as exc:

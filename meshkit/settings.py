@@ -108,7 +108,7 @@ def is_list(action: argparse.Action) -> bool:
     return (
         isinstance(action, argparse._AppendAction)
         or action.nargs in ("+", "*")
-        or isinstance(action.nargs, int)
+        or (isinstance(action.nargs, int) and action.nargs > 0)  # 0: a switch
     )
 
 
