@@ -131,12 +131,11 @@ def _convert(action: argparse.Action, raw: str) -> Any:
 class _Layer:
     """The value one source (environment or file) gives one option: converted, and as written."""
 
-    __slots__ = ("raw", "source", "value")
+    __slots__ = ("raw", "value")
 
-    def __init__(self, value: Any, raw: Any, source: str) -> None:
+    def __init__(self, value: Any, raw: Any) -> None:
         self.value = value
         self.raw = raw
-        self.source = source
 
 
 def _scalar_text(value: Any) -> str | None:
@@ -240,7 +239,7 @@ def read_layers(
                 converted, raw = _from_toml(action, value)
             except ValueError as exc:
                 parser.error(f"--config {config_path}: key {key!r}: {exc}")
-            layers[key] = _Layer(converted, raw, f"{config_path}: {key}")
+            layers[key] = _Layer(converted, raw)
     names = {env_name(prefix, a): a for a in actions.values()}
     for var in sorted(environ):
         if not var.startswith(prefix + "_") or var == f"{prefix}_CONFIG":
@@ -254,7 +253,7 @@ def read_layers(
             converted, raw = _from_env(action, environ[var])
         except ValueError as exc:
             parser.error(f"environment variable {var}: {exc}")
-        layers[action.dest] = _Layer(converted, raw, var)
+        layers[action.dest] = _Layer(converted, raw)
     return layers
 
 
