@@ -370,8 +370,18 @@ class GenerateRun:
                     )
                 except Silent as silent:
                     # A pool that does not even admit in time (hung, stopped) is no better than one
-                    # that says no: the next candidate is asked, and its link backs off.
-                    self._links.link_failed(pool, clock.monotonic())
+                    # that says no: the next candidate is asked, and its link backs off, unless the
+                    # pool's fresh load shows it full: busy, not hung, it stays eligible for others.
+                    now = clock.monotonic()
+                    if known_busy(pool, now, self._core.selector_limits):
+                        raise AdmissionFailed(
+                            pool.pool_id,
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            None,
+                            f"no admission within {silent.waited:.1f} s (its load shows it full)",
+                            refused=True,
+                        ) from None
+                    self._links.link_failed(pool, now)
                     raise AdmissionFailed(
                         pool.pool_id,
                         grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -6,6 +6,7 @@ is merely silent is still a stall, and its link backs off."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -58,9 +59,13 @@ class ScriptedLinks(ServingLinks):
         super().__init__(backoff_initial=1.0, backoff_max=15.0)
         self.streams: dict[str, list[ScriptedStream]] = {}
         self.requests: list[PoolRequest] = []
+        self.slow_to_admit: set[str] = set()
+        """Pools whose admission never comes."""
 
     async def admit(self, pool: PoolState, request: PoolRequest) -> Admitted:
         self.requests.append(request)
+        if pool.pool_id in self.slow_to_admit:
+            await asyncio.Event().wait()
         stream = ScriptedStream()
         self.streams.setdefault(pool.pool_id, []).append(stream)
         admission = pf.PoolAdmission(worker_id="w0", prompt_blocks=2)
@@ -87,7 +92,8 @@ class Mesh:
     def pool(self, name: str) -> PoolState:
         return self.table.pools[name]
 
-    def start(self, request_id: str = "r1") -> tuple[GenerateRun, asyncio.Task]:
+    def start(self, request_id: str = "r1", *, b_second: bool = False) -> tuple[GenerateRun, asyncio.Task]:
+        """Starts a request whose first decision holds `a` alone (or `a`, then `b`)."""
         run = GenerateRun(
             self.core,
             self.links,
@@ -99,7 +105,8 @@ class Mesh:
             admission_tries=2,
             stall=self.policy,
         )
-        first = self.core.decide("m", PROMPT, 4, exclude={"b"})
+        first = self.core.decide("m", PROMPT, 4, exclude=() if b_second else {"b"})
+        first = dataclasses.replace(first, candidates=sorted(first.candidates, key=lambda c: c.pool_id))
         task = asyncio.ensure_future(self._collect(run, first))
         return run, task
 
@@ -242,6 +249,25 @@ async def test_waiting_its_turn_everywhere_past_max_queue_wait_ends_with_a_busy_
     assert info.value.reason == Reason.ALL_POOLS_REFUSED, info.value.message
     assert "busy" in info.value.message
     assert mesh.pool("a").link_backoff_until == 0.0 and mesh.pool("b").link_backoff_until == 0.0
+
+
+@pytest.mark.parametrize("load", [FULL, IDLE], ids=["busy", "idle"])
+async def test_a_pool_slow_to_admit_is_passed_over_and_backs_off_only_when_not_known_busy(fake_clock, load):
+    mesh = Mesh(fake_clock)
+    mesh.links.slow_to_admit.add("a")
+    _, task = mesh.start(b_second=True)
+    await mesh.wait(10.5, load={"a": load, "b": IDLE})
+    b = await mesh.stream_of("b")
+    if load is FULL:
+        assert mesh.pool("a").link_backoff_until == 0.0 and "a" in mesh.eligible()
+        assert mesh.refusals("a", "RESOURCE_EXHAUSTED") == 1
+    else:
+        assert mesh.pool("a").link_backoff_until > fake_clock.monotonic()
+        assert mesh.refusals("a", "DEADLINE_EXCEEDED") == 1
+    b.finish([1, 2, 3, 4])
+    await fake_clock.settle()
+    summary = summary_of(await task)
+    assert list(summary.refused_by) == ["a"] and list(summary.pools) == ["b"]
 
 
 def test_known_busy_needs_a_fresh_load_showing_the_pool_full():
