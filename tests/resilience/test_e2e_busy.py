@@ -46,6 +46,7 @@ class Outcome:
     sent_at: float
     tokens: list[int]
     first_token_at: float | None = None
+    ended_at: float = 0.0
     summary: router_pb2.GenerateSummary | None = None
     error: str | None = None
 
@@ -73,6 +74,7 @@ async def generate(
                 out.summary = msg.summary
     except grpc.aio.AioRpcError as exc:
         out.error = f"{exc.code().name} {reason_of(exc)}: {exc.details()}"
+    out.ended_at = time.monotonic()
     return out
 
 
@@ -145,5 +147,6 @@ def test_a_burst_that_fills_every_pool_queues_without_stalling_and_others_are_st
     assert "serving link failed" not in router.proc.output(), "a busy pool's link was backed off"
     print(
         f"burst of {BURST} x {TOKENS} tokens: longest first-token wait {longest:.1f} s "
-        f"(timeout {FIRST_TOKEN_TIMEOUT} s); {waiting} still waiting when another client was served"
+        f"(timeout {FIRST_TOKEN_TIMEOUT} s); another client's request sent while {waiting} waited "
+        f"was served in {during.ended_at - during.sent_at:.1f} s"
     )
