@@ -5,6 +5,7 @@ no serving link backs off, and another client's small request is served meanwhil
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from dataclasses import dataclass
 
@@ -56,9 +57,13 @@ def prompt(i: int) -> list[int]:
 
 
 async def generate(
-    stub: router_pb2_grpc.RouterServiceAsyncStub, tokens: list[int], max_tokens: int
+    stub: router_pb2_grpc.RouterServiceAsyncStub,
+    tokens: list[int],
+    max_tokens: int,
+    out: Outcome | None = None,
 ) -> Outcome:
-    out = Outcome(time.monotonic(), [])
+    """Runs one Generate; `out` (filled as the stream goes) lets a caller watch it."""
+    out = out or Outcome(time.monotonic(), [])
     request = router_pb2.GenerateRequest(
         model=MODEL,
         prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=tokens)),
@@ -150,3 +155,59 @@ def test_a_burst_that_fills_every_pool_queues_without_stalling_and_others_are_st
         f"(timeout {FIRST_TOKEN_TIMEOUT} s); another client's request sent while {waiting} waited "
         f"was served in {during.ended_at - during.sent_at:.1f} s"
     )
+
+
+def test_a_request_waiting_its_turn_at_a_pool_that_is_then_stopped_moves_on_and_the_pool_backs_off(procs):
+    """Silence is still a stall: a request queued at a pool that is then stopped (SIGSTOP: no more
+    queue reports, and its load goes stale once its relay notices) goes to another pool."""
+    mesh = Mesh(procs)
+    mesh.start_discovery()
+    one_slot = (
+        "--speedup",
+        "1",
+        "--workers",
+        "1",
+        "--max-running-per-worker",
+        "1",
+        "--queue-report-interval",
+        "0.5",
+    )
+    mesh.start_pool("pool-a", "eu", *one_slot)
+    router = mesh.start_router("--first-token-timeout", str(FIRST_TOKEN_TIMEOUT), "--stall-timeout", "2")
+    mesh.wait_routable(router, ["pool-a"])
+    stopped = mesh.pools["pool-a"].pool
+
+    async def scenario() -> tuple[Outcome, float]:
+        loop = asyncio.get_running_loop()
+        async with grpc.aio.insecure_channel(router.address) as channel:
+            stub: router_pb2_grpc.RouterServiceAsyncStub = router_pb2_grpc.RouterServiceStub(channel)
+            holding = Outcome(time.monotonic(), [])
+            holder = asyncio.ensure_future(generate(stub, prompt(1), 5_000, holding))  # pool-a's one slot
+            while holding.first_token_at is None:
+                assert not holder.done(), holding.error
+                await asyncio.sleep(0.05)
+            queued = asyncio.ensure_future(generate(stub, prompt(2), 5))
+            await asyncio.sleep(3 * FIRST_TOKEN_TIMEOUT)
+            assert not queued.done(), "waiting its turn at a busy pool is not a failure"
+            # Another pool joins; then pool-a stops.
+            await loop.run_in_executor(None, lambda: mesh.start_pool("pool-b", "eu", "--speedup", "1"))
+            await loop.run_in_executor(None, lambda: mesh.wait_routable(router, ["pool-a", "pool-b"]))
+            assert not queued.done()
+            stopped.signal(signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            out = await asyncio.wait_for(queued, 40)
+            holder.cancel()
+            return out, out.ended_at - stopped_at
+
+    try:
+        queued, moved_after = asyncio.run(scenario())
+    finally:
+        stopped.signal(signal.SIGCONT)
+    assert queued.error is None and queued.tokens == continue_sequence(prompt(2), 5), queued.error
+    assert queued.summary is not None and list(queued.summary.pools) == ["pool-b"]
+    assert list(queued.summary.refused_by) == ["pool-a"]
+    assert router.metric("globalrouter_refusals_total", pool="pool-a", code="DEADLINE_EXCEEDED") == 1
+    assert "serving link failed" in router.proc.output(), "a stopped pool's link backs off"
+    # Its queue reports stop at once; its load goes stale once the relay notices (a few seconds).
+    assert moved_after < 20.0, f"the request sat {moved_after:.1f} s on a stopped pool"
+    print(f"a request queued at a stopped pool moved on {moved_after:.1f} s after the stop")
