@@ -92,6 +92,14 @@ def add_parser(subparsers) -> None:
         "predicted prefill, before the pool counts as having refused (default %(default)s)",
     )
     p.add_argument(
+        "--max-queue-wait",
+        type=positive_number,
+        default=_D.stall.max_queue_wait,
+        help="seconds a request may wait for its first token at a pool that says it is busy (queue "
+        "reports, or a fresh load showing it full) before it tries another pool; the busy pool's "
+        "link is not backed off (default %(default)s)",
+    )
+    p.add_argument(
         "--wait-slo",
         type=positive_number,
         default=None,
@@ -302,6 +310,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
             pace_factor=args.stall_pace_factor,
             first_token_timeout=args.first_token_timeout,
             prefill_factor=args.first_token_prefill_factor,
+            max_queue_wait=args.max_queue_wait,
         ),
         link_backoff_initial=args.link_backoff_initial,
         link_backoff_max=args.link_backoff_max,

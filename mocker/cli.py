@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prefill-tokens-per-second", type=positive_number, default=d.prefill_tokens_per_second)
     s.add_argument("--decode-tokens-per-second", type=positive_number, default=d.decode_tokens_per_second)
     s.add_argument(
+        "--queue-report-interval",
+        type=positive_seconds,
+        default=d.queue_report_interval,
+        help="seconds between the 'queued, position N' messages to a request waiting for a slot "
+        "(real seconds, not divided by --speedup)",
+    )
+    s.add_argument(
         "--vocab-size",
         type=int_at_least(1, 2**32),
         default=d.vocab_size,
@@ -142,6 +149,7 @@ def parse_serve(argv: list[str] | None) -> tuple[argparse.Namespace, PoolConfig,
         not_ready=tuple(args.not_ready),
         vocab_size=args.vocab_size,
         kv_subscriber_queue=args.kv_subscriber_queue,
+        queue_report_interval=args.queue_report_interval,
     )
     faults = Faults(
         fail_after_tokens=args.fail_after_tokens,
