@@ -163,13 +163,34 @@ def add_parser(subparsers) -> None:
         "--max-output-tokens", type=int_at_least(1), default=1_048_576, help="largest max_tokens accepted"
     )
     p.add_argument(
-        "--max-telemetry-streams", type=int_at_least(1), default=1024, help="telemetry streams open at once"
+        "--max-telemetry-streams",
+        type=int_at_least(1),
+        default=4096,
+        help="telemetry streams open at once (default %(default)s: 1,000 pools x 2 relays, with room)",
     )
     p.add_argument(
         "--max-snapshot-blocks",
         type=int_at_least(1),
         default=4_194_304,
         help="block hashes one telemetry snapshot may carry across its chunks",
+    )
+    p.add_argument(
+        "--max-snapshot-blocks-per-relay",
+        type=int_at_least(1),
+        default=8_388_608,
+        help="snapshot blocks not yet applied one relay may hold across its streams (8 bytes each)",
+    )
+    p.add_argument(
+        "--max-snapshot-blocks-total",
+        type=int_at_least(1),
+        default=134_217_728,
+        help="snapshot blocks not yet applied all telemetry streams may hold (8 bytes each)",
+    )
+    p.add_argument(
+        "--snapshot-step-blocks",
+        type=int_at_least(1),
+        default=8192,
+        help="snapshot blocks applied (or a leaving stream's blocks removed) per step of the serving loop",
     )
     p.add_argument("--log-level", default="info")
     add_security_flags(p)
@@ -197,6 +218,9 @@ def _run(args: argparse.Namespace) -> int:
         max_output_tokens=args.max_output_tokens,
         max_telemetry_streams=args.max_telemetry_streams,
         max_snapshot_blocks=args.max_snapshot_blocks,
+        max_snapshot_blocks_per_relay=args.max_snapshot_blocks_per_relay,
+        max_snapshot_blocks_total=args.max_snapshot_blocks_total,
+        snapshot_step_blocks=args.snapshot_step_blocks,
         security=args.security,
         tokenizers=tuple(args.tokenizer),
         http=HttpConfig(

@@ -153,7 +153,16 @@ def create_server(
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
     links = ServingLinks(config.link_backoff_initial, config.link_backoff_max)
-    ingest = TelemetryIngest(table, index, clock, metrics, max_snapshot_blocks=config.max_snapshot_blocks)
+    ingest = TelemetryIngest(
+        table,
+        index,
+        clock,
+        metrics,
+        max_snapshot_blocks=config.max_snapshot_blocks,
+        max_snapshot_blocks_per_relay=config.max_snapshot_blocks_per_relay,
+        max_snapshot_blocks_total=config.max_snapshot_blocks_total,
+        step_blocks=config.snapshot_step_blocks,
+    )
     authorizer = Authorizer(config.security, service="globalrouter", registry=metrics.registry)
     try:
         tokenizers = Tokenizers.load(config.tokenizers)
