@@ -67,8 +67,8 @@ class RouterConfig:
     past it (every relay resending at once) refuses the streams over it (RESOURCE_EXHAUSTED,
     LIMIT_EXCEEDED, ErrorInfo metadata limit=max_snapshot_blocks_total); they redial."""
     snapshot_step_blocks: int = 8192
-    """Blocks of snapshot application or stream removal done per step of the serving loop
-    (about 3 ms each on the 2-core host), yielding in between."""
+    """Most blocks of snapshot application or stream removal done per step of the serving loop,
+    which yields in between; fewer when a step takes over 2 ms (a big table: cache misses)."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS, identities and API keys (the shared security flags)."""
     tokenizers: tuple[tuple[str, str], ...] = ()

@@ -190,7 +190,8 @@ def add_parser(subparsers) -> None:
         "--snapshot-step-blocks",
         type=int_at_least(1),
         default=8192,
-        help="snapshot blocks applied (or a leaving stream's blocks removed) per step of the serving loop",
+        help="most snapshot blocks applied (or a leaving stream's blocks removed) per step of the serving "
+        "loop (fewer when a step takes over 2 ms)",
     )
     p.add_argument("--log-level", default="info")
     add_security_flags(p)

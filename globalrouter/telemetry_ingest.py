@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,9 +39,11 @@ LOG_FLOOR = 65_536
 than LOG_SLACK x max(the blocks the stream holds, LOG_FLOOR): stores of blocks later evicted pile
 up on it, and this bounds that memory to a few times the stream's own set."""
 LOG_SLACK = 4
-STEP_BLOCKS = 8192
-"""Blocks one step of snapshot application or stream removal touches (about 3 ms of the serving
-loop on the 2-core host at 330 ns a block added; removal costs a quarter of that)."""
+STEP_SECONDS = 0.002
+"""What one step of snapshot application or stream removal should take on the serving loop: the
+blocks per step adapt to it (a block added costs 85 ns in a table that fits the caches and several
+times that in one of tens of millions of slots)."""
+MIN_STEP = 256
 
 
 def validate_hello(hello: telemetry_pb2.TelemetryHello) -> Violations:
@@ -198,6 +201,9 @@ class TelemetryIngest:
         """(pool_id, relay_id) -> its streams' held blocks. The relay identity a stream may speak
         for is its hello's (pool, relay) (the authorizer checks it), so this is per identity."""
         self._work: deque[_Build | _Drop] = deque()
+        self._step_size = max(MIN_STEP, step_blocks)
+        """Blocks the next `step` does: halved after a step over STEP_SECONDS, doubled (up to
+        step_blocks) after one under half of it."""
         self.stopping = False
         """Set on stop: leaving streams' blocks are not removed from an index about to go."""
 
@@ -367,6 +373,18 @@ class TelemetryIngest:
             if left > 0:
                 left = max(0, left - max(used, 1))
         return bool(work)
+
+    def step(self) -> bool:
+        """One step of queued work, sized to take about STEP_SECONDS; returns whether work is left."""
+        size = self._step_size
+        start = time.perf_counter()
+        more = self.run(size)
+        took = time.perf_counter() - start
+        if took > STEP_SECONDS:
+            self._step_size = max(MIN_STEP, size // 2)
+        elif took < STEP_SECONDS / 2 and more:
+            self._step_size = min(max(MIN_STEP, self.step_blocks), size * 2)
+        return more
 
     def _settle(self) -> None:
         """Without a stepping loop (step_blocks 0), work is done at once."""
@@ -645,11 +663,11 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
             self._worker = asyncio.get_running_loop().create_task(self._work(), name="telemetry-index-work")
 
     async def _work(self) -> None:
-        """Queued index work, `step_blocks` blocks at a time, yielding to the loop in between."""
+        """Queued index work, a step of about STEP_SECONDS at a time, yielding to the loop in between."""
         ingest = self._ingest
         more = True
         while more:
-            more = ingest.run(ingest.step_blocks)
+            more = ingest.step()
             await asyncio.sleep(0)  # let the loop serve between two steps
 
     async def _refuse(
