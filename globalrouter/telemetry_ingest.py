@@ -617,7 +617,10 @@ class TelemetryIngest:
             stream.log.append(np.fromiter(tail, np.uint64, len(tail)))
             stream.log_blocks += len(tail)
             stream.log_tail = []
-            if stream.log_blocks > LOG_SLACK * max(LOG_FLOOR, self._index.block_count(stream.source)):
+            if (
+                stream.log_blocks > LOG_SLACK * LOG_FLOOR
+                and stream.log_blocks > LOG_SLACK * self._index.block_count(stream.source)
+            ):
                 stream.log = None  # see LOG_FLOOR
                 stream.log_blocks = 0
 

@@ -96,8 +96,10 @@ async def test_a_silent_superseded_stream_ends_at_once_with_its_reason():
         await old.send(kv_snapshot=tm.KvSnapshot(snapshot_id=1, chunk_index=0, block_hashes=range(500)))
         streams = router.telemetry._ingest.streams
         await eventually(
-            lambda: ("p1", "relay-1") in streams
-            and sum(np.size(c) for c in streams[("p1", "relay-1")].snapshot_chunks) == 500
+            lambda: (
+                ("p1", "relay-1") in streams
+                and sum(np.size(c) for c in streams[("p1", "relay-1")].snapshot_chunks) == 500
+            )
         )
         new = FakeRelay(f"127.0.0.1:{router.port}")
         await new.open("p1", incarnation=2)
@@ -249,3 +251,28 @@ async def test_stop_does_not_remove_leaving_streams_blocks():
     finally:
         await channel.close()
         await router.handle.server.stop(0)
+
+
+def test_a_stream_whose_block_list_outgrew_its_set_is_still_removed_whole(monkeypatch):
+    from globalrouter import telemetry_ingest
+
+    monkeypatch.setattr(telemetry_ingest, "LOG_TAIL", 8)
+    monkeypatch.setattr(telemetry_ingest, "LOG_FLOOR", 4)
+    ingest, table, index = make(step_blocks=100)
+    s = ingest.open(hello())
+    ingest.receive(s, chunk(range(1, 11), last=True))
+    ingest.run(0)
+    for i in range(20):  # stores of blocks evicted again: the list grows, the set does not
+        ingest.receive(
+            s,
+            delta(
+                2 + i,
+                stored=range(1000 + 8 * i, 1008 + 8 * i),
+                removed=range(1000 + 8 * (i - 1), 1000 + 8 * i) if i else (),
+            ),
+        )
+    assert s.log is None  # given up: bounded memory, the end is one pass over the table
+    assert index.block_count(s.source) == 18
+    ingest.close(s)
+    ingest.run(0)
+    assert index.sources() == [] and index.total_blocks() == 0 and "p" not in table.pools
