@@ -165,10 +165,10 @@ class StreamRejected(Exception):
 class TelemetryIngest:
     """The pure ingestion rules (no gRPC): one method per message kind; returns what to answer.
 
-    Heavy index work (applying a whole snapshot, removing a leaving stream's blocks) is queued
-    and done `run` by `run`, at most `step_blocks` blocks a step, so the serving loop that calls it
-    between other work is never held long. With `step_blocks=0` every call finishes its work
-    before returning (the pure tests and tools that have no loop)."""
+    Heavy index work (applying a whole snapshot, removing a leaving stream's blocks) is queued and
+    done a `step` at a time (about STEP_SECONDS, at most `step_blocks` blocks), so the serving loop
+    that runs the steps between other work is never held long. With `step_blocks=0` every call
+    finishes its work before returning (the pure tests and tools that have no loop)."""
 
     def __init__(
         self,
