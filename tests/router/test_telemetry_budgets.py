@@ -8,6 +8,7 @@ import asyncio
 import grpc
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
@@ -276,3 +277,23 @@ def test_a_stream_whose_block_list_outgrew_its_set_is_still_removed_whole(monkey
     ingest.close(s)
     ingest.run(0)
     assert index.sources() == [] and index.total_blocks() == 0 and "p" not in table.pools
+
+
+async def test_every_refused_hello_is_logged_with_its_reason():
+    router, _stub, channel = await start_router()
+    try:
+        a, b = FakeRelay(f"127.0.0.1:{router.port}"), FakeRelay(f"127.0.0.1:{router.port}")
+        await a.open("p1", relay_id="relay-a", block_size=16)
+        with capture_logs() as logs:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await b.open("p1", relay_id="relay-b", block_size=1)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert reason_of(err.value) == Reason.TELEMETRY_BLOCK_SIZE_MISMATCH
+        refused = [e for e in logs if e["event"] == "telemetry stream refused"]
+        assert refused and refused[0]["reason"] == "TELEMETRY_BLOCK_SIZE_MISMATCH"
+        assert refused[0]["pool_id"] == "p1" and refused[0]["relay_id"] == "relay-b"
+        await a.close()
+        await b.close()
+    finally:
+        await channel.close()
+        await router.handle.server.stop(0)
