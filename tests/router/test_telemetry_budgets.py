@@ -4,6 +4,7 @@ total, one block size per pool, snapshots applied and streams removed in bounded
 from __future__ import annotations
 
 import asyncio
+import random
 
 import grpc
 import numpy as np
@@ -13,7 +14,7 @@ from structlog.testing import capture_logs
 from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
-from globalrouter.telemetry_ingest import StreamRejected, TelemetryIngest
+from globalrouter.telemetry_ingest import StreamRejected, StreamState, TelemetryIngest
 from meshkit.clock import FakeClock
 from meshkit.errors import Reason, reason_of
 from poolrelay.v1 import telemetry_pb2 as tm
@@ -297,3 +298,58 @@ async def test_every_refused_hello_is_logged_with_its_reason():
     finally:
         await channel.close()
         await router.handle.server.stop(0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_stepped_ingestion_matches_a_plain_set_model(seed):
+    """Random opens (rising or equal incarnations), snapshots, deltas, closes and partial steps:
+    whenever the work is done, every live stream's applied set is what its messages say, and once
+    every stream is gone nothing is left in the index or the budgets."""
+    rnd = random.Random(seed)
+    ingest, table, index = make(step_blocks=rnd.choice([7, 50, 300]))
+    live: dict[str, StreamState] = {}
+    pending: dict[str, set[int]] = {}  # a snapshot sent but maybe not yet swapped in
+    incarnation: dict[str, int] = {}
+    seq: dict[str, int] = {}
+    for _ in range(300):
+        relay = rnd.choice("abc")
+        op = rnd.random()
+        s = live.get(relay)
+        if s is None or op < 0.05:
+            incarnation[relay] = incarnation.get(relay, 0) + rnd.choice([0, 1])
+            live[relay] = ingest.open(hello(relay=relay, incarnation=max(1, incarnation[relay])))
+            pending.pop(relay, None)
+        elif op < 0.25:
+            blocks = set(rnd.sample(range(1, 400), rnd.randint(0, 120)))
+            seq[relay] = rnd.randint(1, 1000)
+            ordered = sorted(blocks)
+            half = len(ordered) // 2
+            ingest.receive(s, chunk(ordered[:half], sequence=seq[relay]))
+            ingest.receive(s, chunk(ordered[half:], index=1, last=True, sequence=seq[relay]))
+            pending[relay] = blocks
+        elif op < 0.8 and relay in pending:
+            seq[relay] += 1
+            stored = set(rnd.sample(range(1, 400), rnd.randint(0, 20)))
+            removed = set(rnd.sample(range(1, 400), rnd.randint(0, 20)))
+            ingest.receive(s, delta(seq[relay], stored=sorted(stored), removed=sorted(removed)))
+            pending[relay] = (pending[relay] - removed) | stored
+        elif op < 0.9:
+            ingest.close(s)
+            del live[relay]
+            pending.pop(relay, None)
+        ingest.run(rnd.choice([1, 10, 100]))
+        if rnd.random() < 0.2:
+            ingest.run(0)
+            for r, st in live.items():
+                if r in pending:
+                    assert st.source and index.block_count(st.source) == len(pending[r])
+                    for b in pending[r]:
+                        assert st.source in index.prefix_overlaps([b])
+            assert sorted(src for p in table.pools.values() for src in p.kv_sources) == sorted(
+                st.source for st in live.values() if st.source
+            )
+    for st in list(live.values()):
+        ingest.close(st)
+    ingest.run(0)
+    assert index.sources() == [] and index.total_blocks() == 0
+    assert ingest.snapshot_blocks_held == 0 and ingest.held_by_relay == {} and table.pools == {}
