@@ -914,3 +914,15 @@ CASES += [
         reason="invalid_json",
     ),
 ]
+
+CASES += [
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "a second relay of a live pool with another block size",
+        "FAILED_PRECONDITION",
+        "hello.block_size",
+        _telemetry(_hello(relay_id="relay-other", block_size=1)),
+        reason="TELEMETRY_BLOCK_SIZE_MISMATCH",
+    ),
+]
