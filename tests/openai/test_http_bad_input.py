@@ -178,7 +178,11 @@ async def test_chunked_body_over_the_limit_is_refused(front):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         try:
             conn.request(
-                "POST", CHAT, body=chunks(), encode_chunked=True, headers={"transfer-encoding": "chunked"}
+                "POST",
+                CHAT,
+                body=chunks(),
+                encode_chunked=True,
+                headers={"transfer-encoding": "chunked", "content-type": "application/json"},
             )
             return conn.getresponse().status
         except (BrokenPipeError, ConnectionResetError):
