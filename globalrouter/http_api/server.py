@@ -44,6 +44,7 @@ TLS_READ_BYTES = 32 * 1024
 # back once they are over (glibc keeps freed heap memory for reuse; a burst of idle connections
 # would otherwise leave the process at its peak RSS for good).
 TRIM_AFTER_HANDSHAKES = 64
+TRIM_INTERVAL = 30.0
 
 
 def _malloc_trim() -> None:
@@ -67,11 +68,14 @@ _LIBC = _load_libc()
 class Handshakes:
     """TLS handshakes in progress, and the allocator's trim once a large burst of them is over."""
 
-    def __init__(self, trim_after: int = TRIM_AFTER_HANDSHAKES) -> None:
+    def __init__(self, trim_after: int = TRIM_AFTER_HANDSHAKES, trim_interval: float = TRIM_INTERVAL) -> None:
         self.pending: set[_TlsConnection] = set()
         self.peak = 0
         self.trim_after = trim_after
+        self.trim_interval = trim_interval
         self.trims = 0
+        self._last_trim = -math.inf
+        self._trim_scheduled = False
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -84,11 +88,22 @@ class Handshakes:
         if connection not in self.pending:
             return
         self.pending.discard(connection)
-        if not self.pending and self.peak >= self.trim_after:
-            self.peak = 0
-            self.trims += 1
-            # Soon rather than now: the connection's own objects are released after this returns.
-            asyncio.get_running_loop().call_later(1.0, _malloc_trim)
+        # A burst is over when what is left of it is small (steady traffic need not reach zero).
+        if self.peak >= self.trim_after and len(self.pending) <= self.peak // 8 and not self._trim_scheduled:
+            self.peak = len(self.pending)
+            self._trim_scheduled = True
+            loop = asyncio.get_running_loop()
+            # A second after (the connections' objects are released after this returns), and at
+            # most once per trim_interval: a trim walks the heap (tens of ms at 100 MB).
+            delay = max(1.0, self._last_trim + self.trim_interval - loop.time())
+            loop.call_later(delay, self._trim)
+
+    def _trim(self) -> None:
+        self._trim_scheduled = False
+        self._last_trim = asyncio.get_running_loop().time()
+        self.trims += 1
+        # In a worker thread: ctypes lets go of the GIL, so the loop runs on meanwhile.
+        asyncio.get_running_loop().run_in_executor(None, _malloc_trim)
 
 
 class _TlsConnection(sslproto.SSLProtocol):
