@@ -133,8 +133,8 @@ class _Doorman:
     def admit(self, request: socket.socket, client_address: Any) -> None:
         """A connection just accepted (from the accept loop's thread)."""
         with self._lock:
-            if self._stopped:
-                _close(request)
+            if self._stopped or len(self._arrivals) >= self._max_waiting:
+                _close(request)  # stopping, or the doorman is behind: bounded all the same
                 return
             self._arrivals.append((request, client_address))
         with contextlib.suppress(BlockingIOError, OSError):
@@ -150,24 +150,31 @@ class _Doorman:
     def _run(self) -> None:
         try:
             while not self._stopped:
-                timeout = None
-                if self._waiting:
-                    first_deadline = next(iter(self._waiting.values()))[0]
-                    timeout = max(0.0, first_deadline - time.monotonic())
-                for key, _ in self._selector.select(timeout):
-                    if key.fileobj is self._wake_r:
-                        with contextlib.suppress(BlockingIOError, OSError):
-                            self._wake_r.recv(4096)
-                    else:
-                        self._dispatch(key.fileobj)  # type: ignore[arg-type]
-                self._take_arrivals()
-                self._expire()
+                try:
+                    self._step()
+                except Exception:  # a defect must not stop every scrape: log it and go on
+                    log.exception("metrics doorman step failed")
+                    time.sleep(0.1)
         finally:
             for sock in list(self._waiting):
                 self._drop(sock)
             self._selector.close()
             self._wake_r.close()
             self._wake_w.close()
+
+    def _step(self) -> None:
+        timeout = None
+        if self._waiting:
+            first_deadline = next(iter(self._waiting.values()))[0]
+            timeout = max(0.0, first_deadline - time.monotonic())
+        for key, _ in self._selector.select(timeout):
+            if key.fileobj is self._wake_r:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    self._wake_r.recv(4096)
+            else:
+                self._dispatch(key.fileobj)  # type: ignore[arg-type]
+        self._take_arrivals()
+        self._expire()
 
     def _take_arrivals(self) -> None:
         with self._lock:
@@ -176,8 +183,12 @@ class _Doorman:
         for request, client_address in arrivals:
             while len(self._waiting) >= self._max_waiting:
                 self._drop(next(iter(self._waiting)))  # the oldest silent one makes room
+            try:
+                self._selector.register(request, selectors.EVENT_READ)
+            except (OSError, ValueError):  # already closed by the peer's reset
+                _close(request)
+                continue
             self._waiting[request] = (deadline, client_address)
-            self._selector.register(request, selectors.EVENT_READ)
 
     def _expire(self) -> None:
         now = time.monotonic()

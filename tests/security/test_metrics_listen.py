@@ -190,7 +190,7 @@ def test_idle_sockets_past_the_cap_do_not_keep_a_scraper_out(pki, metrics, tls) 
         time.sleep(0.2)  # accepted, and waiting for a first byte that never comes
         started = time.monotonic()
         assert "globalrouter_decisions_total" in scrape(url, context)
-        assert time.monotonic() - started < 5  # the old server held it out until the idle were cut (10 s)
+        assert time.monotonic() - started < 8  # the old server refused it until the idle were cut (10 s)
         for s in idle:  # and the silent ones are closed within the first-byte bound (2 s), not 10 s
             assert cut_off_within(s, 8) < 8
     finally:
