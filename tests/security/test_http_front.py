@@ -429,3 +429,31 @@ async def test_tls_handshakes_in_progress_count_against_the_connection_cap(pki):
             assert loop.time() < deadline + 10, "slots never came back"
             await asyncio.sleep(0.05)
         assert router.http.handshakes == 0
+
+
+async def test_the_allocator_is_trimmed_once_a_burst_of_handshakes_is_over(monkeypatch):
+    """After a burst of at least trim_after handshakes falls to an eighth of its peak, one trim;
+    none for the small numbers of steady traffic."""
+    from globalrouter.http_api import server as http_server
+
+    calls: list[int] = []
+    monkeypatch.setattr(http_server, "_malloc_trim", lambda: calls.append(1))
+    handshakes = http_server.Handshakes(trim_after=16, trim_interval=0.0)
+    small = [object() for _ in range(8)]
+    for c in small:
+        handshakes.add(c)  # type: ignore[arg-type]
+    for c in small:
+        handshakes.discard(c)  # type: ignore[arg-type]
+    burst = [object() for _ in range(32)]
+    for c in burst:
+        handshakes.add(c)  # type: ignore[arg-type]
+    for c in burst[:27]:
+        handshakes.discard(c)  # type: ignore[arg-type]
+    assert len(handshakes) == 5  # above an eighth of 32: the burst is not over
+    handshakes.discard(burst[27])  # type: ignore[arg-type]  # 4 left: over
+    deadline = asyncio.get_running_loop().time() + 10
+    while not calls:
+        assert asyncio.get_running_loop().time() < deadline, "never trimmed"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.5)
+    assert calls == [1] and handshakes.trims == 1
