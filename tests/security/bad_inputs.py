@@ -926,3 +926,82 @@ CASES += [
         reason="TELEMETRY_BLOCK_SIZE_MISMATCH",
     ),
 ]
+
+
+def _http10_stream(mesh: SecureMesh) -> Outcome:
+    """A streaming chat request in HTTP/1.0 on a raw socket (no chunked encoding in that version)."""
+    import socket
+
+    host, _, port = mesh.http.rpartition(":")
+    body = _chat(stream=True)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    error = json.loads(payload)["error"]
+    fields = (error["param"],) if error.get("param") else ()
+    return Outcome(f"HTTP {int(head.split()[1])}", fields, error.get("code") or "", error["message"])
+
+
+CASES += [
+    Case(
+        "http",
+        _CHAT,
+        "a lone surrogate (\\ud800) in a message's content",
+        "HTTP 400",
+        "messages[0].content",
+        _http(_CHAT, _chat(messages=[{"role": "user", "content": "hi \ud800"}])),
+        reason="invalid_value",
+    ),
+    Case(
+        "http",
+        _COMPLETIONS,
+        "a lone surrogate (\\ud800) in the prompt",
+        "HTTP 400",
+        "prompt",
+        _http(_COMPLETIONS, _completion(prompt="hi \ud800")),
+        reason="invalid_value",
+    ),
+    Case(
+        "http",
+        _CHAT,
+        "a lone surrogate (\\ud800) in a stop string",
+        "HTTP 400",
+        "stop[0]",
+        _http(_CHAT, _chat(stop=["\ud800"])),
+        reason="invalid_value",
+    ),
+    Case(
+        "http",
+        _CHAT,
+        "a text/plain body (no CORS preflight needed)",
+        "HTTP 415",
+        "",
+        _http(_CHAT, _chat(), {"content-type": "text/plain"}),
+        reason="unsupported_media_type",
+    ),
+    Case(
+        "http",
+        _COMPLETIONS,
+        "a form-encoded body",
+        "HTTP 415",
+        "",
+        _http(_COMPLETIONS, _completion(), {"content-type": "application/x-www-form-urlencoded"}),
+        reason="unsupported_media_type",
+    ),
+    Case(
+        "http",
+        _CHAT,
+        "stream: true over HTTP/1.0 (no chunked encoding)",
+        "HTTP 400",
+        "stream",
+        _http10_stream,
+        reason="invalid_value",
+    ),
+]
