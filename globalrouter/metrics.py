@@ -75,6 +75,13 @@ class RouterMetrics:
         self.telemetry_snapshot_requests = Counter(
             "globalrouter_telemetry_snapshot_requests", "SnapshotRequests sent to relays (gaps)", registry=r
         )
+        self.telemetry_refused = Counter(
+            "globalrouter_telemetry_streams_refused",
+            "Relay telemetry streams refused, by reason (UNAUTHENTICATED, NOT_AUTHORIZED, LIMIT_EXCEEDED):"
+            " the router routes without that relay's KV and load",
+            ["reason"],
+            registry=r,
+        )
         self._children: dict[tuple[object, tuple[str, ...]], object] = {}
 
     def labelled(self, metric, *values: str):

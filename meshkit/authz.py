@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextvars
 from collections import Counter as Tally
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -228,7 +228,9 @@ class Authorizer:
         """The pool this server serves, for rules with `server_pool` ("" for servers of no pool)."""
         self.trust_domain = config.trust_domain
         self.service = service
+        self.api_keys_path = config.api_keys
         self.api_keys = ApiKeys.load(config.api_keys) if config.api_keys else ApiKeys()
+        """The keys in force: replaced whole by reload_api_keys(), so a call sees the old or the new set."""
         self.refused: Tally[tuple[str, str]] = Tally()
         """(method, reason) → refusals, for tests and status pages."""
         self.metrics_registry = registry or CollectorRegistry()
@@ -238,6 +240,42 @@ class Authorizer:
             ["service", "method", "code"],
             registry=self.metrics_registry,
         )
+        self._hooks: dict[str, list[Callable[[Refusal], None]]] = {}
+
+    def on_refusal(self, method: str, hook: Callable[[Refusal], None]) -> None:
+        """Calls `hook(refusal)` for each refusal of `method` (after it is counted and logged)."""
+        self._hooks.setdefault(method, []).append(hook)
+
+    def reload_api_keys(self) -> bool:
+        """Re-reads the --api-keys file (SIGHUP): every call from now on is checked against the new
+        keys. Logs the identities added, removed and re-keyed (never a key). A file that cannot be
+        read or has a bad line is refused with a log line naming it, and the current keys stay.
+        Returns whether new keys are in force."""
+        if not self.api_keys_path:
+            return False
+        try:
+            fresh = ApiKeys.load(self.api_keys_path)
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            log.error(
+                "API keys NOT reloaded: the file is refused, the current keys stay in force",
+                service=self.service,
+                path=self.api_keys_path,
+                error=str(exc),
+                kept=len(self.api_keys),
+            )
+            return False
+        old, new = self.api_keys.identities(), fresh.identities()
+        self.api_keys = fresh
+        log.info(
+            "API keys reloaded",
+            service=self.service,
+            path=self.api_keys_path,
+            keys=len(fresh),
+            added=sorted(new.keys() - old.keys()),
+            removed=sorted(old.keys() - new.keys()),
+            rekeyed=sorted(who for who in new.keys() & old.keys() if new[who] != old[who]),
+        )
+        return True
 
     def identify(self, context: Context) -> Identity:
         """Who is calling: the certificate's SPIFFE id, else a client API key. Raises Refusal."""
@@ -281,6 +319,8 @@ class Authorizer:
         log.info(
             "call refused", service=self.service, method=method, code=refusal.code.name, why=str(refusal)
         )
+        for hook in self._hooks.get(method, ()):
+            hook(refusal)
 
     def admit(self, context: Context, method: str, request: object | None) -> Identity:
         """The caller, when it may call `method` with `request`; raises Refusal (already counted)."""
