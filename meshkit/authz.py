@@ -8,6 +8,8 @@ message by message by the servicer through `Authorizer.check_message`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 from collections import Counter as Tally
 from collections.abc import Callable, Mapping
@@ -132,6 +134,13 @@ TABLE: Mapping[str, Rule] = {
 """method (or "/service/" for all its methods) → rule. A method not listed is refused to everyone."""
 
 
+async def _abort(context: Context, refusal: Refusal) -> None:
+    """Ends another task's call: the client gets `refusal`, the handler's next read or write raises."""
+    # abort raises in its caller once the status is sent; a call that ended meanwhile refuses it.
+    with contextlib.suppress(Exception):
+        await context.abort_with_status(refusal.status())
+
+
 def rule_for(method: str) -> Rule | None:
     """The rule of a full method name (/package.Service/Method); None when it is not in the table."""
     rule = TABLE.get(method)
@@ -241,6 +250,10 @@ class Authorizer:
             registry=self.metrics_registry,
         )
         self._hooks: dict[str, list[Callable[[Refusal], None]]] = {}
+        self._aborting: set[asyncio.Task[None]] = set()
+        self._keyed: dict[str, dict[Context, str]] = {}
+        """API key digest → the calls it opened that are still open (→ their method): a reload that
+        revokes the key ends them. Bounded by the server's open calls."""
 
     def on_refusal(self, method: str, hook: Callable[[Refusal], None]) -> None:
         """Calls `hook(refusal)` for each refusal of `method` (after it is counted and logged)."""
@@ -266,6 +279,7 @@ class Authorizer:
             return False
         old, new = self.api_keys.identities(), fresh.identities()
         self.api_keys = fresh
+        cut = self._end_revoked_calls()
         log.info(
             "API keys reloaded",
             service=self.service,
@@ -274,8 +288,44 @@ class Authorizer:
             added=sorted(new.keys() - old.keys()),
             removed=sorted(old.keys() - new.keys()),
             rekeyed=sorted(who for who in new.keys() & old.keys() if new[who] != old[who]),
+            open_calls_ended=cut,
         )
         return True
+
+    def key_in_force(self, identity: Identity) -> bool:
+        """Whether `identity` may still act: always for a certificate, while its key is in force for a key."""
+        return not identity.key or identity.key in self.api_keys
+
+    def _hold(self, identity: Identity, method: str, context: Context) -> None:
+        """Remembers a call opened with an API key until it ends (a revoked key's calls are ended)."""
+        calls = self._keyed.setdefault(identity.key, {})
+        calls[context] = method
+
+        def release(_context: Context) -> None:
+            calls.pop(context, None)
+            if not calls and self._keyed.get(identity.key) is calls:
+                del self._keyed[identity.key]
+
+        context.add_done_callback(release)  # type: ignore[arg-type]  # the stubs want a class, grpc takes any callable
+
+    def _end_revoked_calls(self) -> int:
+        """Ends with UNAUTHENTICATED every open call made with a key no longer in force; how many."""
+        revoked = [digest for digest in self._keyed if digest not in self.api_keys]
+        calls = [
+            (context, method) for digest in revoked for context, method in self._keyed.pop(digest).items()
+        ]
+        if not calls:
+            return 0
+        loop = asyncio.get_running_loop()  # open calls exist only on the server's loop (SIGHUP runs there)
+        for context, method in calls:
+            refusal = Refusal(
+                grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED, "the API key was revoked"
+            )
+            self.record(method, refusal)
+            task = loop.create_task(_abort(context, refusal))
+            self._aborting.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(self._aborting.discard)
+        return len(calls)
 
     def identify(self, context: Context) -> Identity:
         """Who is calling: the certificate's SPIFFE id, else a client API key. Raises Refusal."""
@@ -367,8 +417,11 @@ class Authorizer:
 
         async def check(method: str, request: object | None, context: Context) -> None:
             try:
-                _current.set(self.admit(context, method, request))
+                identity = self.admit(context, method, request)
             except Refusal as refusal:
                 await context.abort_with_status(refusal.status())
+            _current.set(identity)
+            if identity.key:
+                self._hold(identity, method, context)
 
         return CheckingInterceptor(check, applies=lambda _method: self.enforced)

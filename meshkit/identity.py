@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -31,6 +31,9 @@ class Identity:
     pool: str = ""
     source: str = "certificate"
     """How it was established: "certificate" or "api-key"."""
+    key: str = field(default="", compare=False, repr=False)
+    """The sha256:HEX of the API key that established it ("" for a certificate): a revoked key's
+    open calls are found by it. Not part of equality: the identity is the same whichever key."""
 
     def __str__(self) -> str:
         if self.role is Role.RELAY:
@@ -156,7 +159,7 @@ class ApiKeys:
         """`entries`: (identity as written in a keys file, sha256:HEX) pairs."""
         self._by_hash: dict[str, Identity] = {}
         for name, digest in entries:
-            self._by_hash[digest] = key_identity(name)
+            self._by_hash[digest] = replace(key_identity(name), key=digest)
 
     def __len__(self) -> int:
         return len(self._by_hash)
@@ -185,6 +188,10 @@ class ApiKeys:
         for digest, who in self._by_hash.items():
             out.setdefault(str(who), set()).add(digest)
         return {who: frozenset(digests) for who, digests in out.items()}
+
+    def __contains__(self, digest: object) -> bool:
+        """Whether the key of this sha256:HEX is (still) in force."""
+        return digest in self._by_hash
 
     def identify(self, token: str) -> Identity | None:
         """The identity whose key is `token`; None when no key matches."""
