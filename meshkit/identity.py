@@ -222,8 +222,8 @@ def _entry_problem(fields: list[str]) -> str | None:
         key_identity(fields[0])
     except IdentityError as exc:
         return (
-            f"name {fields[0]!r} is neither a client NAME nor ROLE/NAME or relay/POOL/RELAY "
-            f"({str(exc).replace('spiffe://keys/', '')})"
+            f"{str(exc).replace('spiffe://keys/', '')} (a key stands for NAME or client/NAME, "
+            "admin/NAME, frontend/NAME, relay/POOL/RELAY)"
         )
     digest = fields[1].lower()
     hexpart = digest.removeprefix(_HASH_PREFIX)

@@ -19,7 +19,7 @@ from typing import cast
 
 import grpc
 
-from meshkit.identity import Identity, IdentityError, identity_from_certificate
+from meshkit.identity import ApiKeys, Identity, IdentityError, identity_from_certificate
 from meshkit.logs import get_logger
 
 log = get_logger(module="meshkit.tls")
@@ -86,6 +86,13 @@ class SecurityConfig:
                 CertificateFiles(self.tls_cert, self.tls_key, self.tls_ca).read()
             except ValueError as exc:
                 out.append(str(exc))
+        if not out and self.api_keys:
+            # Checked here so that a bad line stops the start with a usage error naming it (it
+            # used to surface as a traceback from the server's constructor).
+            try:
+                ApiKeys.load(self.api_keys)
+            except (OSError, ValueError) as exc:
+                out.append(f"--api-keys {exc}")
         return out
 
 

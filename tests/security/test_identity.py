@@ -129,7 +129,7 @@ def test_a_key_may_stand_for_a_relay_or_an_operator_by_its_name(tmp_path):
 def test_a_key_name_that_is_no_identity_names_its_line(tmp_path, name, why):
     path = tmp_path / "keys"
     path.write_text(f"{name} {hash_api_key(new_api_key())}\n")
-    with pytest.raises(ValueError, match=rf"keys:1: name '{name}' is neither .*{why}"):
+    with pytest.raises(ValueError, match=rf"keys:1: '{name}' .*{why} \(a key stands for NAME or client/NAME"):
         ApiKeys.load(path)
 
 
@@ -152,3 +152,12 @@ def test_reloading_keys_swaps_the_set_and_a_bad_file_keeps_it(tmp_path):
     assert not authorizer.reload_api_keys()
     assert authorizer.identify_peer([], f"Bearer {new}").name == "bob"
     assert not Authorizer(SecurityConfig(), service="t").reload_api_keys()  # no --api-keys: nothing to do
+
+
+def test_a_bad_keys_file_is_a_configuration_problem_naming_its_line(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"ok {hash_api_key(new_api_key())}\nrobot/x {hash_api_key(new_api_key())}\n")
+    assert SecurityConfig(api_keys=str(path)).problems() == [
+        f"--api-keys {path}:2: 'robot/x' names unknown role 'robot' (a key stands for NAME or client/NAME, "
+        "admin/NAME, frontend/NAME, relay/POOL/RELAY)"
+    ]
