@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import os
 from collections import Counter as Tally
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import grpc
 from google.rpc import status_pb2
 from prometheus_client import CollectorRegistry, Counter
 
+from meshkit.clock import Clock, SystemClock
 from meshkit.errors import Reason, grpc_status_for, rpc_status_for
 from meshkit.guards import CheckingInterceptor, Context
 from meshkit.identity import ApiKeys, Identity, IdentityError, Role, bearer_token, identity_from_uris
@@ -134,6 +136,19 @@ TABLE: Mapping[str, Rule] = {
 """method (or "/service/" for all its methods) → rule. A method not listed is refused to everyone."""
 
 
+KEYS_CHECK_SECONDS = 1.0
+"""How often (at most) the --api-keys file is looked at for changes, when keys are presented."""
+
+
+def _file_stamp(path: str) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced or rewritten (mtime, size, inode); None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
 async def _abort(context: Context, refusal: Refusal) -> None:
     """Ends another task's call: the client gets `refusal`, the handler's next read or write raises."""
     # abort raises in its caller once the status is sent; a call that ended meanwhile refuses it.
@@ -231,6 +246,7 @@ class Authorizer:
         *,
         registry: CollectorRegistry | None = None,
         pool: str = "",
+        clock: Clock | None = None,
     ) -> None:
         self.enforced = config.enforced
         self.pool = pool
@@ -238,6 +254,9 @@ class Authorizer:
         self.trust_domain = config.trust_domain
         self.service = service
         self.api_keys_path = config.api_keys
+        self._clock = clock or SystemClock()
+        self._keys_stamp = _file_stamp(config.api_keys) if config.api_keys else None
+        self._keys_checked = self._clock.monotonic()
         self.api_keys = ApiKeys.load(config.api_keys) if config.api_keys else ApiKeys()
         """The keys in force: replaced whole by reload_api_keys(), so a call sees the old or the new set."""
         self.refused: Tally[tuple[str, str]] = Tally()
@@ -266,6 +285,7 @@ class Authorizer:
         Returns whether new keys are in force."""
         if not self.api_keys_path:
             return False
+        self._keys_stamp = _file_stamp(self.api_keys_path)
         try:
             fresh = ApiKeys.load(self.api_keys_path)
         except (OSError, ValueError, UnicodeDecodeError) as exc:
@@ -291,6 +311,16 @@ class Authorizer:
             open_calls_ended=cut,
         )
         return True
+
+    def _watch_keys(self) -> None:
+        """Reloads the keys when their file changed on disk (looked at once per KEYS_CHECK_SECONDS,
+        when a key is presented): a revocation written to the file needs no SIGHUP."""
+        now = self._clock.monotonic()
+        if now - self._keys_checked < KEYS_CHECK_SECONDS:
+            return
+        self._keys_checked = now
+        if _file_stamp(self.api_keys_path) != self._keys_stamp:
+            self.reload_api_keys()
 
     def key_in_force(self, identity: Identity) -> bool:
         """Whether `identity` may still act: always for a certificate, while its key is in force for a key."""
@@ -348,6 +378,8 @@ class Authorizer:
             except IdentityError as exc:
                 raise Refusal(grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED, str(exc)) from exc
         if authorization is not None:
+            if self.api_keys_path:
+                self._watch_keys()
             token = bearer_token(authorization)
             who = self.api_keys.identify(token) if token else None
             if who is None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from meshkit import devcerts
-from meshkit.authz import Authorizer, Refusal
+from meshkit.authz import KEYS_CHECK_SECONDS, Authorizer, Refusal
+from meshkit.clock import FakeClock
 from meshkit.identity import (
     ApiKeys,
     Identity,
@@ -161,3 +162,21 @@ def test_a_bad_keys_file_is_a_configuration_problem_naming_its_line(tmp_path):
         f"--api-keys {path}:2: 'robot/x' names unknown role 'robot' (a key stands for NAME or client/NAME, "
         "admin/NAME, frontend/NAME, relay/POOL/RELAY)"
     ]
+
+
+async def test_a_changed_keys_file_is_reloaded_within_a_second_without_sighup(tmp_path):
+    alice, bob = new_api_key(), new_api_key()
+    path = tmp_path / "keys"
+    path.write_text(f"alice {hash_api_key(alice)}\nbob {hash_api_key(bob)}\n")
+    clock = FakeClock()
+    authorizer = Authorizer(SecurityConfig(api_keys=str(path)), service="t", clock=clock)
+    path.write_text(f"alice {hash_api_key(alice)}\n")
+    assert authorizer.identify_peer([], f"Bearer {bob}").name == "bob"  # not looked at yet
+    await clock.advance(KEYS_CHECK_SECONDS)
+    with pytest.raises(Refusal, match="not valid"):
+        authorizer.identify_peer([], f"Bearer {bob}")
+    # A bad rewrite is refused: the keys in force stay.
+    path.write_text("alice\n")
+    await clock.advance(KEYS_CHECK_SECONDS)
+    assert authorizer.identify_peer([], f"Bearer {alice}").name == "alice"
+    assert len(authorizer.api_keys) == 1
