@@ -121,11 +121,18 @@ def add_security_flags(parser: argparse.ArgumentParser, *, server: bool = True) 
         help="SPIFFE trust domain of peer identities (default %(default)s)",
     )
     group.add_argument(
-        "--api-key-file", default="", metavar="FILE", help="file holding the API key to send as a client"
+        "--api-key-file",
+        default="",
+        metavar="FILE",
+        help="file holding the API key this process sends (a CLI on its calls, a relay on its telemetry streams)",
     )
     if server:
         group.add_argument(
-            "--api-keys", default="", metavar="FILE", help="client API keys, one `NAME sha256:HEX` a line"
+            "--api-keys",
+            default="",
+            metavar="FILE",
+            help="API keys, one `NAME sha256:HEX` a line (NAME: a client, or relay/POOL/RELAY, admin/NAME, "
+            "frontend/NAME); re-read on SIGHUP and when the file changes",
         )
         group.add_argument(
             "--insecure",

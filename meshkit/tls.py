@@ -43,7 +43,7 @@ class SecurityConfig:
     api_keys: str = ""
     """File of client API keys (`NAME sha256:HEX` lines), accepted as `authorization: Bearer KEY`."""
     api_key: str = ""
-    """Path of a file holding the API key this process sends as a client (CLIs)."""
+    """Path of a file holding the API key this process sends (CLIs; a relay on its telemetry streams)."""
     insecure: bool = False
     """Allows serving without TLS on a non-loopback address (logged loudly)."""
 
