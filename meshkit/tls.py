@@ -41,7 +41,8 @@ class SecurityConfig:
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     """The SPIFFE trust domain peer identities must be in."""
     api_keys: str = ""
-    """File of client API keys (`NAME sha256:HEX` lines), accepted as `authorization: Bearer KEY`."""
+    """File of API keys (`NAME sha256:HEX` lines, NAME the identity a key stands for), accepted as
+    `authorization: Bearer KEY`; re-read on SIGHUP and when it changes."""
     api_key: str = ""
     """Path of a file holding the API key this process sends (CLIs; a relay on its telemetry streams)."""
     insecure: bool = False

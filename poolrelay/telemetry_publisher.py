@@ -22,6 +22,7 @@ from meshkit.clock import Clock
 from meshkit.identity import IdentityError, Role
 from meshkit.logs import get_logger
 from meshkit.timeconv import duration, timestamp
+from meshkit.tls import is_loopback
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.retry import TELEMETRY_RECONNECT, describe_error, reconnect_forever
 from poolrelay.v1 import pool_events_pb2 as pe
@@ -61,12 +62,17 @@ def _refused(exc: BaseException) -> bool:
 def bearer_metadata(url: str) -> tuple[tuple[str, str], ...]:
     """The relay's API key (--api-key-file) as `authorization: Bearer` metadata for a stream to
     `url` over plain text (a loopback router with --api-keys, whose keys file maps the key to
-    relay/POOL/RELAY); over TLS the channel's call credentials carry it already. Read at each
-    connect, so a rotated key file is used from the next stream on. Raises ValueError when the file
-    cannot be read or is empty (the stream backs off, and its last_error says so)."""
+    relay/POOL/RELAY); over TLS the channel's call credentials carry it already, and in clear it
+    goes only to a loopback address. Read at each connect, so a rotated key file is used from the
+    next stream on. Raises ValueError when the file cannot be read or is empty, or the frontend is
+    not on loopback (the stream backs off, and its last_error says so)."""
     security = client_security()
-    if not security.api_key or url_to_target(url)[1]:
+    target, tls = url_to_target(url)
+    if not security.api_key or tls:
         return ()
+    if not is_loopback(target):
+        # A key sent in clear could be read off the network and replayed: only to this machine.
+        raise ValueError(f"not sending the API key in clear to {target}: use TLS (--tls-cert, --tls-key)")
     try:
         token = Path(security.api_key).read_text().strip()
     except OSError as exc:

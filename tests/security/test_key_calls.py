@@ -1,4 +1,5 @@
-"""Calls admitted by an API key are held only while open, and a reload that revokes the key ends them."""
+"""Calls admitted by an API key are held only while open, a reload that revokes the key ends them, and a
+relay sends its key in clear only to loopback."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from meshkit.authz import Authorizer
+from meshkit.channels import use_security
 from meshkit.identity import hash_api_key, new_api_key
 from meshkit.server import create_server
 from meshkit.tls import SecurityConfig
+from poolrelay.telemetry_publisher import bearer_metadata
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,3 +62,22 @@ async def test_open_calls_of_a_key_are_held_until_they_end_and_ended_when_it_is_
             assert authorizer._keyed == {}
     finally:
         await handle.server.stop(0)
+
+
+def test_a_relay_sends_its_key_in_clear_only_to_loopback(tmp_path):
+    key_file = tmp_path / "relay.apikey"
+    key_file.write_text("mk_secret\n")
+    try:
+        use_security(SecurityConfig(api_key=str(key_file)))
+        assert bearer_metadata("http://127.0.0.1:5") == (("authorization", "Bearer mk_secret"),)
+        assert bearer_metadata("http://[::1]:5") == (("authorization", "Bearer mk_secret"),)
+        assert bearer_metadata("https://router.example:443") == ()  # TLS: the channel carries it
+        with pytest.raises(ValueError, match=r"not sending the API key in clear to 10\.0\.0\.7:5"):
+            bearer_metadata("http://10.0.0.7:5")
+        key_file.write_text("\n")
+        with pytest.raises(ValueError, match="is empty"):
+            bearer_metadata("http://127.0.0.1:5")
+        use_security(SecurityConfig())
+        assert bearer_metadata("http://127.0.0.1:5") == ()  # no key: nothing sent
+    finally:
+        use_security(SecurityConfig())
