@@ -285,7 +285,8 @@ def test_the_open_calls_of_a_revoked_key_end_at_once(tmp_path):
         with grpc.insecure_channel(router.address) as ch:
             stream = rpb_grpc.RouterServiceStub(ch).Generate(request, timeout=120, metadata=bearer(bob))
             next(stream)  # the stream is open
-            conn = http_client.HTTPConnection(*http.split(":"), timeout=120)
+            host, _, port = http.rpartition(":")
+            conn = http_client.HTTPConnection(host, int(port), timeout=120)
             body = json.dumps({"model": MODEL, "prompt": [7] * 8, "max_tokens": 3000, "stream": True})
             conn.request(
                 "POST",
