@@ -173,8 +173,13 @@ class Publisher:
         await self._channel.close()
 
     def _backing_off(self, state: RetryCallState) -> None:
-        self.state = State.TELEMETRY_STREAM_STATE_BACKING_OFF
-        self.last_error = describe_error(state.outcome.exception() if state.outcome else None)
+        failure = state.outcome.exception() if state.outcome else None
+        # A refusal is not a broken link: status and metrics say so (the redial waits the same).
+        refused = failure is not None and _refused(failure)
+        self.state = (
+            State.TELEMETRY_STREAM_STATE_REFUSED if refused else State.TELEMETRY_STREAM_STATE_BACKING_OFF
+        )
+        self.last_error = describe_error(failure)
 
     async def _run(self) -> None:
         await reconnect_forever(self._session, TELEMETRY_RECONNECT, self._backing_off)

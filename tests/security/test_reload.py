@@ -239,11 +239,17 @@ def test_a_relay_authenticates_by_api_key_to_a_loopback_router_with_api_keys(tmp
         assert log_lines(router.proc, "telemetry stream refused")
         relay_b, status_b = relays["pool-b"]
         wait_until(lambda: log_lines(relay_b, "telemetry stream refused by the frontend"), 30)
-        with grpc.insecure_channel(status_b) as ch:
-            reply = status_pb2_grpc.RelayStatusServiceStub(ch).GetRelayStatus(
-                status_pb2.GetRelayStatusRequest(), timeout=5
-            )
-        assert [s.last_error.split(":")[0] for s in reply.telemetry_streams] == ["UNAUTHENTICATED"]
+
+        def streams_b() -> list[tuple[int, str]]:
+            with grpc.insecure_channel(status_b) as ch:
+                reply = status_pb2_grpc.RelayStatusServiceStub(ch).GetRelayStatus(
+                    status_pb2.GetRelayStatusRequest(), timeout=5
+                )
+            return [(s.state, s.last_error.split(":")[0]) for s in reply.telemetry_streams]
+
+        # Between redials (a refused stream waits out the back-off; it is CONNECTING only while it dials).
+        refused = [(status_pb2.TELEMETRY_STREAM_STATE_REFUSED, "UNAUTHENTICATED")]
+        wait_until(lambda: streams_b() == refused, 30, message="relay-b's status shows the refusal")
         # The relay key stands for relay-a of pool-a only: it is no client key.
         assert grpc_code(router.address, relay_key) == grpc.StatusCode.PERMISSION_DENIED
 
