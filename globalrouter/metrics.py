@@ -86,6 +86,13 @@ class RouterMetrics:
             "Snapshot blocks received and not yet applied, across telemetry streams (8 bytes each)",
             registry=r,
         )
+        self.telemetry_refused = Counter(
+            "globalrouter_telemetry_streams_refused",
+            "Relay telemetry streams refused, by reason (UNAUTHENTICATED, NOT_AUTHORIZED, LIMIT_EXCEEDED):"
+            " the router routes without that relay's KV and load",
+            ["reason"],
+            registry=r,
+        )
         self._children: dict[tuple[object, tuple[str, ...]], object] = {}
 
     def labelled(self, metric, *values: str):

@@ -651,6 +651,18 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         self._authorizer = authorizer
         self.streams = Slots("telemetry streams", per_key=max_streams, total=max_streams)
         self._worker: asyncio.Task | None = None
+        if authorizer is not None:
+            authorizer.on_refusal(_METHOD, lambda refusal: self._refused(str(refusal.reason), str(refusal)))
+
+    def _refused(self, reason: str, why: str) -> None:
+        """Routing without a relay's KV and load must never be silent: each refused stream is
+        counted by reason and logged."""
+        self._ingest._metrics.telemetry_refused.labels(reason).inc()
+        log.warning(
+            "telemetry stream refused: routing goes on without that relay's KV and load",
+            reason=reason,
+            why=why,
+        )
 
     def end_streams(self) -> None:
         """Ends every open stream at its next message (relays send at least every report interval).
@@ -690,12 +702,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         try:
             self.streams.acquire("all")
         except LimitExceeded as exc:
-            log.warning(
-                "telemetry stream refused",
-                code="RESOURCE_EXHAUSTED",
-                reason=str(Reason.LIMIT_EXCEEDED),
-                error=str(exc),
-            )
+            self._refused(str(Reason.LIMIT_EXCEEDED), str(exc))
             await context.abort_with_status(exc.status())
         try:
             await self._publish(context)
