@@ -914,3 +914,26 @@ CASES += [
         reason="invalid_json",
     ),
 ]
+
+# Issue 18: a frontend URL on port 0 (relays dialled it and backed off for good).
+CASES += [
+    Case(
+        "discovery",
+        "RegisterPool",
+        "a frontend URL on port 0",
+        IA,
+        "frontends[0]",
+        _discovery("RegisterPool", _registration(frontends=["http://127.0.0.1:0"])),
+    ),
+    Case(
+        "discovery",
+        "RegisterFrontend",
+        "url on port 0",
+        IA,
+        "url",
+        _discovery(
+            "RegisterFrontend",
+            dpb.RegisterFrontendRequest(frontend_id="f", url="http://127.0.0.1:0", incarnation=1),
+        ),
+    ),
+]
