@@ -28,6 +28,7 @@ import aetcd
 import aetcd.exceptions
 import grpc
 from aetcd import rpc
+from aetcd.transactions import Mod
 from aetcd.utils import prefix_range_end
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
@@ -68,6 +69,20 @@ ETCD_RESYNC = wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2)
 # Ending a completed drain's leases in etcd: every replica tries, each a few times.
 DRAIN_WRITE_STOP = stop_after_attempt(5)
 DRAIN_WRITE_WAIT = wait_exponential_jitter(multiplier=0.2, max=2.0, jitter=0.2)
+# A registration whose pool changed between its read and its write is decided again, a few times
+# (the jitter spreads replicas that keep colliding); then the caller is told to retry.
+REGISTER_ATTEMPTS = 8
+REGISTER_STOP = stop_after_attempt(REGISTER_ATTEMPTS)
+REGISTER_WAIT = wait_exponential_jitter(initial=0.005, max=0.2, jitter=0.02)
+
+
+class _Contended(Exception):
+    """The keys a registration was decided on changed before its write (another replica wrote)."""
+
+
+def _mod_of_range(start: bytes, end: bytes) -> Mod:
+    """A compare on the mod revision of every key in [start, end) (etcd holds it for each key)."""
+    return Mod(start, range_end=end)
 
 
 def _unavailable(method):
@@ -77,7 +92,7 @@ def _unavailable(method):
     async def wrapper(*args, **kwargs):
         try:
             return await method(*args, **kwargs)
-        except (aetcd.exceptions.ClientError, OSError, TimeoutError) as exc:
+        except (aetcd.exceptions.ClientError, grpc.RpcError, OSError, TimeoutError) as exc:
             raise StoreUnavailable(f"etcd did not answer: {exc}") from exc
 
     return wrapper
@@ -363,34 +378,22 @@ class EtcdStore:
 
     @_unavailable
     async def register_pool(self, reg: PoolRegistration) -> RegisterResult:
-        key = _lease_key(reg.pool_id, reg.relay_id)
-        drained = await self._client.get(DRAINED + reg.pool_id.encode() + SEP + reg.relay_id.encode())
-        lease_rules.check_not_drained(reg, int(drained.value) if drained is not None else None)
-        current = await self._client.get(key)
-        held = _decode(current.value) if current is not None else None
-        lease_rules.check_incarnation(
-            (reg.pool_id, reg.relay_id), held[0].incarnation if held is not None else None, reg.incarnation
-        )
-        others = _readable(await self._client.get_prefix(LEASES + reg.pool_id.encode() + SEP))
-        holder = lease_rules.conflicting_holder(reg, others)
-        if holder is not None:
-            if held is not None:  # the refusal shows the ended lease, as every reply shows its write
-                await self._caught_up(await self._end(key, held[0], held[1], Removal.UNREGISTERED))
-            raise lease_rules.ModelConflict(holder)
-        # Taken before etcd renews the lease, so etcd's own expiry is never earlier than this.
-        expire_wall = self.clock.wall() + self._ttl
-        lease_id = await self._lease_for(held[1] if held is not None else None)
-        stored = dataclasses.replace(reg, expire_wall=expire_wall)
-        # Written only if nobody changed the key since we read it (another replica, a newer relay).
-        t = self._client.transactions
-        ok, responses = await self._client.transaction(
-            compare=[t.mod(key) == (current.mod_revision if current is not None else 0)],
-            success=[t.put(key, _encode(stored, lease_id), lease=lease_id)],
-            failure=[],
-        )
-        if not ok:
-            raise StoreUnavailable(f"lease {reg.pool_id!r}/{reg.relay_id!r} changed concurrently; retry")
-        await self._caught_up(responses[0].response_put.header.revision)
+        # Read, decide, write as one step: the write commits only if nothing it was decided on
+        # changed (another replica registering into the same pool); else it is decided again.
+        try:
+            async for attempt in AsyncRetrying(
+                stop=REGISTER_STOP,
+                wait=REGISTER_WAIT,
+                retry=retry_if_exception_type(_Contended),
+                reraise=True,
+            ):
+                with attempt:
+                    expire_wall, revision = await self._register_once(reg)
+        except _Contended as exc:
+            raise StoreUnavailable(
+                f"pool {reg.pool_id!r} kept changing concurrently ({REGISTER_ATTEMPTS} tries); retry"
+            ) from exc
+        await self._caught_up(revision)
         now = self.clock.monotonic()
         view = self.directory.get_pool(reg.pool_id, now)
         if view is None:  # it left the directory while it registered (removed, drained)
@@ -402,6 +405,60 @@ class EtcdStore:
             drain_requested=drain_wall is not None,
             drain_deadline_wall=drain_wall,
         )
+
+    async def _register_once(self, reg: PoolRegistration) -> tuple[float, int]:
+        """One read-decide-write of a registration: (the lease's expiry, the write's revision).
+        Raises _Contended when the pool changed between the read and the write."""
+        key = _lease_key(reg.pool_id, reg.relay_id)
+        drained_key = DRAINED + reg.pool_id.encode() + SEP + reg.relay_id.encode()
+        pool_start = LEASES + reg.pool_id.encode() + SEP
+        pool_end = prefix_range_end(pool_start)
+        # One read of everything the decision uses, all at one etcd revision.
+        read = await self._client.kvstub.Txn(
+            rpc.TxnRequest(
+                success=[
+                    rpc.RequestOp(request_range=rpc.RangeRequest(key=drained_key)),
+                    rpc.RequestOp(request_range=rpc.RangeRequest(key=pool_start, range_end=pool_end)),
+                ]
+            ),
+            timeout=self._client._timeout,
+            metadata=self._client.metadata,
+        )
+        seen_at = read.header.revision
+        drained_kvs = read.responses[0].response_range.kvs
+        pool_kvs = read.responses[1].response_range.kvs
+        lease_rules.check_not_drained(reg, int(drained_kvs[0].value) if drained_kvs else None)
+        current = next((kv for kv in pool_kvs if kv.key == key), None)
+        held = _decode(current.value) if current is not None else None
+        lease_rules.check_incarnation(
+            (reg.pool_id, reg.relay_id), held[0].incarnation if held is not None else None, reg.incarnation
+        )
+        holder = lease_rules.conflicting_holder(reg, _readable(pool_kvs))
+        if holder is not None:
+            if held is not None:  # the refusal shows the ended lease, as every reply shows its write
+                await self._caught_up(await self._end(key, held[0], held[1], Removal.UNREGISTERED))
+            raise lease_rules.ModelConflict(holder)
+        # Taken before etcd renews the lease, so etcd's own expiry is never earlier than this.
+        expire_wall = self.clock.wall() + self._ttl
+        lease_id = await self._lease_for(held[1] if held is not None else None)
+        stored = dataclasses.replace(reg, expire_wall=expire_wall)
+        t = self._client.transactions
+        ok, responses = await self._client.transaction(
+            compare=[
+                # Own lease: still the one read (not ended, not renewed by a newer relay).
+                t.mod(key) == (current.mod_revision if current is not None else 0),
+                # No lease of the pool written since the read (a new relay's, through another
+                # replica: the check above would have refused it), and no drain refusal either.
+                # A deletion (a lease ending) cannot make a refusal wrong, so it is not compared.
+                _mod_of_range(pool_start, pool_end) < seen_at + 1,
+                t.mod(drained_key) < seen_at + 1,
+            ],
+            success=[t.put(key, _encode(stored, lease_id), lease=lease_id)],
+            failure=[],
+        )
+        if not ok:
+            raise _Contended()
+        return expire_wall, responses[0].response_put.header.revision
 
     async def _end(self, key: bytes, reg: PoolRegistration, lease_id: int, reason: Removal) -> int:
         """Marks why a lease ends (so every mirror reports it), then deletes it; returns the revision."""
