@@ -55,6 +55,14 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argpars
         help="events a watcher may fall behind before its stream is ended (default %(default)s)",
     )
     serve.add_argument(
+        "--watch-history-bytes",
+        type=int,
+        default=_DEFAULTS.watch_history_bytes,
+        metavar="BYTES",
+        help="bytes of pool records kept for resumed watches; an older resume gets a snapshot "
+        "(default %(default)s)",
+    )
+    serve.add_argument(
         "--store",
         choices=["memory", "etcd"],
         default=_DEFAULTS.store,
@@ -103,6 +111,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         heartbeat_interval=args.heartbeat_interval,
         lease_duration=args.lease_duration,
         watch_queue_limit=args.watch_queue_limit,
+        watch_history_bytes=args.watch_history_bytes,
         store=args.store,
         etcd_endpoints=args.etcd_endpoints or "",
         max_watchers=args.max_watchers,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES
 from meshkit.tls import SecurityConfig
 
 MAX_LEASE_SECONDS = 86_400.0
@@ -24,6 +25,10 @@ class DiscoveryConfig:
 
     watch_queue_limit: int = 10_000
     """Events a WatchPools stream may fall behind before it is ended with RESOURCE_EXHAUSTED."""
+
+    watch_history_bytes: int = DEFAULT_HISTORY_BYTES
+    """Bytes of pool records the watch history (what a resumed watch replays) may hold; a resume
+    from before the oldest kept change gets a fresh snapshot."""
 
     store: str = "memory"
     """Where the directory lives: "memory" (this process only) or "etcd" (shared by replicas)."""
@@ -58,4 +63,6 @@ class DiscoveryConfig:
             found.append(f"--max-watchers must be >= 1 (got {self.max_watchers})")
         if self.watch_queue_limit < 1:
             found.append(f"--watch-queue-limit must be >= 1 (got {self.watch_queue_limit})")
+        if self.watch_history_bytes < 1:
+            found.append(f"--watch-history-bytes must be >= 1 (got {self.watch_history_bytes})")
         return found

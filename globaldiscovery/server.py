@@ -361,6 +361,7 @@ def make_store(config: DiscoveryConfig, clock: Clock) -> Store:
             heartbeat_interval=config.heartbeat_interval,
             lease_duration=config.lease_duration,
             watch_queue_limit=config.watch_queue_limit,
+            watch_history_bytes=config.watch_history_bytes,
         )
     if config.store != "memory":
         raise ValueError(f"unknown store {config.store!r}")
@@ -369,6 +370,7 @@ def make_store(config: DiscoveryConfig, clock: Clock) -> Store:
         heartbeat_interval=config.heartbeat_interval,
         lease_duration=config.lease_duration,
         watch_queue_limit=config.watch_queue_limit,
+        watch_history_bytes=config.watch_history_bytes,
     )
 
 

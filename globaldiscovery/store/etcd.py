@@ -34,7 +34,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from globaldiscovery import lease_rules
 from globaldiscovery.lease_rules import NotFound
-from globaldiscovery.lease_state import Directory
+from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES, Directory
 from globaldiscovery.records import (
     Capacity,
     FrontendView,
@@ -193,6 +193,7 @@ class EtcdStore:
         lease_duration: float,
         watch_queue_limit: int = 10_000,
         watch_history_limit: int = 10_000,
+        watch_history_bytes: int = DEFAULT_HISTORY_BYTES,
     ) -> None:
         self.clock = clock
         # One endpoint or several ("A,B,C", the members of an etcd cluster): one channel that
@@ -214,6 +215,7 @@ class EtcdStore:
             wall_offset=clock.wall() - now,
             watch_queue_limit=watch_queue_limit,
             watch_history_limit=watch_history_limit,
+            watch_history_bytes=watch_history_bytes,
             complete_at_start=True,
             on_drained=self._drain_completed,
             mirror=True,
@@ -578,6 +580,7 @@ class EtcdStore:
             started_at=now,
             wall_offset=self.clock.wall() - now,
             watch_history_limit=self.directory.history_limit,
+            watch_history_bytes=self.directory.history_byte_limit,
             complete_at_start=True,
             mirror=True,
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from globaldiscovery.lease_state import Directory
+from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES, Directory
 from globaldiscovery.records import FrontendView, PoolRegistration, PoolView, RegisterResult, Removal
 from globaldiscovery.store.expiry import Expiry
 from globaldiscovery.watch_fanout import Watcher
@@ -20,6 +20,7 @@ class MemoryStore:
         lease_duration: float,
         watch_queue_limit: int = 10_000,
         watch_history_limit: int = 10_000,
+        watch_history_bytes: int = DEFAULT_HISTORY_BYTES,
     ) -> None:
         self.clock = clock
         self.heartbeat_interval = heartbeat_interval
@@ -31,6 +32,7 @@ class MemoryStore:
             wall_offset=clock.wall() - now,
             watch_queue_limit=watch_queue_limit,
             watch_history_limit=watch_history_limit,
+            watch_history_bytes=watch_history_bytes,
         )
         self._expiry = Expiry(self.directory, clock)
 
