@@ -76,6 +76,14 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argpars
         help="etcd's members, with --store etcd (calls move to another member when one fails)",
     )
     serve.add_argument(
+        "--etcd-isolation-timeout",
+        type=float,
+        default=_DEFAULTS.etcd_isolation_timeout,
+        metavar="SECONDS",
+        help="with --store etcd: how long without etcd before this replica stops serving "
+        "(NOT_SERVING, calls refused) until it re-syncs (default %(default)s)",
+    )
+    serve.add_argument(
         "--max-watchers",
         type=int,
         default=_DEFAULTS.max_watchers,
@@ -114,6 +122,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         watch_history_bytes=args.watch_history_bytes,
         store=args.store,
         etcd_endpoints=args.etcd_endpoints or "",
+        etcd_isolation_timeout=args.etcd_isolation_timeout,
         max_watchers=args.max_watchers,
         security=flags.security_config(parser, args),
     )

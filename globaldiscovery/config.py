@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES
+from globaldiscovery.store.etcd_link import DEFAULT_ISOLATION_TIMEOUT
 from meshkit.tls import SecurityConfig
 
 MAX_LEASE_SECONDS = 86_400.0
@@ -36,6 +37,11 @@ class DiscoveryConfig:
     etcd_endpoints: str = ""
     """HOST:PORT of etcd, with store "etcd"; several, comma-separated, for an etcd cluster's members."""
 
+    etcd_isolation_timeout: float = DEFAULT_ISOLATION_TIMEOUT
+    """Seconds a replica of the etcd store may go without etcd before it stops serving (NOT_SERVING,
+    watches ended and every call refused with UNAVAILABLE, so callers move to another replica);
+    it serves again by itself once its mirror re-synced."""
+
     stop_grace: float = 5.0
     """Seconds in-flight calls get to finish on SIGTERM."""
 
@@ -59,6 +65,8 @@ class DiscoveryConfig:
             found.append(f"--lease-duration must be at most one day (got {self.lease_duration:g} s)")
         if self.store == "etcd" and not self.etcd_endpoints:
             found.append("--store etcd needs --etcd-endpoints HOST:PORT")
+        if not self.etcd_isolation_timeout > 0:
+            found.append(f"--etcd-isolation-timeout must be > 0 (got {self.etcd_isolation_timeout:g})")
         if self.max_watchers < 1:
             found.append(f"--max-watchers must be >= 1 (got {self.max_watchers})")
         if self.watch_queue_limit < 1:

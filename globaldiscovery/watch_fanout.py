@@ -26,6 +26,7 @@ class WatcherClosed(enum.Enum):
     OVERFLOW = 1
     SHUTDOWN = 2
     RESYNC = 3  # the replica re-read its shared store: the stream cannot continue change by change
+    ISOLATED = 4  # the replica lost its shared store: its directory is frozen, watch another replica
 
 
 class Watcher:

@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict
 
 import aetcd
@@ -44,7 +45,8 @@ from globaldiscovery.records import (
     RegisterResult,
     Removal,
 )
-from globaldiscovery.store.base import StoreUnavailable
+from globaldiscovery.store.base import StoreIsolated, StoreUnavailable
+from globaldiscovery.store.etcd_link import DEFAULT_ISOLATION_TIMEOUT, EtcdLink, LinkChange
 from globaldiscovery.store.expiry import Expiry
 from globaldiscovery.watch_fanout import Watcher, WatcherClosed
 from meshkit import discovery_endpoints
@@ -73,7 +75,7 @@ DRAIN_WRITE_WAIT = wait_exponential_jitter(multiplier=0.2, max=2.0, jitter=0.2)
 # (the jitter spreads replicas that keep colliding); then the caller is told to retry.
 REGISTER_ATTEMPTS = 8
 REGISTER_STOP = stop_after_attempt(REGISTER_ATTEMPTS)
-REGISTER_WAIT = wait_exponential_jitter(initial=0.005, max=0.2, jitter=0.02)
+REGISTER_WAIT = wait_exponential_jitter(multiplier=0.005, max=0.2, jitter=0.02)
 
 
 class _Contended(Exception):
@@ -194,6 +196,7 @@ class EtcdStore:
         watch_queue_limit: int = 10_000,
         watch_history_limit: int = 10_000,
         watch_history_bytes: int = DEFAULT_HISTORY_BYTES,
+        isolation_timeout: float = DEFAULT_ISOLATION_TIMEOUT,
     ) -> None:
         self.clock = clock
         # One endpoint or several ("A,B,C", the members of an etcd cluster): one channel that
@@ -230,6 +233,9 @@ class EtcdStore:
         self._watch = None
         self._background: set[asyncio.Task] = set()
         self._known: dict[bytes, bytes] = {}  # every key the mirror holds, as last seen
+        self.link = EtcdLink(isolation_timeout, now)
+        self._prober: asyncio.Task[None] | None = None
+        self._health_listeners: list[Callable[[bool], None]] = []
 
     # ----- lifecycle and the mirror -----
 
@@ -237,8 +243,76 @@ class EtcdStore:
     async def start(self) -> None:
         await self._client.connect()
         await self._sync()
+        self.link.followed(self.clock.monotonic())
         self._follower = asyncio.create_task(self._follow_forever(), name="etcd-follow")
+        self._prober = asyncio.create_task(self._watch_link(), name="etcd-link")
         self._expiry.start()
+
+    def on_health(self, listener: Callable[[bool], None]) -> None:
+        self._health_listeners.append(listener)
+
+    @property
+    def isolated(self) -> bool:
+        """Whether this replica counts as cut off from etcd (it refuses every call)."""
+        return self.link.isolated
+
+    def _refuse_if_isolated(self) -> None:
+        """Raises StoreIsolated while this replica is cut off from etcd: its mirror is frozen, so
+        neither a write (it cannot reach etcd) nor a read (it would be stale) is answered here."""
+        if self.link.isolated:
+            silent = self.link.silent_for(self.clock.monotonic())
+            raise StoreIsolated(
+                f"this discovery replica has not reached etcd for {silent:.1f} s "
+                f"(limit {self.link.timeout:g} s); call another replica"
+            )
+
+    async def _watch_link(self) -> None:
+        """Asks etcd a few times per isolation timeout whether it is there (a watch with no
+        changes says nothing), and acts when the link is lost or regained."""
+        while True:
+            await self.clock.sleep(self.link.probe_interval)
+            try:
+                async with asyncio.timeout(self.link.probe_interval):
+                    await self._etcd_revision()
+                self.link.contact(self.clock.monotonic())
+            except (TimeoutError, aetcd.exceptions.ClientError, grpc.RpcError, OSError):
+                pass  # silence: the check below counts it
+            change = self.link.check(self.clock.monotonic())
+            if change is LinkChange.LOST:
+                log.warning(
+                    "etcd unreachable; this replica stops serving (NOT_SERVING, watches ended) until it re-syncs",
+                    silent_s=round(self.link.silent_for(self.clock.monotonic()), 2),
+                    isolation_timeout_s=self.link.timeout,
+                    applied_revision=self._applied,
+                )
+                self.directory.close_watchers(WatcherClosed.ISOLATED)
+                self._tell(serving=False)
+                await self._restart_follower()
+            elif change is LinkChange.REGAINED:
+                log.info("etcd reachable again; mirror re-synced, serving", applied_revision=self._applied)
+                self._tell(serving=True)
+
+    def _tell(self, *, serving: bool) -> None:
+        for listener in self._health_listeners:
+            try:
+                listener(serving)
+            except Exception:  # one listener must not keep the others from hearing it
+                log.exception("a health listener failed")
+
+    async def _restart_follower(self) -> None:
+        """Drops the mirror's etcd watch (it may hang on a dead link) and follows etcd afresh:
+        the replica serves again only once its mirror re-synced (link.followed)."""
+        old, watch = self._follower, self._watch
+        if old is not None:
+            old.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await old
+        if watch is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await watch.cancel()
+        self._watch = None
+        self._follower = asyncio.create_task(self._follow_forever(), name="etcd-follow")
 
     async def _sync(self) -> None:
         """Starts following etcd. After a broken watch, from the change after the last one applied
@@ -284,18 +358,20 @@ class EtcdStore:
                     try:
                         if self._watch is None:
                             await self._sync()
+                            self.link.followed(self.clock.monotonic())
                         await self._follow()
                     except aetcd.exceptions.RevisionCompactedError:
                         self._compacted = True
                         raise
                     finally:
                         self._watch = None
+                        self.link.broke()
             log.warning("etcd watch ended; re-syncing")
 
     async def close(self) -> None:
         self.directory.close_watchers()
         await self._expiry.stop()
-        for task in [self._follower, *self._background]:
+        for task in [self._prober, self._follower, *self._background]:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -313,6 +389,7 @@ class EtcdStore:
             self._apply_safely(event.kind, event.kv.key, event.kv.value, prev)
             self._applied = max(self._applied, event.kv.mod_revision)
             self._advanced.set()
+            self.link.contact(self.clock.monotonic())
 
     def _apply_safely(self, kind: str, key: bytes, value: bytes, prev: bytes | None) -> None:
         """_apply, logging instead of raising: one bad record must not stop the mirror or its start."""
@@ -380,6 +457,7 @@ class EtcdStore:
 
     @_unavailable
     async def register_pool(self, reg: PoolRegistration) -> RegisterResult:
+        self._refuse_if_isolated()
         # Read, decide, write as one step: the write commits only if nothing it was decided on
         # changed (another replica registering into the same pool); else it is decided again.
         try:
@@ -470,6 +548,7 @@ class EtcdStore:
 
     @_unavailable
     async def unregister_pool(self, pool_id: str, relay_id: str, incarnation: int, reason: Removal) -> bool:
+        self._refuse_if_isolated()
         key = _lease_key(pool_id, relay_id)
         current = await self._client.get(key)
         if current is None:
@@ -481,6 +560,7 @@ class EtcdStore:
 
     @_unavailable
     async def remove_pool(self, pool_id: str) -> PoolView:
+        self._refuse_if_isolated()
         view = self.directory.get_pool(pool_id, self.clock.monotonic())
         lease_rules.require_listed(pool_id, view)
         assert view is not None
@@ -494,6 +574,7 @@ class EtcdStore:
 
     @_unavailable
     async def drain_pool(self, pool_id: str, timeout: float) -> PoolView:  # noqa: ASYNC109 (a drain length)
+        self._refuse_if_isolated()
         lease_rules.require_listed(pool_id, self.directory.get_pool(pool_id, self.clock.monotonic()))
         key = DRAINS + pool_id.encode()
         body = json.dumps(
@@ -516,12 +597,14 @@ class EtcdStore:
     async def list_pools(
         self, *, model: str, region: str, after: str | None, limit: int
     ) -> tuple[list[PoolView], bool, bool]:
+        self._refuse_if_isolated()
         pools, more = self.directory.list_pools(
             self.clock.monotonic(), model=model, region=region, after=after, limit=limit
         )
         return pools, more, True
 
     async def watch(self, *, model: str, region: str, start_revision: int = 0) -> Watcher:
+        self._refuse_if_isolated()
         if start_revision > 0 and not model and not region:
             if start_revision > self._applied:
                 await self._reach(start_revision)
@@ -622,6 +705,7 @@ class EtcdStore:
     async def register_frontend(
         self, frontend_id: str, url: str, region: str, incarnation: int
     ) -> FrontendView:
+        self._refuse_if_isolated()
         key = FRONTENDS + frontend_id.encode()
         current = await self._client.get(key)
         lease_id = None
@@ -645,6 +729,7 @@ class EtcdStore:
 
     @_unavailable
     async def unregister_frontend(self, frontend_id: str, incarnation: int) -> bool:
+        self._refuse_if_isolated()
         key = FRONTENDS + frontend_id.encode()
         current = await self._client.get(key)
         if current is None:
@@ -659,4 +744,5 @@ class EtcdStore:
         return self._frontends_version
 
     async def list_frontends(self) -> tuple[list[FrontendView], bool]:
+        self._refuse_if_isolated()
         return sorted(self._frontends.values(), key=lambda f: f.frontend_id), True

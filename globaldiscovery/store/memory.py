@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES, Directory
 from globaldiscovery.records import FrontendView, PoolRegistration, PoolView, RegisterResult, Removal
 from globaldiscovery.store.expiry import Expiry
@@ -42,6 +44,9 @@ class MemoryStore:
     async def close(self) -> None:
         self.directory.close_watchers()
         await self._expiry.stop()
+
+    def on_health(self, listener: Callable[[bool], None]) -> None:
+        """Never called: this process is the whole directory."""
 
     def _now(self) -> float:
         return self.clock.monotonic()
