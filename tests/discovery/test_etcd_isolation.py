@@ -216,3 +216,65 @@ async def test_a_replica_cut_off_from_etcd_stops_serving_then_recovers_by_itself
         finally:
             resumed.cancel()
     cluster.remove_data()
+
+
+# ----- relays and frontends move to another replica -----
+
+
+@pytest.mark.e2e
+def test_relays_and_frontends_move_off_a_replica_cut_off_from_etcd(procs):
+    """Replica A knows only one etcd member (not the leader: B must not see an election), replica
+    B the other two. The relay's keep-alive stream and the frontend's watch are on A (B starts
+    after them); A's member is killed: A stops serving and ends them, and they move to B, so the
+    pool never leaves B's listing nor the frontend's, and a pool started afterwards reaches the
+    frontend. A serves again once its member is back."""
+    from meshlaunch import Mesh, command, free_port, wait_healthy, wait_until
+    from tests.resilience.test_e2e_replicated import Watchdog, listed_at
+
+    require_etcd()
+    heartbeat, lease = 0.5, 5.0
+    cluster = EtcdCluster(procs, 3).start()
+    leader = wait_until(lambda: cluster.leader() is not None and cluster.leader() + 1, timeout=10) - 1
+    cut = (leader + 1) % 3
+    a, b = (f"127.0.0.1:{free_port()}" for _ in range(2))
+
+    def replica(address: str, endpoints: list[str]):
+        flags = ["--store", "etcd", "--etcd-endpoints", ",".join(endpoints)]
+        timing = ["--heartbeat-interval", str(heartbeat), "--lease-duration", str(lease)]
+        argv = [command("globaldiscovery"), "serve", "--listen", address, *flags, *timing]
+        proc = procs.start("discovery", [*argv, "--etcd-isolation-timeout", str(ISOLATION)])
+        wait_healthy(address, proc=proc)
+
+    replica(a, [cluster.endpoints[cut]])
+    mesh = Mesh(procs)
+    mesh.discovery = f"{a},{b}"  # the relays and the frontend know both replicas
+    mesh.start_pool("pool-a", "eu", "--speedup", "50")
+    router = mesh.start_router()
+    mesh.wait_routable(router, ["pool-a"])
+    replica(b, [e for i, e in enumerate(cluster.endpoints) if i != cut])
+
+    def b_lists_the_pool() -> str | None:
+        return None if "pool-a" in listed_at(b) else "pool-a not listed at replica B"
+
+    def router_lists_the_pool() -> str | None:
+        view = router.pools().get("pool-a")
+        return None if view is not None and view.listed else "pool-a not listed at the frontend"
+
+    def a_serves() -> bool:
+        with grpc.insecure_channel(a) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    with Watchdog(b_lists_the_pool) as at_b, Watchdog(router_lists_the_pool) as at_router:
+        cluster.kill9(cut)
+        wait_until(lambda: not a_serves(), timeout=WAIT, message="replica A to turn NOT_SERVING")
+        time.sleep(2 * lease)  # the relay's lease would have lapsed twice had it stayed on A
+    assert at_b.misses == [] and at_router.misses == [], (at_b.misses[:3], at_router.misses[:3])
+    # The frontend's directory follows a live replica: a pool that starts now reaches it.
+    mesh.start_pool("pool-b", "eu", "--speedup", "50")
+    mesh.wait_routable(router, ["pool-b"], timeout=WAIT)
+
+    cluster.restart(cut)
+    wait_until(a_serves, timeout=WAIT, message="replica A to serve again")
+    assert {"pool-a", "pool-b"} <= listed_at(a)  # its mirror re-synced
+    cluster.remove_data()
