@@ -501,7 +501,7 @@ class EtcdStore:
                     rpc.RequestOp(request_range=rpc.RangeRequest(key=pool_start, range_end=pool_end)),
                 ]
             ),
-            timeout=self._client._timeout,
+            timeout=self.link.timeout,  # longer means this replica is losing etcd: the caller retries
             metadata=self._client.metadata,
         )
         seen_at = read.header.revision
