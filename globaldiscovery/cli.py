@@ -55,6 +55,13 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argpars
         help="events a watcher may fall behind before its stream is ended (default %(default)s)",
     )
     serve.add_argument(
+        "--watch-queue-bytes",
+        type=int,
+        default=_DEFAULTS.watch_queue_bytes,
+        metavar="BYTES",
+        help="bytes of pool records a watcher may fall behind before its stream is ended (default %(default)s)",
+    )
+    serve.add_argument(
         "--watch-history-bytes",
         type=int,
         default=_DEFAULTS.watch_history_bytes,
@@ -119,6 +126,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         heartbeat_interval=args.heartbeat_interval,
         lease_duration=args.lease_duration,
         watch_queue_limit=args.watch_queue_limit,
+        watch_queue_bytes=args.watch_queue_bytes,
         watch_history_bytes=args.watch_history_bytes,
         store=args.store,
         etcd_endpoints=args.etcd_endpoints or "",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES
+from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES, DEFAULT_QUEUE_BYTES
 from globaldiscovery.store.etcd_link import DEFAULT_ISOLATION_TIMEOUT
 from meshkit.tls import SecurityConfig
 
@@ -26,6 +26,9 @@ class DiscoveryConfig:
 
     watch_queue_limit: int = 10_000
     """Events a WatchPools stream may fall behind before it is ended with RESOURCE_EXHAUSTED."""
+
+    watch_queue_bytes: int = DEFAULT_QUEUE_BYTES
+    """Bytes of pool records a WatchPools stream may fall behind before it is ended likewise."""
 
     watch_history_bytes: int = DEFAULT_HISTORY_BYTES
     """Bytes of pool records the watch history (what a resumed watch replays) may hold; a resume
@@ -71,6 +74,8 @@ class DiscoveryConfig:
             found.append(f"--max-watchers must be >= 1 (got {self.max_watchers})")
         if self.watch_queue_limit < 1:
             found.append(f"--watch-queue-limit must be >= 1 (got {self.watch_queue_limit})")
+        if self.watch_queue_bytes < 1:
+            found.append(f"--watch-queue-bytes must be >= 1 (got {self.watch_queue_bytes})")
         if self.watch_history_bytes < 1:
             found.append(f"--watch-history-bytes must be >= 1 (got {self.watch_history_bytes})")
         return found

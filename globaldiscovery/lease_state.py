@@ -30,11 +30,14 @@ from globaldiscovery.records import (
 from globaldiscovery.watch_fanout import Watcher, WatcherClosed, WatchFanout, selected
 from meshkit import pagination
 
-__all__ = ["DEFAULT_HISTORY_BYTES", "Directory"]
+__all__ = ["DEFAULT_HISTORY_BYTES", "DEFAULT_QUEUE_BYTES", "Directory"]
 
 # The watch history's default byte bound: thousands of ordinary changes, and ~260 of the largest
 # pools (64 frontends of long URLs, ~250 KB each) rather than 10,000 of them (~2.5 GB).
 DEFAULT_HISTORY_BYTES = 64 * 1024 * 1024
+# A watcher's queue of unread changes, likewise (the events are shared with the history and every
+# other watcher, but a slow reader keeps them alive after the history let them go).
+DEFAULT_QUEUE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -58,6 +61,7 @@ class Directory:
         started_at: float,
         wall_offset: float,
         watch_queue_limit: int = 10_000,
+        watch_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         watch_history_limit: int = 10_000,
         watch_history_bytes: int = DEFAULT_HISTORY_BYTES,
         complete_at_start: bool = False,
@@ -74,7 +78,7 @@ class Directory:
         self._order: list[str] = []  # pool ids, sorted, for ordered pages
         self._drains: dict[str, float] = {}  # pool_id -> monotonic deadline of an operator drain
         self._drained: dict[str, dict[str, int]] = {}  # pool -> relay -> highest refused incarnation
-        self._fanout = WatchFanout(watch_queue_limit)
+        self._fanout = WatchFanout(watch_queue_limit, watch_queue_bytes)
         # A mirror follows a shared store (etcd): the store numbers its changes (at_revision), so
         # every replica gives one change the same revision and a watch resumes on any of them; and
         # a drain ends when the store ends its leases (the same change on every replica), not on
@@ -86,7 +90,7 @@ class Directory:
         self.revision = 0 if mirror else int((started_at + wall_offset) * 1_000_000)
         # The changes a resumed watch replays, bounded by count and by bytes (an event holds a
         # whole pool record, which may be large, and outlives the pool): the oldest go first.
-        self._history: deque[tuple[PoolEvent, int]] = deque()  # (event, its pool_view_bytes)
+        self._history: deque[PoolEvent] = deque()
         self._history_limit = max(1, watch_history_limit)
         self._history_byte_limit = max(1, watch_history_bytes)
         self._history_bytes = 0
@@ -336,7 +340,7 @@ class Directory:
     def _replay(self, after: int, upto: int) -> list[PoolEvent]:
         """Copies of the history's events after `after` up to `upto`: a copy caches its encoded
         message for its watcher, so the history never holds messages beside its records."""
-        return [replace(event, encoded=None) for event, _ in self._history if after < event.revision <= upto]
+        return [replace(event, encoded=None) for event in self._history if after < event.revision <= upto]
 
     def _clear_history(self) -> None:
         self._history.clear()
@@ -498,10 +502,10 @@ class Directory:
             self.revision += 1
         removal = reason if kind is EventKind.REMOVED else Removal.UNSPECIFIED
         size = pool_view_bytes(view)
-        self._history.append((PoolEvent(kind, view, removal, revision=self.revision), size))
+        self._history.append(PoolEvent(kind, view, removal, revision=self.revision, size=size))
         self._history_bytes += size
         while len(self._history) > self._history_limit or self._history_bytes > self._history_byte_limit:
-            evicted, evicted_size = self._history.popleft()
-            self._history_bytes -= evicted_size
+            evicted = self._history.popleft()
+            self._history_bytes -= evicted.size
             self._history_floor = evicted.revision  # a resume from before it gets a snapshot
-        self._fanout.publish(kind, view, reason, self.revision)
+        self._fanout.publish(kind, view, reason, self.revision, size)

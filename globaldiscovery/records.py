@@ -137,6 +137,7 @@ class PoolEvent:
     complete: bool = False
     encoded: object = None
     revision: int = 0  # the directory's revision after this event (see Directory.revision)
+    size: int = 0  # pool_view_bytes of its pool record: what queues and the history bounded by bytes count
     resumed: bool = False  # SNAPSHOT_DONE of a resumed watch: no snapshot precedes it
 
 

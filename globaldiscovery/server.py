@@ -298,12 +298,13 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         finally:
             self.store.unwatch(watcher)
         if watcher.closed is WatcherClosed.OVERFLOW:
-            log.warning("watcher fell behind", limit=watcher.limit)
+            log.warning("watcher fell behind", limit=watcher.limit, byte_limit=watcher.byte_limit)
             await abort_with_reason(
                 context,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 Reason.SLOW_CONSUMER,
-                f"this watch fell more than {watcher.limit} events behind; watch again for a fresh snapshot",
+                f"this watch fell more than {watcher.limit} events or {watcher.byte_limit} bytes of pool "
+                "records behind; watch again for a fresh snapshot",
             )
         if watcher.closed is WatcherClosed.RESYNC:
             await abort_with_reason(
@@ -387,6 +388,7 @@ def make_store(config: DiscoveryConfig, clock: Clock) -> Store:
             heartbeat_interval=config.heartbeat_interval,
             lease_duration=config.lease_duration,
             watch_queue_limit=config.watch_queue_limit,
+            watch_queue_bytes=config.watch_queue_bytes,
             watch_history_bytes=config.watch_history_bytes,
             isolation_timeout=config.etcd_isolation_timeout,
         )
@@ -397,6 +399,7 @@ def make_store(config: DiscoveryConfig, clock: Clock) -> Store:
         heartbeat_interval=config.heartbeat_interval,
         lease_duration=config.lease_duration,
         watch_queue_limit=config.watch_queue_limit,
+        watch_queue_bytes=config.watch_queue_bytes,
         watch_history_bytes=config.watch_history_bytes,
     )
 

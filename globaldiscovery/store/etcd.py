@@ -35,7 +35,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from globaldiscovery import lease_rules
 from globaldiscovery.lease_rules import NotFound
-from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES, Directory
+from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES, DEFAULT_QUEUE_BYTES, Directory
 from globaldiscovery.records import (
     Capacity,
     FrontendView,
@@ -194,6 +194,7 @@ class EtcdStore:
         heartbeat_interval: float,
         lease_duration: float,
         watch_queue_limit: int = 10_000,
+        watch_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         watch_history_limit: int = 10_000,
         watch_history_bytes: int = DEFAULT_HISTORY_BYTES,
         isolation_timeout: float = DEFAULT_ISOLATION_TIMEOUT,
@@ -217,6 +218,7 @@ class EtcdStore:
             started_at=now,
             wall_offset=clock.wall() - now,
             watch_queue_limit=watch_queue_limit,
+            watch_queue_bytes=watch_queue_bytes,
             watch_history_limit=watch_history_limit,
             watch_history_bytes=watch_history_bytes,
             complete_at_start=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES, Directory
+from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES, DEFAULT_QUEUE_BYTES, Directory
 from globaldiscovery.records import FrontendView, PoolRegistration, PoolView, RegisterResult, Removal
 from globaldiscovery.store.expiry import Expiry
 from globaldiscovery.watch_fanout import Watcher
@@ -21,6 +21,7 @@ class MemoryStore:
         heartbeat_interval: float,
         lease_duration: float,
         watch_queue_limit: int = 10_000,
+        watch_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         watch_history_limit: int = 10_000,
         watch_history_bytes: int = DEFAULT_HISTORY_BYTES,
     ) -> None:
@@ -33,6 +34,7 @@ class MemoryStore:
             started_at=now,
             wall_offset=clock.wall() - now,
             watch_queue_limit=watch_queue_limit,
+            watch_queue_bytes=watch_queue_bytes,
             watch_history_limit=watch_history_limit,
             watch_history_bytes=watch_history_bytes,
         )

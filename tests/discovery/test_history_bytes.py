@@ -9,6 +9,7 @@ import tracemalloc
 
 from globaldiscovery.lease_state import Directory
 from globaldiscovery.records import EventKind, Removal
+from globaldiscovery.watch_fanout import WatcherClosed
 from tests.discovery.helpers import reg
 
 BOUND = 2 * 1024 * 1024
@@ -77,4 +78,22 @@ def test_a_replayed_event_does_not_leave_its_encoded_message_in_the_history():
     d.register_pool(reg("p", relay="r1"), 1.0)
     for event in list(d.watch(2.0, start_revision=start)._events):
         convert.watch_event(event)  # the gRPC layer caches each event's message on it
-    assert all(event.encoded is None for event, _ in d._history)
+    assert all(event.encoded is None for event in d._history)
+
+
+async def test_a_watcher_that_falls_behind_by_bytes_is_closed_and_one_that_reads_is_not():
+    """A slow watcher would keep every unread record alive after the history let it go: its
+    queue is bounded by bytes too (closed with OVERFLOW, the stream ends RESOURCE_EXHAUSTED)."""
+    d = Directory(15.0, started_at=0.0, wall_offset=1e9, watch_queue_bytes=BOUND, watch_history_bytes=BOUND)
+    slow = d.watch(1.0)
+    reader = d.watch(1.0)
+    while reader.pending():  # its snapshot
+        await reader.next()
+    for i in range(POOLS):
+        registration = big_registration(i)
+        d.register_pool(registration, 1.0)
+        d.unregister_pool(registration.pool_id, "r1", 1, Removal.UNREGISTERED, 1.0)
+        while reader.pending():  # this one keeps up
+            await reader.next()
+    assert slow.closed is WatcherClosed.OVERFLOW and slow not in d.watchers
+    assert reader.closed is None and reader in d.watchers
