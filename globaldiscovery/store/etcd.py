@@ -253,11 +253,6 @@ class EtcdStore:
     def on_health(self, listener: Callable[[bool], None]) -> None:
         self._health_listeners.append(listener)
 
-    @property
-    def isolated(self) -> bool:
-        """Whether this replica counts as cut off from etcd (it refuses every call)."""
-        return self.link.isolated
-
     def _refuse_if_isolated(self) -> None:
         """Raises StoreIsolated while this replica is cut off from etcd: its mirror is frozen, so
         neither a write (it cannot reach etcd) nor a read (it would be stale) is answered here."""
