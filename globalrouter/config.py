@@ -1,4 +1,4 @@
-"""Configuration of one global frontend (`globalrouter serve`), parsed once in server.add_parser."""
+"""Configuration of one global frontend (`globalrouter serve`), parsed once in serve_cli.py; its defaults are the flags' defaults."""
 
 from __future__ import annotations
 
@@ -9,6 +9,18 @@ from globalrouter.pool_state import FreshnessLimits
 from globalrouter.stall import StallPolicy
 from globalrouter.wait_slo import WaitSlo
 from meshkit.tls import SecurityConfig
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAILinkConfig:
+    """The global frontend's HTTP client to OpenAI-compatible pools (vLLM, SGLang): one pooled session."""
+
+    connect_timeout: float = 5.0
+    """Seconds to open a TCP (and TLS) connection to a pool's frontend before it counts as unreachable."""
+    read_timeout: float = 300.0
+    """Seconds an admitted stream may go without a byte before it counts as broken (the request migrates)."""
+    max_connections: int = 1024
+    """Connections open at once to all OpenAI pools together (keep-alive pooled); more wait for one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +66,21 @@ class RouterConfig:
     """Longest prompt accepted, in tokens."""
     max_output_tokens: int = 1_048_576
     """Largest max_tokens accepted."""
-    max_telemetry_streams: int = 1024
-    """Telemetry streams open at once (one per relay replica); one more is RESOURCE_EXHAUSTED."""
+    max_telemetry_streams: int = 4096
+    """Telemetry streams open at once (one per relay replica); one more is RESOURCE_EXHAUSTED.
+    Sized for a fleet of 1,000 pools x 2 relays, with room for reconnects."""
     max_snapshot_blocks: int = 4_194_304
     """Block hashes one telemetry snapshot may carry across its chunks (bounds a stream's memory)."""
+    max_snapshot_blocks_per_relay: int = 8_388_608
+    """Snapshot blocks not yet applied (partial snapshots, snapshots being applied, deltas queued
+    behind them) one relay identity may hold across its streams: 64 MiB packed."""
+    max_snapshot_blocks_total: int = 134_217_728
+    """The same across every telemetry stream of this frontend: 1 GiB packed. A snapshot storm
+    past it (every relay resending at once) refuses the streams over it (RESOURCE_EXHAUSTED,
+    LIMIT_EXCEEDED, ErrorInfo metadata limit=max_snapshot_blocks_total); they redial."""
+    snapshot_step_blocks: int = 8192
+    """Most blocks of snapshot application or stream removal done per step of the serving loop,
+    which yields in between; fewer when a step takes over 2 ms (a big table: cache misses)."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS, identities and API keys (the shared security flags)."""
     tokenizers: tuple[tuple[str, str], ...] = ()
@@ -65,3 +88,5 @@ class RouterConfig:
     for text prompts of both APIs; other models use one token per UTF-8 byte."""
     http: HttpConfig = field(default_factory=HttpConfig)
     """The OpenAI-compatible HTTP front (off unless http.listen is set)."""
+    openai_link: OpenAILinkConfig = field(default_factory=OpenAILinkConfig)
+    """Links to pools that speak OpenAI HTTP (timeouts, connection limit)."""

@@ -14,6 +14,7 @@ from globalrouter.frontend_lease import FrontendRegistration
 from globalrouter.http_api.app import OpenAIFront
 from globalrouter.http_api.server import HttpServer
 from globalrouter.kv_index import KvIndex
+from globalrouter.loop_lag import sample_loop_lag
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import DirectoryWatcher, PoolTable
 from globalrouter.router_api import RouterServicer, generate_streams
@@ -69,6 +70,9 @@ class Router:
                 self.config.metrics_listen, self.config.security, self.handle.certificates
             )
             log.info("metrics served", listen=self.config.metrics_listen, port=self.metrics_port)
+        self._tasks += (
+            asyncio.create_task(sample_loop_lag(self.metrics.event_loop_lag.observe), name="loop-lag"),
+        )
         if self.http is not None:
             self._tasks += (asyncio.create_task(self.http.start(), name="http-front-start"),)
         if self.config.discovery:
@@ -152,8 +156,18 @@ def create_server(
     selector = Selector(SelectionConfig(freshness=config.freshness, wait_slo=config.wait_slo))
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
-    links = ServingLinks(config.link_backoff_initial, config.link_backoff_max)
-    ingest = TelemetryIngest(table, index, clock, metrics, max_snapshot_blocks=config.max_snapshot_blocks)
+    links = ServingLinks(config.link_backoff_initial, config.link_backoff_max, config.openai_link)
+    ingest = TelemetryIngest(
+        table,
+        index,
+        clock,
+        metrics,
+        max_snapshot_blocks=config.max_snapshot_blocks,
+        max_snapshot_blocks_per_relay=config.max_snapshot_blocks_per_relay,
+        max_snapshot_blocks_total=config.max_snapshot_blocks_total,
+        step_blocks=config.snapshot_step_blocks,
+    )
+    metrics.snapshot_blocks_held.set_function(lambda: ingest.snapshot_blocks_held)
     authorizer = Authorizer(config.security, service="globalrouter", registry=metrics.registry)
     try:
         tokenizers = Tokenizers.load(config.tokenizers)

@@ -915,6 +915,18 @@ CASES += [
     ),
 ]
 
+CASES += [
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "a second relay of a live pool with another block size",
+        "FAILED_PRECONDITION",
+        "hello.block_size",
+        _telemetry(_hello(relay_id="relay-other", block_size=1)),
+        reason="TELEMETRY_BLOCK_SIZE_MISMATCH",
+    ),
+]
+
 # Issue 18: a frontend URL on port 0 (relays dialled it and backed off for good).
 CASES += [
     Case(
