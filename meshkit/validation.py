@@ -116,7 +116,7 @@ def url_problem(url: str, *, allow_path: bool = True) -> str | None:
     """Why `url` is not an http:// or https:// frontend URL; None when it is.
 
     A URL names a host; its port may be left out (80 for http, 443 for https, as deployments
-    write them), and it may carry a base path (an OpenAI base URL such as http://h:8000/v1)
+    write them) but never be 0 (nothing can be dialled there), and it may carry a base path (an OpenAI base URL such as http://h:8000/v1)
     unless `allow_path` is False. Credentials, a query and a fragment are refused: they do not
     belong in a frontend's address (credentials would leak into the directory).
     """
@@ -135,6 +135,8 @@ def url_problem(url: str, *, allow_path: bool = True) -> str | None:
         return "must not contain credentials"
     if not parts.hostname:
         return "must name a host"
+    if parts.port == 0:  # a dialer cannot reach port 0: relays would dial it and back off forever
+        return f"must not use port 0 (got {url!r})"
     if parts.query or parts.fragment or url.endswith(("?", "#")):
         return "must not have a query or fragment"
     if parts.path not in ("", "/") and not allow_path:

@@ -1084,6 +1084,7 @@ CASES += [
 ]
 
 
+# Issue 18: a frontend URL on port 0 (relays dialled it and backed off for good).
 CASES += [
     Case(
         "discovery",
@@ -1109,5 +1110,20 @@ CASES += [
         "exit 2",
         "--api-keys",
         _discovery_keys(f"robot/x sha256:{'0' * 64}\n"),
+        "a frontend URL on port 0",
+        IA,
+        "frontends[0]",
+        _discovery("RegisterPool", _registration(frontends=["http://127.0.0.1:0"])),
+    ),
+    Case(
+        "discovery",
+        "RegisterFrontend",
+        "url on port 0",
+        IA,
+        "url",
+        _discovery(
+            "RegisterFrontend",
+            dpb.RegisterFrontendRequest(frontend_id="f", url="http://127.0.0.1:0", incarnation=1),
+        ),
     ),
 ]
