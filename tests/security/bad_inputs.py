@@ -1084,7 +1084,6 @@ CASES += [
 ]
 
 
-# Issue 18: a frontend URL on port 0 (relays dialled it and backed off for good).
 CASES += [
     Case(
         "discovery",
@@ -1110,6 +1109,14 @@ CASES += [
         "exit 2",
         "--api-keys",
         _discovery_keys(f"robot/x sha256:{'0' * 64}\n"),
+    ),
+]
+
+# Issue 18: a frontend URL on port 0 (relays dialled it and backed off for good).
+CASES += [
+    Case(
+        "discovery",
+        "RegisterPool",
         "a frontend URL on port 0",
         IA,
         "frontends[0]",
