@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from meshkit.metrics_http import MAX_SCRAPES, SCRAPE_SECONDS, MetricsEndpoint, serve_metrics
 from meshkit.tls import SecurityConfig, ServerCertificates
@@ -39,6 +43,30 @@ class RouterMetrics:
             "globalrouter_cached_prefix_ratio",
             "Cached prompt blocks / prompt blocks at admission",
             buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+            registry=r,
+        )
+        # Router quality, per admission: the share of the prompt's blocks the admitting pool had
+        # cached as this frontend's KV index saw it, against the best share any eligible pool of
+        # the same decision had. Same buckets as globalrouter_cached_prefix_ratio (the pool's own
+        # figure at admission), so the three read side by side.
+        self.cached_prefix_available = Histogram(
+            "globalrouter_cached_prefix_available_ratio",
+            "Best cached share of the prompt's blocks any eligible pool had (KV index), per admission",
+            buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+            registry=r,
+        )
+        self.cached_prefix_achieved = Histogram(
+            "globalrouter_cached_prefix_achieved_ratio",
+            "Cached share of the prompt's blocks the admitting pool had (KV index), per admission",
+            buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+            registry=r,
+        )
+        # Tokens, not blocks: pools may differ in block size, so blocks of two pools do not add up,
+        # and prefill work is paid per token.
+        self.cached_prefix_forgone = Counter(
+            "globalrouter_cached_prefix_forgone_tokens",
+            "Prompt tokens the admitting pool had to prefill beyond what the best-cached eligible pool"
+            " had to (the load or a refusal moved the request away from the cache)",
             registry=r,
         )
         self.migrations = Counter(
@@ -95,6 +123,10 @@ class RouterMetrics:
         )
         self._children: dict[tuple[object, tuple[str, ...]], object] = {}
 
+    def pool_kv_ages(self, ages: Callable[[], Iterable[tuple[str, float]]]) -> None:
+        """Exports globalrouter_pool_kv_age_seconds{pool}: `ages()` (pool, seconds), read at each scrape."""
+        self.registry.register(_PoolKvAges(ages))
+
     def labelled(self, metric, *values: str):
         """`metric.labels(*values)`, looked up once per label set: prometheus validates the values
         and takes a lock on every labels() call, four times per request on the data path. Bounded
@@ -136,3 +168,22 @@ class RouterMetrics:
         endpoint: MetricsEndpoint | None = getattr(self, "_http", None)
         if endpoint is not None:
             endpoint.close()
+
+
+class _PoolKvAges(Collector):
+    """globalrouter_pool_kv_age_seconds{pool}: the age of each listed pool's KV view, computed when
+    scraped (no work per KV event); the labels are the directory's listed pools, so bounded by it."""
+
+    def __init__(self, ages: Callable[[], Iterable[tuple[str, float]]]) -> None:
+        self._ages = ages
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "globalrouter_pool_kv_age_seconds",
+            "Seconds since the last KV message (snapshot chunk, delta or heartbeat) of each listed pool;"
+            " past --kv-max-age its cached blocks count as none. Absent: no KV stream yet",
+            labels=["pool"],
+        )
+        for pool_id, age in self._ages():
+            family.add_metric([pool_id], age)
+        yield family

@@ -156,6 +156,7 @@ def create_server(
     selector = Selector(SelectionConfig(freshness=config.freshness, wait_slo=config.wait_slo))
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
+    metrics.pool_kv_ages(core.kv_ages)
     links = ServingLinks(config.link_backoff_initial, config.link_backoff_max, config.openai_link)
     ingest = TelemetryIngest(
         table,
