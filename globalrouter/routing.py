@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from operator import attrgetter
+from typing import NamedTuple
 
 from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
@@ -36,10 +37,10 @@ def affinity_key(tokens: Sequence[int]) -> int:
     return hashes[0] if hashes else 0
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixQuality:
+class PrefixQuality(NamedTuple):
     """One admission's cached prefix as the KV index saw it: what the admitting pool had against
-    the best any eligible pool of the same decision had ("achieved" vs "available")."""
+    the best any eligible pool of the same decision had ("achieved" vs "available"). A NamedTuple:
+    built once per admission, a frozen dataclass costs four times as much."""
 
     achieved: float
     """Cached share of the prompt's blocks at the admitting pool (0..1)."""
@@ -47,6 +48,9 @@ class PrefixQuality:
     """Best cached share of the prompt's blocks over the decision's candidates (0..1)."""
     forgone_tokens: int
     """Prompt tokens the admitting pool prefills beyond what the best-cached candidate would."""
+
+
+_uncached = attrgetter("uncached_tokens")
 
 
 class RoutingCore:
@@ -119,30 +123,21 @@ class RoutingCore:
 
         Called per admission rather than in `decide`: a refusal moves the request down the ranking,
         and what counts is the pool that took it (a Route dry run is never admitted, so it records
-        nothing). One pass over the candidates the decision already ranked."""
-        chosen = None
-        available = 0.0
-        fewest_uncached = -1
-        for c in decision.candidates:
-            if c.pool_id == pool_id:
-                chosen = c
-            if c.prompt_blocks:
-                share = c.cached_blocks / c.prompt_blocks
-                if share > available:
-                    available = share
-            if fewest_uncached < 0 or c.uncached_tokens < fewest_uncached:
-                fewest_uncached = c.uncached_tokens
+        nothing). "Available" is the share at the candidate left with the fewest prompt tokens to
+        prefill (the most cached tokens, so pools of different block sizes compare)."""
+        candidates = decision.candidates
+        chosen = next((c for c in candidates if c.pool_id == pool_id), None)  # rank 1 but after refusals
         if chosen is None:
             return None
-        metrics = self.metrics
-        forgone = chosen.uncached_tokens - fewest_uncached
-        if forgone > 0:
-            metrics.cached_prefix_forgone.inc(forgone)
+        # The best cache is where the fewest prompt tokens are left to prefill (the most cached
+        # tokens, whatever the pools' block sizes): one pass in C over what the decision ranked.
+        best = min(candidates, key=_uncached)
+        available = best.cached_blocks / best.prompt_blocks if best.prompt_blocks else 0.0
         if not chosen.prompt_blocks and not available:
-            return None
+            return None  # no full block anywhere: nothing could be cached (nor forgone)
         achieved = chosen.cached_blocks / chosen.prompt_blocks if chosen.prompt_blocks else 0.0
-        metrics.cached_prefix_achieved.observe(achieved)
-        metrics.cached_prefix_available.observe(available)
+        forgone = chosen.uncached_tokens - best.uncached_tokens
+        self.metrics.cached_prefix_quality.observe(achieved, available, forgone)
         return PrefixQuality(achieved, available, forgone)
 
     def kv_ages(self) -> list[tuple[str, float]]:
