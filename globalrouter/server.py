@@ -13,6 +13,7 @@ from globalrouter.config import RouterConfig
 from globalrouter.frontend_lease import FrontendRegistration
 from globalrouter.http_api.app import OpenAIFront
 from globalrouter.http_api.server import HttpServer
+from globalrouter.http_api.status_page import pool_states
 from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import DirectoryWatcher, PoolTable
@@ -152,6 +153,7 @@ def create_server(
     selector = Selector(SelectionConfig(freshness=config.freshness, wait_slo=config.wait_slo))
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
+    metrics.pools_by_state(lambda: pool_states(core))
     links = ServingLinks(config.link_backoff_initial, config.link_backoff_max)
     ingest = TelemetryIngest(table, index, clock, metrics, max_snapshot_blocks=config.max_snapshot_blocks)
     authorizer = Authorizer(config.security, service="globalrouter", registry=metrics.registry)
