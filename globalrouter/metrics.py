@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -102,7 +102,17 @@ class RouterMetrics:
             ["reason"],
             registry=r,
         )
+        self.time_to_first_token = Histogram(
+            "globalrouter_time_to_first_token_seconds",
+            "From a request's routing decision to its first token (admission, queueing and retries included)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
+        )
         self._children: dict[tuple[object, tuple[str, ...]], object] = {}
+
+    def pools_by_state(self, count: Callable[[], Mapping[str, int]]) -> None:
+        """Exports globalrouter_pools{state}: `count()` (state -> pools), read at each scrape."""
+        self.registry.register(_PoolStates(count))
 
     def pool_kv_ages(self, ages: Callable[[], Iterable[tuple[str, float]]]) -> None:
         """Exports globalrouter_pool_kv_age_seconds{pool}: `ages()` (pool, seconds), read at each scrape."""
@@ -149,6 +159,26 @@ class RouterMetrics:
         endpoint: MetricsEndpoint | None = getattr(self, "_http", None)
         if endpoint is not None:
             endpoint.close()
+
+
+POOL_STATES = ("ready", "not-ready", "draining", "stale")
+"""Every state globalrouter_pools reports (zero when no pool is in it, so a panel's series persist)."""
+
+
+class _PoolStates(Collector):
+    """globalrouter_pools{state}: the directory's pools by state, computed when scraped."""
+
+    def __init__(self, count: Callable[[], Mapping[str, int]]) -> None:
+        self._count = count
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "globalrouter_pools", "Pools in this frontend's directory by state", labels=["state"]
+        )
+        counts = self._count()
+        for state in POOL_STATES:
+            family.add_metric([state], counts.get(state, 0))
+        yield family
 
 
 class _PoolKvAges(Collector):

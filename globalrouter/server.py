@@ -13,6 +13,7 @@ from globalrouter.config import RouterConfig
 from globalrouter.frontend_lease import FrontendRegistration
 from globalrouter.http_api.app import OpenAIFront
 from globalrouter.http_api.server import HttpServer
+from globalrouter.http_api.status_page import pool_states
 from globalrouter.kv_index import KvIndex
 from globalrouter.loop_lag import sample_loop_lag
 from globalrouter.metrics import RouterMetrics
@@ -156,7 +157,6 @@ def create_server(
     selector = Selector(SelectionConfig(freshness=config.freshness, wait_slo=config.wait_slo))
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
-    metrics.pool_kv_ages(core.kv_ages)
     links = ServingLinks(config.link_backoff_initial, config.link_backoff_max, config.openai_link)
     ingest = TelemetryIngest(
         table,
@@ -169,6 +169,8 @@ def create_server(
         step_blocks=config.snapshot_step_blocks,
     )
     metrics.snapshot_blocks_held.set_function(lambda: ingest.snapshot_blocks_held)
+    metrics.pools_by_state(lambda: pool_states(core))
+    metrics.pool_kv_ages(core.kv_ages)
     authorizer = Authorizer(config.security, service="globalrouter", registry=metrics.registry)
     try:
         tokenizers = Tokenizers.load(config.tokenizers)
