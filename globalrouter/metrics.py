@@ -213,8 +213,8 @@ class CachedPrefixQuality(Collector):
     globalrouter_cached_prefix_achieved_ratio and _available_ratio (histograms) and
     globalrouter_cached_prefix_forgone_tokens (a counter: tokens, not blocks, because pools may
     differ in block size and prefill is paid per token). Kept as plain numbers under one lock and
-    turned into metric families at scrape time: prometheus_client's Histogram.observe costs ~4 us,
-    three of them a sixth of a small decision."""
+    turned into metric families at scrape time: two prometheus_client Histogram.observe calls and a
+    Counter.inc cost ~9 us per admission (4% of a 16-pool decision), this observe ~0.3 us."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
