@@ -419,8 +419,14 @@ class GenerateRun:
             metrics.labelled(metrics.cached_blocks, pool.pool_id).inc(adm.cached_blocks)
             if adm.prompt_blocks:
                 metrics.cached_prefix_ratio.observe(adm.cached_blocks / adm.prompt_blocks)
+            q = self._core.record_admission(decision, pool.pool_id)  # available vs achieved cache
             self._event(
-                "decision", pool.pool_id, cached_blocks=adm.cached_blocks, prompt_blocks=adm.prompt_blocks
+                "decision",
+                pool.pool_id,
+                cached_blocks=adm.cached_blocks,
+                prompt_blocks=adm.prompt_blocks,
+                achieved_share=q.achieved if q else None,
+                available_share=q.available if q else None,
             )
             return admitted, watch
         tried = "; ".join(str(f) for f in failures) or "no candidate had a frontend"

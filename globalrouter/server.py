@@ -170,6 +170,7 @@ def create_server(
     )
     metrics.snapshot_blocks_held.set_function(lambda: ingest.snapshot_blocks_held)
     metrics.pools_by_state(lambda: pool_states(core))
+    metrics.pool_kv_ages(core.kv_ages)
     authorizer = Authorizer(config.security, service="globalrouter", registry=metrics.registry)
     try:
         tokenizers = Tokenizers.load(config.tokenizers)
