@@ -9,6 +9,7 @@ from pathlib import Path
 from globalrouter import stall
 from globalrouter.config import RouterConfig
 from globalrouter.http_api.config import HttpConfig
+from globalrouter.readiness import DEFAULT_READY_TIMEOUT_S
 from globalrouter.server import serve
 from globalrouter.wait_slo import WaitSlo
 from meshkit.cli import (
@@ -17,12 +18,14 @@ from meshkit.cli import (
     host_port,
     identifier,
     int_at_least,
+    non_negative_number,
     positive_number,
     positive_seconds,
     url,
 )
 from meshkit.discovery_endpoints import endpoints_arg
 from meshkit.logs import configure_logging, get_logger
+from meshkit.supervision import BackgroundTaskFailed
 
 log = get_logger(module="globalrouter.serve_cli")
 
@@ -151,6 +154,14 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--grace", type=float, default=5.0, help="seconds in-flight calls get on SIGTERM")
     p.add_argument(
+        "--ready-timeout",
+        type=non_negative_number,
+        default=DEFAULT_READY_TIMEOUT_S,
+        help="seconds after the start at most that health (gRPC, /readyz) waits for the KV state of "
+        "every pool the directory lists before saying ready anyway; the synced directory is "
+        "waited for in any case (default %(default)s)",
+    )
+    p.add_argument(
         "--max-streams-per-client",
         type=int_at_least(1),
         default=64,
@@ -192,6 +203,7 @@ def _run(args: argparse.Namespace) -> int:
         metrics_listen=args.metrics_listen or "",
         wait_slo=WaitSlo(args.wait_slo, quantile=args.wait_slo_quantile) if args.wait_slo else None,
         grace=args.grace,
+        ready_timeout=args.ready_timeout,
         max_streams_per_client=args.max_streams_per_client,
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
@@ -211,6 +223,9 @@ def _run(args: argparse.Namespace) -> int:
     )
     try:
         asyncio.run(serve(config))
+    except BackgroundTaskFailed as exc:
+        log.error("stopped: a background task failed", error=str(exc), exit_code=exc.exit_code)
+        return exc.exit_code
     except RuntimeError as exc:
         log.error("cannot start", error=str(exc))
         return 1
