@@ -40,11 +40,9 @@ class Readiness:
             raise ValueError(f"ready timeout must be >= 0 seconds (got {timeout})")
         self._table = table
         self._clock = clock
-        self._directory = directory
         self.timeout = timeout
         self.started_at = clock.monotonic()
-        self.ready = False
-        self.ready_after: float | None = None
+        self.ready_after: float | None
         """Seconds from the start to readiness (None until ready)."""
         self._gauge = Gauge(
             "globalrouter_ready",
@@ -52,8 +50,10 @@ class Readiness:
             "or --ready-timeout passed), 0 before",
             registry=registry,
         )
-        self._gauge.set(0)
-        self.check()
+        # Without discovery (tests, benches) ready at once; said quietly (no log at construction).
+        self.ready = not directory
+        self.ready_after = None if directory else 0.0
+        self._gauge.set(0 if directory else 1)
 
     def pools_waiting(self) -> list[str]:
         """Listed pools with no KV snapshot from any relay stream yet, sorted."""
@@ -64,9 +64,6 @@ class Readiness:
         if self.ready:
             return True
         waited = self._clock.monotonic() - self.started_at
-        if not self._directory:
-            self._become_ready(waited, "no discovery configured")
-            return True
         if not self._table.synced:
             return False
         waiting = self.pools_waiting()
