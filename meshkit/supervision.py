@@ -132,7 +132,9 @@ class Supervisor:
                 if self._stopping or (current is not None and current.cancelling()):
                     raise  # cancelled by its owner or by stop()
                 error = exc  # a cancellation from inside the job (not ours): it ended unexpectedly
-            except Exception as exc:
+            except (KeyboardInterrupt, SystemExit):
+                raise  # the process is ending anyway
+            except BaseException as exc:  # a custom BaseException (not an Exception) is a death too
                 error = exc
             else:
                 if one_shot:

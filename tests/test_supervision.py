@@ -112,6 +112,20 @@ async def test_a_restarted_task_that_succeeds_is_not_a_failure_and_a_long_run_re
     assert failures == [] and sup.restarts == 4 and sup.running == 0, "without the reset: 3 in a row > 2"
 
 
+async def test_a_base_exception_that_is_not_an_exit_is_a_failure_too():
+    sup, failures = supervisor()
+
+    class Fault(BaseException):
+        pass
+
+    async def dies() -> None:
+        raise Fault("odd")
+
+    sup.spawn("publisher", dies)
+    await asyncio.sleep(0.01)
+    assert [f.cause for f in failures] == ["Fault: odd"]
+
+
 def test_restart_policy_validation():
     assert [Restart(initial=0.5, maximum=3).delay(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 3.0]
     for bad in ({"initial": 0}, {"initial": 5, "maximum": 1}, {"max_failures": 0}):
