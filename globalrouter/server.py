@@ -66,6 +66,7 @@ class Router:
     stop_requested: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     """Set to stop serving (SIGTERM/SIGINT set it too, or a failed background task)."""
     _prune_due: bool = False
+    _health_off: asyncio.Task[None] | None = None
     _pruning: asyncio.Task | None = None
 
     def __post_init__(self) -> None:
@@ -78,7 +79,7 @@ class Router:
     def _task_failed(self, failure: TaskFailure) -> None:
         # Health first (a frontend whose directory froze must not keep taking traffic), then the
         # ordinary stop: unregister, grace for in-flight streams, exit non-zero (serve()).
-        asyncio.get_running_loop().create_task(self.handle.set_serving(False))
+        self._health_off = asyncio.get_running_loop().create_task(self.handle.set_serving(False))
         self.stop_requested.set()
 
     def start_background(self) -> None:
