@@ -13,13 +13,17 @@ from prometheus_client import CollectorRegistry
 
 from globaldiscovery.v1 import discovery_pb2_grpc
 from globalrouter.config import RouterConfig
+from globalrouter.kv_index import KvIndex
+from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import DirectoryWatcher, PoolTable
 from globalrouter.readiness import Readiness
 from globalrouter.server import create_server
+from globalrouter.telemetry_ingest import TelemetryIngest
 from meshkit.clock import FakeClock
 from meshkit.server import create_server as create_grpc_server
 from meshkit.supervision import EXIT_TASK_FAILED, BackgroundTaskFailed
 from meshlaunch import free_port
+from poolrelay.v1 import telemetry_pb2
 from tests.router.fakes import eventually, pool_msg
 from tests.router.test_directory import Ev, FakeDiscovery, T
 
@@ -59,6 +63,35 @@ def test_not_ready_until_the_directory_is_synced_and_every_listed_pools_kv_arriv
     # Latched: a pool listed later (or a stream lost) does not make a ready frontend unready.
     table.apply_listed(pool_msg("p3", "http://c:1"))
     table.get("p1").kv_sources.clear()
+    assert ready.check()
+
+
+def test_a_relays_snapshot_through_the_real_ingest_makes_its_pool_ready():
+    table, clock = PoolTable(), FakeClock()
+    ready, _ = readiness(table, clock)
+    ingest = TelemetryIngest(table, KvIndex(), clock, RouterMetrics())
+    table.replace_directory([pool_msg("p1", "http://a:1")], complete=True)
+    stream = ingest.open(
+        telemetry_pb2.TelemetryHello(
+            pool_id="p1",
+            relay_id="r1",
+            incarnation=1,
+            protocol_version=1,
+            block_size=16,
+            hash_scheme=telemetry_pb2.HASH_SCHEME_XXH3_64_CHAINED_U32LE,
+        )
+    )
+    ingest.receive(
+        stream, telemetry_pb2.PublishPoolTelemetryRequest(heartbeat=telemetry_pb2.TelemetryHeartbeat())
+    )
+    assert not ready.check(), "a stream that has not sent its snapshot yet"
+    snapshot = telemetry_pb2.KvSnapshot(
+        snapshot_id=1, sequence=0, chunk_index=0, last=False, block_hashes=[1]
+    )
+    ingest.receive(stream, telemetry_pb2.PublishPoolTelemetryRequest(kv_snapshot=snapshot))
+    assert not ready.check(), "half a snapshot"
+    snapshot = telemetry_pb2.KvSnapshot(snapshot_id=1, sequence=0, chunk_index=1, last=True, block_hashes=[2])
+    ingest.receive(stream, telemetry_pb2.PublishPoolTelemetryRequest(kv_snapshot=snapshot))
     assert ready.check()
 
 
@@ -160,3 +193,30 @@ def test_the_serve_command_exits_non_zero_when_the_watcher_dies(monkeypatch):
         ["serve", "--listen", "127.0.0.1:0", "--discovery", f"127.0.0.1:{free_port()}", "--grace", "0.1"]
     )
     assert code == EXIT_TASK_FAILED
+
+
+async def test_link_pruning_is_folded_into_one_pass_and_restarted_when_it_fails():
+    clock = FakeClock()
+    router = create_server(RouterConfig(listen="127.0.0.1:0"), clock=clock)
+    calls: list[set[str]] = []
+    outcomes = iter([OSError("close failed"), OSError("close failed"), None])
+
+    async def prune(urls: set[str]) -> None:
+        calls.append(urls)
+        await asyncio.sleep(0)  # a change arriving meanwhile is folded in, not a second task
+        error = next(outcomes)
+        if error is not None:
+            raise error
+
+    router.links.prune = prune  # type: ignore[method-assign]
+    router.core.table.apply_listed(pool_msg("p1", "http://a:1"))
+    router._directory_changed()
+    router._directory_changed()
+    router.core.table.apply_listed(pool_msg("p2", "http://b:1"))
+    router._directory_changed()
+    assert router.supervisor.running == 1
+    await clock.advance(10)  # back-offs of 0.5 s, then 1 s
+    assert calls[-1] == {"http://a:1", "http://b:1"} and len(calls) == 3
+    assert router.supervisor.restarts == 2 and router.supervisor.failure is None
+    assert router.supervisor.running == 0
+    await router.handle.server.stop(0)
