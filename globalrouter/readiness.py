@@ -16,7 +16,7 @@ DEFAULT_READY_TIMEOUT_S = 30.0
 # How often the condition is looked at until it holds (then never again): one pass over the
 # listed pools, a few microseconds per pool.
 POLL_INTERVAL_S = 0.1
-# Pools named in /readyz and the log while they are waited for (the count is always given).
+# Pools named in the log when the wait times out (the count is always given).
 NAMED_POOLS = 10
 
 
@@ -97,15 +97,14 @@ class Readiness:
             await self._clock.sleep(POLL_INTERVAL_S)
 
     def status(self) -> dict[str, Any]:
-        """What /readyz says: ready or not, and what is still waited for."""
+        """What /readyz says: ready or not, and how much is still waited for. Counts only: probes
+        need no credentials, so pool ids are left to the log (and to ListPools, for clients)."""
         if self.check():
             return {"status": "ready", "ready_after_s": round(self.ready_after or 0.0, 3)}
-        waiting = self.pools_waiting() if self._table.synced else []
         return {
             "status": "not ready",
             "directory_synced": self._table.synced,
-            "pools_without_kv": len(waiting),
-            "waiting_for": waiting[:NAMED_POOLS],
+            "pools_without_kv": len(self.pools_waiting()) if self._table.synced else 0,
             "waited_s": round(self._clock.monotonic() - self.started_at, 3),
             "ready_timeout_s": self.timeout,
         }

@@ -204,3 +204,16 @@ def test_generate_cli_takes_several_routers(capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == continue_sequence([1, 2, 3], 6) and out["failovers"] == 1
+
+
+def test_generate_cli_max_failovers(capsys):
+    from globalrouter.cli import main
+
+    dead = ",".join(f"127.0.0.1:{free_port()}" for _ in range(3))
+    argv = ["generate", "--router", dead, "--model", "m", "--tokens", "1,2", "--max-tokens", "2"]
+    assert main([*argv, "--max-failovers", "1", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["error"] == "UNAVAILABLE" and "1 fail-overs of 1 allowed" in out["message"]
+    with pytest.raises(SystemExit):
+        main([*argv, "--max-failovers", "-1"])
+    assert "--max-failovers: must be at least 0" in capsys.readouterr().err
