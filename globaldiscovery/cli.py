@@ -14,12 +14,14 @@ from globaldiscovery.store.base import StoreUnavailable
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit import cli as flags
-from meshkit import timeconv
+from meshkit import settings, timeconv
 from meshkit.channels import sync_channel
 from meshkit.discovery_endpoints import endpoints_arg
 from meshkit.logs import configure_logging
 
+# The one set of defaults: every `serve` flag's default is read from the config dataclass.
 _DEFAULTS = DiscoveryConfig()
+ENV_PREFIX = "GLOBALDISCOVERY"
 
 
 def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -73,8 +75,16 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argpars
         default=_DEFAULTS.max_watchers,
         help="WatchPools streams open at once (default %(default)s)",
     )
-    serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    serve.add_argument(
+        "--stop-grace",
+        type=flags.non_negative_number,
+        default=_DEFAULTS.stop_grace,
+        metavar="SECONDS",
+        help="seconds in-flight calls get to finish on SIGTERM (default %(default)s)",
+    )
+    flags.add_log_level_flag(serve)
     flags.add_security_flags(serve)
+    settings.enable(serve, ENV_PREFIX)
 
     pools = sub.add_parser("pools", help="list the pools a discovery server knows")
     pools.add_argument(
@@ -90,14 +100,15 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argpars
 
 def main(argv: list[str] | None = None) -> int:
     parser, serve_parser, pools_parser = _parser()
-    args = parser.parse_args(argv)
+    args = settings.parse_args(parser, argv)  # flags over GLOBALDISCOVERY_* over --config FILE (serve)
     if args.command == "serve":
         return _serve(serve_parser, args)
     flags.security_config(pools_parser, args)
     return _pools(args)
 
 
-def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def discovery_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> DiscoveryConfig:
+    """The DiscoveryConfig `serve`'s parsed settings name; exits 2 naming the flag when it is wrong."""
     config = DiscoveryConfig(
         listen=args.listen,
         heartbeat_interval=args.heartbeat_interval,
@@ -106,11 +117,17 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         store=args.store,
         etcd_endpoints=args.etcd_endpoints or "",
         max_watchers=args.max_watchers,
+        stop_grace=args.stop_grace,
         security=flags.security_config(parser, args),
     )
     problems = config.problems()
     if problems:
         parser.error("; ".join(problems))  # exit code 2, message on stderr
+    return config
+
+
+def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    config = discovery_config(parser, args)
     configure_logging("globaldiscovery", args.log_level)
     from globaldiscovery.server import serve  # grpc server modules load only for `serve`
 

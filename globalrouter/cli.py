@@ -11,6 +11,7 @@ import sys
 from types import ModuleType
 
 from globalrouter import client, replay, serve_cli, simulate
+from meshkit import settings
 from meshkit.cli import security_config
 
 # Subcommand modules, in the order `--help` lists them. Imported plainly: a broken one fails loudly.
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = settings.parse_args(parser, argv)  # flags over GLOBALROUTER_* over --config FILE (serve)
     if hasattr(args, "tls_cert"):  # the subcommand dials or serves: its security flags, checked once
         args.security = security_config(parser, args)
     return int(args.func(args) or 0)

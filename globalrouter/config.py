@@ -1,4 +1,4 @@
-"""Configuration of one global frontend (`globalrouter serve`), parsed once in server.add_parser."""
+"""Configuration of one global frontend (`globalrouter serve`), parsed once in serve_cli.py; its defaults are the flags' defaults."""
 
 from __future__ import annotations
 
@@ -9,6 +9,18 @@ from globalrouter.pool_state import FreshnessLimits
 from globalrouter.stall import StallPolicy
 from globalrouter.wait_slo import WaitSlo
 from meshkit.tls import SecurityConfig
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAILinkConfig:
+    """The global frontend's HTTP client to OpenAI-compatible pools (vLLM, SGLang): one pooled session."""
+
+    connect_timeout: float = 5.0
+    """Seconds to open a TCP (and TLS) connection to a pool's frontend before it counts as unreachable."""
+    read_timeout: float = 300.0
+    """Seconds an admitted stream may go without a byte before it counts as broken (the request migrates)."""
+    max_connections: int = 1024
+    """Connections open at once to all OpenAI pools together (keep-alive pooled); more wait for one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +80,5 @@ class RouterConfig:
     for text prompts of both APIs; other models use one token per UTF-8 byte."""
     http: HttpConfig = field(default_factory=HttpConfig)
     """The OpenAI-compatible HTTP front (off unless http.listen is set)."""
+    openai_link: OpenAILinkConfig = field(default_factory=OpenAILinkConfig)
+    """Links to pools that speak OpenAI HTTP (timeouts, connection limit)."""

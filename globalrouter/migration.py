@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
-from globalrouter.pool_state import PoolState
+from globalrouter.pool_state import FreshnessLimits, PoolState
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import Decision
-from globalrouter.serving import AdmissionFailed, Admitted, PoolRequest, ServingLinks, StreamBroken
-from globalrouter.stall import Silent, StallPolicy, StallWatch, within
+from globalrouter.serving import (
+    AdmissionFailed,
+    Admitted,
+    PoolRequest,
+    PoolResponse,
+    ServingLinks,
+    StreamBroken,
+)
+from globalrouter.stall import FirstTokenWait, Silent, StallPolicy, StallWatch, TurnTooLong, within
 from globalrouter.v1 import pool_frontend_pb2, router_pb2, sampling_pb2
 from meshkit.errors import Reason
 from meshkit.logs import get_logger
@@ -23,6 +31,19 @@ _FINISH = {
     pool_frontend_pb2.POOL_FINISH_REASON_LENGTH: router_pb2.FINISH_REASON_LENGTH,
     pool_frontend_pb2.POOL_FINISH_REASON_STOP: router_pb2.FINISH_REASON_STOP,
 }
+
+
+def known_busy(pool: PoolState, now: float, limits: FreshnessLimits) -> bool:
+    """Whether the pool's fresh load report shows it full: requests waiting for a slot, or every run
+    slot taken (counting what this frontend sent since). A request there waits its turn; a pool
+    with no fresh report, or with room, that sends nothing is silent, not busy."""
+    if not pool.load_fresh(now, limits) or pool.load is None:
+        return False
+    load = pool.load
+    if load.requests_waiting > 0:
+        return True
+    slots = load.max_running_requests or pool.capacity.max_running_requests
+    return slots > 0 and load.requests_running + pool.pending_requests >= slots
 
 
 class GenerateError(Exception):
@@ -116,7 +137,10 @@ class GenerateRun:
                     if pending is not None:
                         tokens, pending = pending, None
                     else:
-                        msg = await within(clock, read, watch.allowance(clock.monotonic()))
+                        if watch.started:
+                            msg = await within(clock, read, watch.allowance(clock.monotonic()))
+                        else:
+                            msg = await self._first_message(admitted, watch)
                         if msg is None:
                             break
                         kind = msg.WhichOneof("payload")
@@ -124,6 +148,10 @@ class GenerateRun:
                             # The last message: answer the client now, not after the pool's trailers.
                             finish = msg.finish
                             break
+                        if kind == "queued":
+                            # The pool is busy, not hung: the request waits its turn there.
+                            watch.waiting_turn(clock.monotonic(), msg.queued.position)
+                            continue
                         if kind != "tokens":
                             continue
                         tokens = msg.tokens
@@ -214,20 +242,30 @@ class GenerateRun:
         self, pool_id: str, pool: PoolState | None, silent: Silent, failed_pools: set[str]
     ) -> Decision:
         """A pool admitted the request but sent no first token in time: counted as its refusal; the
-        next candidate is asked (at most `admission_tries` such starts). Returns the next decision."""
+        next candidate is asked (at most `admission_tries` such starts). Returns the next decision.
+
+        A silent pool's link backs off; a busy one's (TurnTooLong: the request waited its turn past
+        max_queue_wait) does not, so it stays eligible for others."""
         rec = self.record
         rec.pools.pop()
         if not rec.pools:
             rec.cached_blocks = rec.prompt_blocks = 0
         rec.refused_by.append(pool_id)
         self._stalled_starts += 1
+        busy = isinstance(silent, TurnTooLong)
         metrics = self._core.metrics
-        metrics.labelled(metrics.refusals, pool_id, grpc.StatusCode.DEADLINE_EXCEEDED.name).inc()
-        if pool is not None:
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED if busy else grpc.StatusCode.DEADLINE_EXCEEDED
+        metrics.labelled(metrics.refusals, pool_id, code.name).inc()
+        if pool is not None and not busy:
             self._links.link_failed(pool, self._core.clock.monotonic())
         failed_pools.add(pool_id)
-        detail = f"pool {pool_id} sent no first token within {silent.waited:.1f} s"
-        self._log.info("refused", pool_id=pool_id, reason=str(Reason.POOL_STALLED), detail=detail)
+        if busy:
+            detail = f"pool {pool_id} was busy: no first token after waiting its turn {silent.waited:.1f} s"
+            reason = Reason.ALL_POOLS_REFUSED
+        else:
+            detail = f"pool {pool_id} sent no first token within {silent.waited:.1f} s"
+            reason = Reason.POOL_STALLED
+        self._log.info("refused", pool_id=pool_id, reason=str(reason), detail=detail)
         sent = len(rec.tokens)
         decision = self._core.decide(
             self._model, [*self._prompt, *rec.tokens], self._max_tokens - sent, exclude=failed_pools
@@ -244,10 +282,47 @@ class GenerateRun:
                 )
             raise GenerateError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                Reason.POOL_STALLED,
+                reason,
                 f"{detail} and no other pool could take the request ({why})",
             )
         return decision
+
+    async def _first_message(self, admitted: Admitted, watch: StallWatch) -> PoolResponse | None:
+        """The stream's next message before its first token (raises Silent or StreamBroken).
+
+        When the allowance runs out while the pool is known to be busy (its fresh load shows it
+        full), the request is waiting its turn: the same read goes on under a new allowance. Raises
+        Silent when the pool is silent (a stall), TurnTooLong when the request waited its turn past
+        max_queue_wait. The read is shielded from the allowance (a cancelled read would end the
+        pool's call) and cancelled only when the request gives up on the pool."""
+        clock = self._core.clock
+        reader = asyncio.ensure_future(admitted.stream.read())
+        try:
+            while True:
+                try:
+                    return await within(
+                        clock, functools.partial(asyncio.shield, reader), watch.allowance(clock.monotonic())
+                    )
+                except Silent:
+                    now = clock.monotonic()
+                    pool = self._core.table.pools.get(admitted.pool_id)
+                    busy = pool is not None and known_busy(pool, now, self._core.selector_limits)
+                    verdict = watch.expired(now, busy=busy)
+                    if verdict is FirstTokenWait.STALLED:
+                        raise Silent(now - watch.asked) from None
+                    if verdict is FirstTokenWait.TOO_LONG:
+                        raise TurnTooLong(now - watch.asked) from None
+                    if busy:
+                        self._log.debug(
+                            "waiting its turn at a busy pool",
+                            pool_id=admitted.pool_id,
+                            waited_s=round(now - watch.asked, 1),
+                        )
+        finally:
+            if not reader.done():
+                reader.cancel()
+            elif not reader.cancelled():
+                reader.exception()  # a failure that came as the wait was given up on: seen, not logged
 
     def _error_metadata(self) -> dict[str, str]:
         """ErrorInfo metadata of a mid-stream failure: what a client needs to continue the request."""
@@ -270,6 +345,8 @@ class GenerateRun:
             sampling=self._sampling,
             # This side reads combined messages (admission with first tokens, tokens with finish).
             combine_messages=True,
+            # and "queued, position N" while the request waits for a slot (busy, not hung).
+            queue_updates=True,
         )
         failures: list[AdmissionFailed] = []
         metrics = self._core.metrics
@@ -293,8 +370,18 @@ class GenerateRun:
                     )
                 except Silent as silent:
                     # A pool that does not even admit in time (hung, stopped) is no better than one
-                    # that says no: the next candidate is asked, and its link backs off.
-                    self._links.link_failed(pool, clock.monotonic())
+                    # that says no: the next candidate is asked, and its link backs off, unless the
+                    # pool's fresh load shows it full: busy, not hung, it stays eligible for others.
+                    now = clock.monotonic()
+                    if known_busy(pool, now, self._core.selector_limits):
+                        raise AdmissionFailed(
+                            pool.pool_id,
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            None,
+                            f"no admission within {silent.waited:.1f} s (its load shows it full)",
+                            refused=True,
+                        ) from None
+                    self._links.link_failed(pool, now)
                     raise AdmissionFailed(
                         pool.pool_id,
                         grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import grpc
 
+from globalrouter.config import OpenAILinkConfig
 from globalrouter.v1 import pool_frontend_pb2 as pf
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.errors import Reason
@@ -33,9 +34,6 @@ PoolResponse = pf.PoolFrontendServiceGenerateResponse
 # Bounds on what a pool's answer may hold (outside input).
 MAX_EVENT_BYTES = 64 * 1024 * 1024
 MAX_ERROR_BODY = 4096
-CONNECT_TIMEOUT_S = 5.0
-# Seconds an admitted stream may go without a byte before it counts as broken.
-READ_TIMEOUT_S = 300.0
 
 _FINISH = {"length": pf.POOL_FINISH_REASON_LENGTH, "stop": pf.POOL_FINISH_REASON_STOP}
 
@@ -208,16 +206,17 @@ class OpenAIPoolStream:
 class OpenAIClient:
     """The global frontend's HTTP client for every OpenAI pool: one session, pooled keep-alive connections."""
 
-    def __init__(self, max_connections: int = 1024) -> None:
-        self._max = max_connections
+    def __init__(self, config: OpenAILinkConfig | None = None) -> None:
+        self.config = config or OpenAILinkConfig()
+        """Timeouts and the connection limit (`globalrouter serve --openai-*`)."""
         self._session: aiohttp.ClientSession | None = None
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max, keepalive_timeout=60.0),
+                connector=aiohttp.TCPConnector(limit=self.config.max_connections, keepalive_timeout=60.0),
                 timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S
+                    total=None, sock_connect=self.config.connect_timeout, sock_read=self.config.read_timeout
                 ),
                 raise_for_status=False,
             )

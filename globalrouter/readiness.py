@@ -12,7 +12,6 @@ from meshkit.logs import get_logger
 
 log = get_logger(module="globalrouter.readiness")
 
-DEFAULT_READY_TIMEOUT_S = 30.0
 # How often the condition is looked at until it holds (then never again): one pass over the
 # listed pools, a few microseconds per pool.
 POLL_INTERVAL_S = 0.1
@@ -33,7 +32,7 @@ class Readiness:
         clock: Clock,
         *,
         directory: bool,
-        timeout: float = DEFAULT_READY_TIMEOUT_S,
+        timeout: float,
         registry: CollectorRegistry | None = None,
     ) -> None:
         if not timeout >= 0:

@@ -7,12 +7,14 @@ import asyncio
 from pathlib import Path
 
 from globalrouter import stall
-from globalrouter.config import RouterConfig
+from globalrouter.config import OpenAILinkConfig, RouterConfig
 from globalrouter.http_api.config import HttpConfig
-from globalrouter.readiness import DEFAULT_READY_TIMEOUT_S
+from globalrouter.pool_state import FreshnessLimits
 from globalrouter.server import serve
 from globalrouter.wait_slo import WaitSlo
+from meshkit import settings
 from meshkit.cli import (
+    add_log_level_flag,
     add_security_flags,
     fraction,
     host_port,
@@ -28,6 +30,10 @@ from meshkit.logs import configure_logging, get_logger
 from meshkit.supervision import BackgroundTaskFailed
 
 log = get_logger(module="globalrouter.serve_cli")
+
+# The one set of defaults: every flag's default is read from the config dataclasses.
+_D = RouterConfig()
+ENV_PREFIX = "GLOBALROUTER"
 
 
 def tokenizer_spec(value: str) -> tuple[str, str]:
@@ -47,6 +53,7 @@ def add_parser(subparsers) -> None:
         help="run a global frontend",
         description="Run a global frontend (RouterService + TelemetryService).",
     )
+    # The command's own listen default (the dataclass's port 0 is for tests).
     p.add_argument("--listen", type=host_port, default="127.0.0.1:50061", help="HOST:PORT to serve on")
     p.add_argument(
         "--discovery",
@@ -60,24 +67,38 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--region", type=identifier, default=None, help="this frontend's region")
     p.add_argument(
-        "--migration-limit", type=int_at_least(0), default=3, help="mid-stream migrations per request"
+        "--migration-limit",
+        type=int_at_least(0),
+        default=_D.migration_limit,
+        help="mid-stream migrations per request",
     )
     p.add_argument(
-        "--admission-tries", type=int_at_least(1), default=4, help="pools asked per admission round"
+        "--admission-tries",
+        type=int_at_least(1),
+        default=_D.admission_tries,
+        help="pools asked per admission round",
     )
     p.add_argument(
         "--stall-timeout",
         type=positive_number,
-        default=stall.DEFAULT_STALL_TIMEOUT_S,
+        default=_D.stall.stall_timeout,
         help="seconds a pool may go silent mid-stream before the request migrates; a slow pool gets "
-        f"{stall.DEFAULT_PACE_FACTOR:g}x its own gap between messages when that is longer (default %(default)s)",
+        "--stall-pace-factor times its own gap between messages when that is longer (default %(default)s)",
     )
     p.add_argument(
         "--first-token-timeout",
         type=positive_number,
-        default=stall.DEFAULT_FIRST_TOKEN_TIMEOUT_S,
-        help=f"seconds from admission to the first token, plus {stall.DEFAULT_PREFILL_FACTOR:g}x the pool's predicted prefill, before the "
-        "pool counts as having refused (default %(default)s)",
+        default=_D.stall.first_token_timeout,
+        help="seconds from admission to the first token, plus --first-token-prefill-factor times the pool's "
+        "predicted prefill, before the pool counts as having refused (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-queue-wait",
+        type=positive_number,
+        default=_D.stall.max_queue_wait,
+        help="seconds a request may wait for its first token at a pool that says it is busy (queue "
+        "reports, or a fresh load showing it full) before it tries another pool; the busy pool's "
+        "link is not backed off (default %(default)s)",
     )
     p.add_argument(
         "--wait-slo",
@@ -92,7 +113,7 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--wait-slo-quantile",
         type=fraction,
-        default=0.99,
+        default=settings.field_default(WaitSlo, "quantile"),
         help="the share of requests whose estimated wait should be within --wait-slo (default %(default)s)",
     )
     p.add_argument(
@@ -119,44 +140,46 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--http-max-body-bytes",
         type=int_at_least(1024),
-        default=8 * 1024 * 1024,
+        default=_D.http.max_body_bytes,
         help="larger bodies get 413",
     )
     p.add_argument(
         "--http-write-timeout",
         type=positive_seconds,
-        default=30.0,
+        default=_D.http.write_timeout,
         help="seconds a streaming client may stop reading before its request is ended",
     )
     p.add_argument(
         "--http-default-max-tokens",
         type=int_at_least(1),
-        default=256,
+        default=_D.http.default_max_tokens,
         help="output tokens when an HTTP request sets no max_tokens",
     )
     p.add_argument(
         "--http-max-header-bytes",
         type=int_at_least(1024),
-        default=32 * 1024,
+        default=_D.http.max_head_bytes,
         help="request line and headers of one HTTP request, in bytes (more: 431)",
     )
     p.add_argument(
         "--http-header-timeout",
         type=positive_seconds,
-        default=10.0,
+        default=_D.http.head_timeout,
         help="seconds from accept (TLS handshake included) to a complete request head (then 408 and closed)",
     )
     p.add_argument(
         "--http-max-headers",
         type=int_at_least(8),
-        default=100,
+        default=_D.http.max_headers,
         help="headers of one HTTP request (more: 431)",
     )
-    p.add_argument("--grace", type=float, default=5.0, help="seconds in-flight calls get on SIGTERM")
+    p.add_argument(
+        "--grace", type=non_negative_number, default=_D.grace, help="seconds in-flight calls get on SIGTERM"
+    )
     p.add_argument(
         "--ready-timeout",
         type=non_negative_number,
-        default=DEFAULT_READY_TIMEOUT_S,
+        default=_D.ready_timeout,
         help="seconds after the start at most that health (gRPC, /readyz) waits for the KV state of "
         "every pool the directory lists before saying ready anyway; the synced directory is "
         "waited for in any case (default %(default)s)",
@@ -164,32 +187,126 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--max-streams-per-client",
         type=int_at_least(1),
-        default=64,
+        default=_D.max_streams_per_client,
         help="concurrent Generate streams per client identity (with TLS or API keys)",
     )
     p.add_argument(
-        "--max-prompt-tokens", type=int_at_least(1), default=1_048_576, help="longest prompt accepted"
+        "--max-prompt-tokens",
+        type=int_at_least(1),
+        default=_D.max_prompt_tokens,
+        help="longest prompt accepted",
     )
     p.add_argument(
-        "--max-output-tokens", type=int_at_least(1), default=1_048_576, help="largest max_tokens accepted"
+        "--max-output-tokens",
+        type=int_at_least(1),
+        default=_D.max_output_tokens,
+        help="largest max_tokens accepted",
     )
     p.add_argument(
-        "--max-telemetry-streams", type=int_at_least(1), default=1024, help="telemetry streams open at once"
+        "--max-telemetry-streams",
+        type=int_at_least(1),
+        default=_D.max_telemetry_streams,
+        help="telemetry streams open at once",
     )
     p.add_argument(
         "--max-snapshot-blocks",
         type=int_at_least(1),
-        default=4_194_304,
+        default=_D.max_snapshot_blocks,
         help="block hashes one telemetry snapshot may carry across its chunks",
     )
-    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--max-generate-streams",
+        type=int_at_least(1),
+        default=_D.max_generate_streams,
+        help="concurrent Generate streams of all clients together (default %(default)s)",
+    )
+    p.add_argument(
+        "--stall-pace-factor",
+        type=positive_number,
+        default=_D.stall.pace_factor,
+        help="mid-stream silence allowed as a multiple of the stream's own typical gap, when longer "
+        "than --stall-timeout (default %(default)s)",
+    )
+    p.add_argument(
+        "--first-token-prefill-factor",
+        type=non_negative_number,
+        default=_D.stall.prefill_factor,
+        help="added to --first-token-timeout: this many times the pool's predicted prefill time "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--link-backoff-initial",
+        type=positive_seconds,
+        default=_D.link_backoff_initial,
+        help="seconds a pool's serving link is avoided after its first failure, doubling per failure "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--link-backoff-max",
+        type=positive_seconds,
+        default=_D.link_backoff_max,
+        help="upper bound of the serving-link back-off, seconds (default %(default)s)",
+    )
+    p.add_argument(
+        "--load-max-age",
+        type=positive_seconds,
+        default=_D.freshness.load_max_age,
+        help="seconds after which a pool's load report counts as unknown (default %(default)s)",
+    )
+    p.add_argument(
+        "--kv-max-age",
+        type=positive_seconds,
+        default=_D.freshness.kv_max_age,
+        help="seconds without a message on a pool's KV streams after which its cached blocks count as "
+        "unknown (default %(default)s)",
+    )
+    p.add_argument(
+        "--state-max-age",
+        type=positive_seconds,
+        default=_D.freshness.state_max_age,
+        help="seconds after which a pool's telemetry readiness/drain state counts as unknown "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--http-body-timeout",
+        type=positive_seconds,
+        default=_D.http.body_timeout,
+        help="seconds an HTTP client may take to send its request body (then 408; default %(default)s)",
+    )
+    p.add_argument(
+        "--http-max-connections",
+        type=int_at_least(1),
+        default=_D.http.max_connections,
+        help="concurrent HTTP connections; one more is answered 503 and closed (default %(default)s)",
+    )
+    p.add_argument(
+        "--openai-connect-timeout",
+        type=positive_seconds,
+        default=_D.openai_link.connect_timeout,
+        help="seconds to connect to an OpenAI HTTP pool before it counts as unreachable (default %(default)s)",
+    )
+    p.add_argument(
+        "--openai-read-timeout",
+        type=positive_seconds,
+        default=_D.openai_link.read_timeout,
+        help="seconds an admitted OpenAI HTTP stream may go without a byte before it counts as broken "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--openai-max-connections",
+        type=int_at_least(1),
+        default=_D.openai_link.max_connections,
+        help="connections open at once to all OpenAI HTTP pools together (default %(default)s)",
+    )
+    add_log_level_flag(p)
     add_security_flags(p)
+    settings.enable(p, ENV_PREFIX)
     p.set_defaults(func=_run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    configure_logging("globalrouter", args.log_level)
-    config = RouterConfig(
+def router_config(args: argparse.Namespace) -> RouterConfig:
+    """The RouterConfig `globalrouter serve`'s parsed settings (args.security included) name."""
+    return RouterConfig(
         listen=args.listen,
         discovery=args.discovery,
         advertise=args.advertise or "",
@@ -198,8 +315,18 @@ def _run(args: argparse.Namespace) -> int:
         migration_limit=args.migration_limit,
         admission_tries=args.admission_tries,
         stall=stall.StallPolicy(
-            stall_timeout=args.stall_timeout, first_token_timeout=args.first_token_timeout
+            stall_timeout=args.stall_timeout,
+            pace_factor=args.stall_pace_factor,
+            first_token_timeout=args.first_token_timeout,
+            prefill_factor=args.first_token_prefill_factor,
+            max_queue_wait=args.max_queue_wait,
         ),
+        link_backoff_initial=args.link_backoff_initial,
+        link_backoff_max=args.link_backoff_max,
+        freshness=FreshnessLimits(
+            load_max_age=args.load_max_age, kv_max_age=args.kv_max_age, state_max_age=args.state_max_age
+        ),
+        max_generate_streams=args.max_generate_streams,
         metrics_listen=args.metrics_listen or "",
         wait_slo=WaitSlo(args.wait_slo, quantile=args.wait_slo_quantile) if args.wait_slo else None,
         grace=args.grace,
@@ -214,13 +341,25 @@ def _run(args: argparse.Namespace) -> int:
         http=HttpConfig(
             listen=args.http_listen or "",
             max_body_bytes=args.http_max_body_bytes,
+            body_timeout=args.http_body_timeout,
+            max_connections=args.http_max_connections,
             write_timeout=args.http_write_timeout,
             default_max_tokens=args.http_default_max_tokens,
             max_head_bytes=args.http_max_header_bytes,
             max_headers=args.http_max_headers,
             head_timeout=args.http_header_timeout,
         ),
+        openai_link=OpenAILinkConfig(
+            connect_timeout=args.openai_connect_timeout,
+            read_timeout=args.openai_read_timeout,
+            max_connections=args.openai_max_connections,
+        ),
     )
+
+
+def _run(args: argparse.Namespace) -> int:
+    configure_logging("globalrouter", args.log_level)
+    config = router_config(args)
     try:
         asyncio.run(serve(config))
     except BackgroundTaskFailed as exc:

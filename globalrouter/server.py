@@ -201,7 +201,7 @@ def create_server(
     selector = Selector(SelectionConfig(freshness=config.freshness, wait_slo=config.wait_slo))
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
-    links = ServingLinks(config.link_backoff_initial, config.link_backoff_max)
+    links = ServingLinks(config.link_backoff_initial, config.link_backoff_max, config.openai_link)
     ingest = TelemetryIngest(table, index, clock, metrics, max_snapshot_blocks=config.max_snapshot_blocks)
     authorizer = Authorizer(config.security, service="globalrouter", registry=metrics.registry)
     try:

@@ -8,6 +8,7 @@ from typing import Protocol
 
 import grpc
 
+from globalrouter.config import OpenAILinkConfig
 from globalrouter.openai_link import LinkError, OpenAIClient
 from globalrouter.openai_link import admission as openai_admission
 from globalrouter.pool_state import PoolState
@@ -121,7 +122,9 @@ def is_refusal(code: grpc.StatusCode, reason: str | None) -> bool:
 class ServingLinks:
     """The frontend's links to every pool frontend it routes to."""
 
-    def __init__(self, backoff_initial: float, backoff_max: float) -> None:
+    def __init__(
+        self, backoff_initial: float, backoff_max: float, openai: OpenAILinkConfig | None = None
+    ) -> None:
         self._channels: dict[
             str, tuple[grpc.aio.Channel, pool_frontend_pb2_grpc.PoolFrontendServiceAsyncStub]
         ] = {}
@@ -133,7 +136,7 @@ class ServingLinks:
         """URLs no listed pool names any more, closed when their last stream ends."""
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
-        self._openai = OpenAIClient()
+        self._openai = OpenAIClient(openai)
         """The one HTTP client (pooled keep-alive connections) for every OpenAI HTTP pool."""
 
     def stub(self, url: str) -> pool_frontend_pb2_grpc.PoolFrontendServiceAsyncStub:

@@ -10,12 +10,21 @@ tens of seconds. So each admitted stream has its own allowance, tied to the pool
 - between messages: a floor, or a multiple of the gap this stream has shown so far (an EWMA),
   whichever is longer, so a slow pool is not cut off at its normal pace and a fast one that stops
   is noticed in seconds. A pool that misses it has failed mid-stream: the request migrates.
+
+A pool that is busy is not a pool that hangs: a request admitted behind full run slots waits its
+turn, however long the work ahead of it takes. So the first-token allowance runs from the pool's
+last sign of life, not from the ask: a "queued, position N" message (PoolQueued) starts it again,
+and when it runs out while the pool is known to be busy (the caller judges that, e.g. from a fresh
+load report showing it full), it starts again too. Only silence from a pool not known to be busy
+is a stall. A request waits its turn at most `max_queue_wait` in all; past that it gives up on that
+pool without blaming it (TurnTooLong).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -33,6 +42,10 @@ DEFAULT_STALL_TIMEOUT_S = 5.0
 DEFAULT_PACE_FACTOR = 10.0
 DEFAULT_FIRST_TOKEN_TIMEOUT_S = 10.0
 DEFAULT_PREFILL_FACTOR = 3.0
+# Long enough for a queue of long requests to drain; a client's own deadline usually comes first.
+DEFAULT_MAX_QUEUE_WAIT_S = 120.0
+# Tolerance when judging whether an allowance ran out (a real clock's timer may fire a hair early).
+_EPSILON_S = 1e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +60,24 @@ class StallPolicy:
     """Floor of the wait from admission to the first token."""
     prefill_factor: float = DEFAULT_PREFILL_FACTOR
     """Added to the first-token floor: this many times the predicted prefill time."""
+    max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT_S
+    """Longest wait for the first token (from the ask) at a pool that shows it is busy; then the
+    request tries another pool, and the busy pool's link is not backed off."""
 
     def __post_init__(self) -> None:
-        for name in ("stall_timeout", "pace_factor", "first_token_timeout"):
+        for name in ("stall_timeout", "pace_factor", "first_token_timeout", "max_queue_wait"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"StallPolicy.{name} must be > 0 (got {getattr(self, name)})")
         if self.prefill_factor < 0:
             raise ValueError(f"StallPolicy.prefill_factor must be >= 0 (got {self.prefill_factor})")
+
+
+class FirstTokenWait(enum.Enum):
+    """What a first-token allowance that ran out means (StallWatch.expired)."""
+
+    WAIT = "the request waits its turn: the allowance starts again"
+    STALLED = "the pool is silent: it hangs, for this request"
+    TOO_LONG = "the pool is busy, but the request waited its turn past max_queue_wait"
 
 
 class StallWatch:
@@ -63,10 +87,19 @@ class StallWatch:
         self, policy: StallPolicy, *, uncached_tokens: int = 0, prefill_rate: float = 0.0, begun: float = 0.0
     ) -> None:
         self.policy = policy
-        self.begun = begun
+        self.asked = begun
         """Monotonic time the pool was asked (admission and first token share one allowance)."""
+        self.begun = begun
+        """Start of the current first-token allowance: the ask, or the pool's last sign that the
+        request waits its turn (a queue report, or a busy load when the allowance ran out)."""
         prefill = uncached_tokens / prefill_rate if prefill_rate > 0 else 0.0
         self.first_allowance = policy.first_token_timeout + policy.prefill_factor * prefill
+        self.wait_cap = max(policy.max_queue_wait, self.first_allowance)
+        """Longest wait for the first token in all (a long predicted prefill is never cut short)."""
+        self.position = 0
+        """The request's place in the pool's line from its last queue report (0: none came)."""
+        self.turns = 0
+        """How many times the first-token allowance started again because the pool is busy."""
         self.started = False
         """Whether a token arrived on this stream."""
         self.pace = 0.0
@@ -79,8 +112,29 @@ class StallWatch:
         if not self.started:
             if now is None:
                 return self.first_allowance
-            return max(MIN_WAIT_S, self.first_allowance - (now - self.begun))
+            left = min(self.first_allowance - (now - self.begun), self.wait_cap - (now - self.asked))
+            return max(MIN_WAIT_S, left)
         return max(self.policy.stall_timeout, self.policy.pace_factor * self.pace)
+
+    def waiting_turn(self, now: float, position: int) -> None:
+        """The pool says the request waits for a run slot (`position` in line) at monotonic `now`:
+        it is alive and busy, so the first-token allowance starts again from here."""
+        if not self.started:
+            self.begun = now
+            self.position = position
+
+    def expired(self, now: float, *, busy: bool) -> FirstTokenWait:
+        """The first-token allowance ran out at monotonic `now`; `busy`: the pool is known to be
+        busy now (e.g. its fresh load shows it full). WAIT starts the allowance again."""
+        silent_for = now - self.begun
+        if silent_for >= self.first_allowance - _EPSILON_S and not busy:
+            return FirstTokenWait.STALLED
+        if now - self.asked >= self.wait_cap - _EPSILON_S:
+            return FirstTokenWait.TOO_LONG
+        if busy:
+            self.begun = now
+            self.turns += 1
+        return FirstTokenWait.WAIT
 
     def arrived(self, now: float) -> None:
         """A token message arrived at monotonic `now`."""
@@ -99,6 +153,11 @@ class Silent(Exception):
     def __init__(self, waited: float) -> None:
         super().__init__(f"no message within {waited:.1f} s")
         self.waited = waited
+
+
+class TurnTooLong(Silent):
+    """No first token, but the pool was busy, not silent: the request waited its turn past
+    max_queue_wait (it may try another pool; the busy one is not to blame)."""
 
 
 T = TypeVar("T")

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from meshkit.channels import use_security
-from meshkit.tls import DEFAULT_TRUST_DOMAIN, SecurityConfig
+from meshkit.tls import SecurityConfig
 from meshkit.validation import Violations, check_identifier, host_port_problem, url_problem
 
 
@@ -106,30 +106,67 @@ def identifier(value: str) -> str:
     return value
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def log_level(value: str) -> str:
+    """argparse type: a log level, debug/info/warning/error (any case)."""
+    level = value.strip().lower()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return level
+
+
+def add_log_level_flag(parser: argparse.ArgumentParser) -> None:
+    """--log-level, the same on every binary."""
+    parser.add_argument(
+        "--log-level",
+        type=log_level,
+        default="info",
+        help="debug, info, warning or error (default %(default)s)",
+    )
+
+
+_SECURITY_DEFAULTS = SecurityConfig()
+
+
 def add_security_flags(parser: argparse.ArgumentParser, *, server: bool = True) -> None:
     """The TLS, identity and API-key flags, named the same on every binary (`server`: also --insecure, --api-keys)."""
     group = parser.add_argument_group("security")
-    group.add_argument("--tls-cert", default="", metavar="PEM", help="certificate this process presents")
-    group.add_argument("--tls-key", default="", metavar="PEM", help="private key of --tls-cert")
+    d = _SECURITY_DEFAULTS
     group.add_argument(
-        "--tls-ca", default="", metavar="PEM", help="CA that peers' certificates must chain to (mutual TLS)"
+        "--tls-cert", default=d.tls_cert, metavar="PEM", help="certificate this process presents"
+    )
+    group.add_argument("--tls-key", default=d.tls_key, metavar="PEM", help="private key of --tls-cert")
+    group.add_argument(
+        "--tls-ca",
+        default=d.tls_ca,
+        metavar="PEM",
+        help="CA that peers' certificates must chain to (mutual TLS)",
     )
     group.add_argument(
         "--trust-domain",
         type=identifier,
-        default=DEFAULT_TRUST_DOMAIN,
+        default=d.trust_domain,
         help="SPIFFE trust domain of peer identities (default %(default)s)",
     )
     group.add_argument(
-        "--api-key-file", default="", metavar="FILE", help="file holding the API key to send as a client"
+        "--api-key-file",
+        default=d.api_key,
+        metavar="FILE",
+        help="file holding the API key to send as a client",
     )
     if server:
         group.add_argument(
-            "--api-keys", default="", metavar="FILE", help="client API keys, one `NAME sha256:HEX` a line"
+            "--api-keys",
+            default=d.api_keys,
+            metavar="FILE",
+            help="client API keys, one `NAME sha256:HEX` a line",
         )
         group.add_argument(
             "--insecure",
             action="store_true",
+            default=d.insecure,
             help="allow listening on a non-loopback address without TLS (logged as a warning)",
         )
 

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import sys
 
+from meshkit import settings
 from meshkit.cli import (
+    add_log_level_flag,
     add_security_flags,
     host_port,
     int_at_least,
@@ -23,7 +25,10 @@ from mocker.config import Faults, PoolConfig
 MAX_WORKER_CAPACITY_BLOCKS = 1_000_000
 MAX_WORKERS = 1024
 
+# The one set of defaults: every flag's default is read from the config dataclasses.
 _DEFAULTS = PoolConfig(pool_id="-", models=("-",))
+_FAULTS = Faults()
+ENV_PREFIX = "MOCKER"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prefill-tokens-per-second", type=positive_number, default=d.prefill_tokens_per_second)
     s.add_argument("--decode-tokens-per-second", type=positive_number, default=d.decode_tokens_per_second)
     s.add_argument(
+        "--queue-report-interval",
+        type=positive_seconds,
+        default=d.queue_report_interval,
+        help="seconds between the 'queued, position N' messages to a request waiting for a slot "
+        "(real seconds, not divided by --speedup)",
+    )
+    s.add_argument(
         "--vocab-size",
         type=int_at_least(1, 2**32),
         default=d.vocab_size,
@@ -66,27 +78,50 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--fail-after-tokens",
         type=int_at_least(0),
-        default=0,
+        default=_FAULTS.fail_after_tokens,
         help="exit abruptly once any stream has sent this many tokens (0: never)",
     )
     s.add_argument(
         "--stall-after-tokens",
         type=int_at_least(0),
-        default=0,
+        default=_FAULTS.stall_after_tokens,
         help="a stream that has sent this many tokens hangs: open, silent, forever (0: never)",
     )
-    s.add_argument("--added-latency", type=non_negative_number, default=0.0, help="seconds before admission")
-    s.add_argument("--refuse-all", action="store_true", help="refuse every request (RESOURCE_EXHAUSTED)")
-    s.add_argument("--not-ready", nargs="+", default=[], metavar="MODEL", help="models that start not ready")
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument(
+        "--added-latency",
+        type=non_negative_number,
+        default=_FAULTS.added_latency,
+        help="seconds before admission",
+    )
+    s.add_argument(
+        "--refuse-all",
+        action="store_true",
+        default=_FAULTS.refuse_all,
+        help="refuse every request (RESOURCE_EXHAUSTED)",
+    )
+    s.add_argument(
+        "--not-ready",
+        nargs="+",
+        default=list(d.not_ready),
+        metavar="MODEL",
+        help="models that start not ready",
+    )
+    s.add_argument(
+        "--kv-subscriber-queue",
+        type=int_at_least(1),
+        default=d.kv_subscriber_queue,
+        help="KV events buffered per WatchKvEvents subscriber before it is ended as too slow",
+    )
+    add_log_level_flag(s)
     add_security_flags(s)
+    settings.enable(s, ENV_PREFIX)
     return parser
 
 
 def parse_serve(argv: list[str] | None) -> tuple[argparse.Namespace, PoolConfig, Faults]:
     """Parses `mocker serve` flags into configuration; exits 2 with a clear message on bad flags."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = settings.parse_args(parser, argv)  # flags over MOCKER_* over --config FILE
     v = Violations()
     check_identifier(v, "--pool-id", args.pool_id)
     for model in args.model:
@@ -113,6 +148,8 @@ def parse_serve(argv: list[str] | None) -> tuple[argparse.Namespace, PoolConfig,
         drain_timeout=args.drain_timeout,
         not_ready=tuple(args.not_ready),
         vocab_size=args.vocab_size,
+        kv_subscriber_queue=args.kv_subscriber_queue,
+        queue_report_interval=args.queue_report_interval,
     )
     faults = Faults(
         fail_after_tokens=args.fail_after_tokens,

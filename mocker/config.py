@@ -54,6 +54,9 @@ class PoolConfig:
     """Models that start NOT_READY (SetModelReady makes them Ready)."""
     vocab_size: int = VOCAB_SIZE
     """Output token ids are below this (set it to the vocabulary of the tokenizer that decodes them)."""
+    queue_report_interval: float = 1.0
+    """Seconds between PoolQueued messages to a request waiting for a slot (real seconds, not
+    divided by speedup: they tell the caller the pool is busy, not hung)."""
     kv_subscriber_queue: int = 10_000
     """KV events buffered per WatchKvEvents subscriber before it is ended as too slow."""
 

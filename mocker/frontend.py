@@ -102,7 +102,8 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
         sent = 0
         try:
             last: list[int] | None = None
-            async with contextlib.aclosing(self.pool.run(ticket)) as batches:
+            on_queued = out.queued if request.queue_updates else None
+            async with contextlib.aclosing(self.pool.run(ticket, on_queued)) as batches:
                 async for batch in batches:
                     limit = self.pool.faults.fail_after_tokens
                     if limit and sent + len(batch) >= limit:
@@ -178,6 +179,13 @@ class _Outbox:
         if self.admission is not None:
             admission, self.admission = self.admission, None
             await self.context.write(pf.PoolFrontendServiceGenerateResponse(admission=admission))
+
+    async def queued(self, position: int) -> None:
+        """Says the request waits for a run slot, `position` in line (after the admission)."""
+        await self.admit()
+        await self.context.write(
+            pf.PoolFrontendServiceGenerateResponse(queued=pf.PoolQueued(position=position))
+        )
 
     async def tokens(self, tokens: pf.PoolTokens) -> None:
         """Sends tokens, inside the admission when that is still to go."""

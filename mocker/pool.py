@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from meshkit.blocks import block_hashes
@@ -213,12 +213,20 @@ class Pool:
         due = self.timing.prefill_seconds(ticket.prefill_pending) + self.timing.token_interval()
         return due <= BATCH_WINDOW_S
 
-    async def run(self, ticket: Ticket) -> AsyncGenerator[list[int], None]:
-        """Runs an admitted request: waits for a slot, prefills, then yields output token batches."""
+    async def run(
+        self, ticket: Ticket, on_queued: Callable[[int], Awaitable[None]] | None = None
+    ) -> AsyncGenerator[list[int], None]:
+        """Runs an admitted request: waits for a slot, prefills, then yields output token batches.
+
+        While it waits for a slot, `on_queued(position)` is awaited at once and then every
+        `queue_report_interval` seconds (the serving link's PoolQueued: busy, not hung)."""
         worker = ticket.worker
         acquired = False
         try:
-            await worker.acquire()
+            if on_queued is None:
+                await worker.acquire()
+            else:
+                await self._acquire_reporting(worker, on_queued)
             acquired = True
             ticket.state = TicketState.RUNNING
             self.changes.notify()
@@ -244,6 +252,26 @@ class Pool:
             if acquired:
                 worker.release()
             self.close(ticket)
+
+    async def _acquire_reporting(self, worker: Worker, on_queued: Callable[[int], Awaitable[None]]) -> None:
+        """worker.acquire(), telling `on_queued` the request's place in line while it waits."""
+        place = worker.take_or_queue()
+        if place is None:
+            return
+        try:
+            while not place.done():
+                await on_queued(worker.position(place))
+                timer = asyncio.ensure_future(self.clock.sleep(self.config.queue_report_interval))
+                try:
+                    await asyncio.wait((place, timer), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    timer.cancel()
+            place.result()
+        except BaseException:
+            # Cancelled (hand-back, caller gone) or the report failed: give the place up (and a
+            # slot handed over meanwhile passes on), so the line never holds a dead waiter.
+            worker.leave(place)
+            raise
 
     async def _decode(self, ticket: Ticket) -> AsyncIterator[list[int]]:
         """Token i is due one interval after token i-1 (the first one interval after prefill)."""

@@ -141,17 +141,43 @@ class Worker:
 
     async def acquire(self) -> None:
         """Waits for a request slot (first come, first served)."""
+        place = self.take_or_queue()
+        if place is None:
+            return
+        try:
+            await place
+        except asyncio.CancelledError:
+            self.leave(place)
+            raise
+
+    def take_or_queue(self) -> asyncio.Future[None] | None:
+        """Takes a free slot (None), or joins the line for one: the future is done when the slot
+        passes to it (then it holds the slot). A caller that stops waiting calls leave()."""
         if self.running < self.max_running and not self.waiting:
             self.running += 1
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()  # the slot was handed over just as we were cancelled: pass it on
-            raise
+            return None
+        place: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(place)
+        return place
+
+    def leave(self, place: asyncio.Future[None]) -> None:
+        """A waiter gives up its place; a slot handed to it just now passes on to the next."""
+        if place.done() and not place.cancelled():
+            self.release()
+        else:
+            place.cancel()
+
+    def position(self, place: asyncio.Future[None]) -> int:
+        """A waiter's place in the line (1: next to get a slot); 0 once it is no longer waiting."""
+        if place.done():
+            return 0
+        n = 0
+        for f in self._waiters:
+            if not f.done():
+                n += 1
+            if f is place:
+                return n
+        return 0
 
     def release(self) -> None:
         """Frees a slot, handing it straight to the next waiter if there is one."""

@@ -14,9 +14,11 @@ from datetime import UTC, datetime
 import grpc
 from google.protobuf import json_format
 
+from meshkit import settings
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.channels import sync_channel
 from meshkit.cli import (
+    add_log_level_flag,
     add_security_flags,
     host_port,
     int_at_least,
@@ -38,6 +40,10 @@ from poolrelay.metrics import serve_relay_metrics
 from poolrelay.relay import Relay, RelayConfig, RelayConfigError
 from poolrelay.status import register
 from poolrelay.v1 import status_pb2, status_pb2_grpc
+
+ENV_PREFIX = "POOLRELAY"
+# The status listener is not part of RelayConfig (the server around the relay binds it).
+STATUS_LISTEN = "127.0.0.1:0"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="global frontends to stream telemetry to, besides those discovery lists",
     )
     serve.add_argument(
-        "--status-listen", type=host_port, default="127.0.0.1:0", help="status + health, HOST:PORT"
+        "--status-listen", type=host_port, default=STATUS_LISTEN, help="status + health, HOST:PORT"
     )
     serve.add_argument(
         "--metrics-listen",
@@ -99,16 +105,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--tls-ca; loopback only without TLS unless --insecure); off when not given",
     )
     serve.add_argument(
-        "--report-interval", type=positive_seconds, default=1.0, help="seconds between load reports"
+        "--report-interval",
+        type=positive_seconds,
+        default=settings.field_default(RelayConfig, "report_interval"),
+        help="seconds between load reports (default %(default)s)",
     )
     serve.add_argument(
         "--unregister-on-exit",
         action="store_true",
+        default=settings.field_default(RelayConfig, "unregister_on_exit"),
         help="unregister on SIGTERM so the pool leaves at once (default: stop renewing; the pool "
         "leaves one lease later, so a relay restart keeps it routed)",
     )
-    serve.add_argument("--log-level", default="info")
+    add_log_level_flag(serve)
     add_security_flags(serve)
+    settings.enable(serve, ENV_PREFIX)
 
     status = sub.add_parser("status", help="show a running relay's status")
     status.add_argument("--relay", required=True, type=host_port, help="the relay's status address")
@@ -258,7 +269,7 @@ def show_status(relay: str, as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = settings.parse_args(parser, argv)  # flags over POOLRELAY_* over --config FILE (serve)
     security = security_config(parser, args)  # also how this process dials discovery and frontends
     if args.command == "status":
         return show_status(args.relay, args.json)

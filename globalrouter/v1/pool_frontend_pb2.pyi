@@ -18,20 +18,22 @@ POOL_FINISH_REASON_LENGTH: PoolFinishReason
 POOL_FINISH_REASON_STOP: PoolFinishReason
 
 class PoolFrontendServiceGenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "token_ids", "max_tokens", "sampling", "combine_messages")
+    __slots__ = ("request_id", "model", "token_ids", "max_tokens", "sampling", "combine_messages", "queue_updates")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     COMBINE_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_UPDATES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_tokens: int
     sampling: _sampling_pb2.SamplingParams
     combine_messages: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., combine_messages: _Optional[bool] = ...) -> None: ...
+    queue_updates: bool
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., combine_messages: _Optional[bool] = ..., queue_updates: _Optional[bool] = ...) -> None: ...
 
 class PoolAdmission(_message.Message):
     __slots__ = ("worker_id", "cached_blocks", "prompt_blocks", "tokens")
@@ -53,6 +55,12 @@ class PoolTokens(_message.Message):
     finish: PoolFinish
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish: _Optional[_Union[PoolFinish, _Mapping]] = ...) -> None: ...
 
+class PoolQueued(_message.Message):
+    __slots__ = ("position",)
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    def __init__(self, position: _Optional[int] = ...) -> None: ...
+
 class PoolFinish(_message.Message):
     __slots__ = ("reason", "tokens_generated")
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -62,11 +70,13 @@ class PoolFinish(_message.Message):
     def __init__(self, reason: _Optional[_Union[PoolFinishReason, str]] = ..., tokens_generated: _Optional[int] = ...) -> None: ...
 
 class PoolFrontendServiceGenerateResponse(_message.Message):
-    __slots__ = ("admission", "tokens", "finish")
+    __slots__ = ("admission", "tokens", "finish", "queued")
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     admission: PoolAdmission
     tokens: PoolTokens
     finish: PoolFinish
-    def __init__(self, admission: _Optional[_Union[PoolAdmission, _Mapping]] = ..., tokens: _Optional[_Union[PoolTokens, _Mapping]] = ..., finish: _Optional[_Union[PoolFinish, _Mapping]] = ...) -> None: ...
+    queued: PoolQueued
+    def __init__(self, admission: _Optional[_Union[PoolAdmission, _Mapping]] = ..., tokens: _Optional[_Union[PoolTokens, _Mapping]] = ..., finish: _Optional[_Union[PoolFinish, _Mapping]] = ..., queued: _Optional[_Union[PoolQueued, _Mapping]] = ...) -> None: ...

@@ -63,6 +63,10 @@ class PoolFrontendServiceServicer:
         After admission, UNAVAILABLE ends a request the pool hands back (reason DRAIN_HANDED_BACK at
         the drain deadline; no reason when it failed): the caller may continue it elsewhere from the
         tokens it has received.
+
+        With queue_updates, a request that waits for a run slot after its admission gets PoolQueued
+        messages (at once, then periodically) until it starts: a pool that is busy says so, and the
+        caller tells it apart from one that hangs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

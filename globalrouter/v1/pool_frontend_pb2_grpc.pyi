@@ -52,6 +52,10 @@ class PoolFrontendServiceStub:
     After admission, UNAVAILABLE ends a request the pool hands back (reason DRAIN_HANDED_BACK at
     the drain deadline; no reason when it failed): the caller may continue it elsewhere from the
     tokens it has received.
+
+    With queue_updates, a request that waits for a run slot after its admission gets PoolQueued
+    messages (at once, then periodically) until it starts: a pool that is busy says so, and the
+    caller tells it apart from one that hangs.
     """
 
 @_typing.type_check_only
@@ -76,6 +80,10 @@ class PoolFrontendServiceAsyncStub(PoolFrontendServiceStub):
     After admission, UNAVAILABLE ends a request the pool hands back (reason DRAIN_HANDED_BACK at
     the drain deadline; no reason when it failed): the caller may continue it elsewhere from the
     tokens it has received.
+
+    With queue_updates, a request that waits for a run slot after its admission gets PoolQueued
+    messages (at once, then periodically) until it starts: a pool that is busy says so, and the
+    caller tells it apart from one that hangs.
     """
 
 class PoolFrontendServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -103,6 +111,10 @@ class PoolFrontendServiceServicer(metaclass=_abc_1.ABCMeta):
         After admission, UNAVAILABLE ends a request the pool hands back (reason DRAIN_HANDED_BACK at
         the drain deadline; no reason when it failed): the caller may continue it elsewhere from the
         tokens it has received.
+
+        With queue_updates, a request that waits for a run slot after its admission gets PoolQueued
+        messages (at once, then periodically) until it starts: a pool that is busy says so, and the
+        caller tells it apart from one that hangs.
         """
 
 def add_PoolFrontendServiceServicer_to_server(servicer: PoolFrontendServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

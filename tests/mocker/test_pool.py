@@ -246,3 +246,56 @@ async def test_a_worker_prefills_one_request_at_a_time_and_the_next_reuses_its_b
     assert b.first_token_at - t0 == pytest.approx(0.4 + 0.1)
     # c got a's slot at 0.5 s; its first 5 blocks were cached, 40 tokens left to prefill.
     assert c.first_token_at - t0 == pytest.approx(0.5 + 0.4 + 0.1)
+
+
+async def test_a_request_waiting_for_a_slot_is_told_its_place_at_once_then_every_interval(fake_clock):
+    pool = make_pool(fake_clock, workers=1, max_queue=4, queue_report_interval=1.0)
+    first = await start(pool, [1] * 8, 25)  # 0.08 s prefill + 2.5 s decode: holds the only slot
+    reports: dict[str, list[tuple[float, int]]] = {"second": [], "third": []}
+
+    async def waiter(name: str, tokens: list[int]) -> list[int]:
+        ticket = pool.admit(name, "m", tokens, 10)
+
+        async def on_queued(position: int) -> None:
+            reports[name].append((fake_clock.monotonic(), position))
+
+        return [t async for batch in pool.run(ticket, on_queued) for t in batch]
+
+    t0 = fake_clock.monotonic()
+    second = asyncio.create_task(waiter("second", [2] * 8))
+    await fake_clock.settle()
+    third = asyncio.create_task(waiter("third", [3] * 8))
+    await fake_clock.advance(2.2)
+    assert [(round(t - t0, 1), p) for t, p in reports["second"]] == [(0.0, 1), (1.0, 1), (2.0, 1)]
+    assert [p for _, p in reports["third"]] == [2, 2, 2], "behind the second in line"
+    await fake_clock.advance(0.5)  # the first ends at 2.58 s: the second runs, the third moves up
+    assert first.task.done() and pool.load().requests_running == 1
+    await fake_clock.advance(0.4)
+    assert reports["third"][-1][1] == 1 and len(reports["second"]) == 3, "no report once it runs"
+    await fake_clock.advance(10)
+    assert await second == continue_sequence([2] * 8, 10) and await third == continue_sequence([3] * 8, 10)
+
+
+async def test_a_waiter_that_goes_away_gives_up_its_place(fake_clock):
+    pool = make_pool(fake_clock, workers=1, max_queue=4)
+    first = await start(pool, [1] * 8, 5)
+    ticket = pool.admit("gone", "m", [2] * 8, 2)
+    reported = asyncio.Event()
+
+    async def on_queued(position: int) -> None:
+        reported.set()
+
+    async def wait() -> None:
+        async for _ in pool.run(ticket, on_queued):
+            pass
+
+    gone = asyncio.create_task(wait())
+    await reported.wait()
+    worker = pool.workers[0]
+    assert worker.waiting == 1
+    gone.cancel()
+    await fake_clock.settle()
+    assert worker.waiting == 0 and pool.tickets == {first.ticket}
+    await fake_clock.advance(10)
+    await first.task
+    assert worker.running == 0, "the slot is free, not held by the waiter that left"

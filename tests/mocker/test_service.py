@@ -48,6 +48,14 @@ async def read_tokens(call) -> tuple[list[int], grpc.aio.AioRpcError | None]:
     return tokens, None
 
 
+async def read_all(call) -> list[pf.PoolFrontendServiceGenerateResponse]:
+    """The rest of a Generate call already read from with read()."""
+    out = []
+    while (msg := await call.read()) is not grpc.aio.EOF:
+        out.append(msg)
+    return out
+
+
 async def test_generate_streams_admission_tokens_finish_and_reuses_the_cache(serve_pool):
     s = await serve_pool(block_size=16)
     prompt = list(range(100))
@@ -126,6 +134,28 @@ async def test_queue_full_is_resource_exhausted_and_refuse_all_too(serve_pool):
     assert reason_of(err) == Reason.POOL_REFUSING
     stats = await s.admin.GetPoolStats(adm.GetPoolStatsRequest())
     assert stats.requests_refused == 2
+
+
+async def test_a_request_waiting_for_a_slot_is_told_so_when_it_asks(serve_pool):
+    s = await serve_pool(
+        workers=1, max_running_per_worker=1, max_queue=2, speedup=1.0, queue_report_interval=0.2
+    )
+    long_call = s.frontend.Generate(request(max_tokens=10_000))
+    assert (await long_call.read()).HasField("admission")
+    asks = s.frontend.Generate(request(request_id="r2", queue_updates=True, combine_messages=True))
+    first = [await asks.read() for _ in range(3)]
+    assert [m.WhichOneof("payload") for m in first] == ["admission", "queued", "queued"]
+    assert first[1].queued.position == 1
+    quiet = s.frontend.Generate(request(request_id="r3"))  # did not ask: no PoolQueued
+    assert (await quiet.read()).HasField("admission")
+    long_call.cancel()
+    rest = await read_all(asks)
+    kinds = [m.WhichOneof("payload") for m in rest]
+    assert "tokens" in kinds and set(kinds) <= {"queued", "tokens"}, kinds
+    assert "queued" not in kinds[kinds.index("tokens") :], "no PoolQueued once it runs"
+    assert [t for m in rest for t in m.tokens.token_ids] == continue_sequence(list(range(40)), 5)
+    quiet_rest = await read_all(quiet)
+    assert {m.WhichOneof("payload") for m in quiet_rest} == {"tokens", "finish"}
 
 
 async def test_cancelled_caller_frees_its_slot(serve_pool):

@@ -20,6 +20,13 @@ def test_serve_defaults_parse():
     assert args.advertise is None and args.metrics_listen is None and args.frontend_id is None
 
 
+def test_stall_flags_parse():
+    args = build_parser().parse_args(["serve", "--discovery", "h:1"])
+    assert (args.first_token_timeout, args.max_queue_wait) == (10.0, 120.0)
+    args = build_parser().parse_args(["serve", "--discovery", "h:1", "--max-queue-wait", "30"])
+    assert args.max_queue_wait == 30.0
+
+
 def test_wait_slo_flags_parse():
     args = build_parser().parse_args(["serve", "--discovery", "h:1", "--wait-slo", "4.5"])
     assert (args.wait_slo, args.wait_slo_quantile) == (4.5, 0.99)
@@ -47,6 +54,7 @@ async def test_a_frontend_under_a_wait_slo_prices_waits_and_exports_the_price():
         ["serve", "--discovery", "h:1", "--admission-tries", "0"],
         ["serve", "--discovery", "h:1", "--frontend-id", " x"],
         ["serve", "--discovery", "h:1", "--wait-slo", "0"],
+        ["serve", "--discovery", "h:1", "--max-queue-wait", "0"],
         ["serve", "--discovery", "h:1", "--wait-slo", "inf"],
         ["serve", "--discovery", "h:1", "--wait-slo", "2", "--wait-slo-quantile", "1"],
         ["generate", "--router", "h:1", "--model", "m", "--tokens", "1,x", "--max-tokens", "3"],

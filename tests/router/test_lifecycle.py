@@ -108,7 +108,7 @@ def test_an_empty_directory_is_ready_at_once_and_no_discovery_is_ready_at_once()
     ready, _ = readiness(table, clock)
     table.replace_directory([], complete=True)
     assert ready.check() and ready.ready_after == 0.0
-    alone = Readiness(PoolTable(), clock, directory=False, registry=CollectorRegistry())
+    alone = Readiness(PoolTable(), clock, directory=False, timeout=30, registry=CollectorRegistry())
     assert alone.ready
     with pytest.raises(ValueError, match="ready timeout"):
         Readiness(PoolTable(), clock, directory=True, timeout=-1, registry=CollectorRegistry())
