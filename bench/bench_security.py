@@ -238,7 +238,7 @@ class Mesh:
         async with channel(self.router, self.server["client"]) as ch:
             stub = rpb_grpc.RouterServiceStub(ch)
             for i in range(-20, n):
-                ids = [(i * 7919 + k * 31) % 30_000 for k in range(128)]
+                ids = [(i * 7919 + k * 31) % VOCAB for k in range(128)]  # within the --tokenizer's vocabulary
                 started = time.perf_counter()
                 call = stub.Generate(
                     rpb.GenerateRequest(

@@ -44,9 +44,10 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def prefix(seed: int, length: int) -> list[int]:
-    """A deterministic 'system prompt' of `length` tokens."""
-    return [(seed * 7919 + i * 31) % 30_000 for i in range(length)]
+def prefix(seed: int, length: int, vocab: int) -> list[int]:
+    """A deterministic 'system prompt' of `length` tokens, ids of the model's vocabulary (the
+    frontend refuses ids past its --tokenizer's vocabulary)."""
+    return [(seed * 7919 + i * 31) % vocab for i in range(length)]
 
 
 Result = tuple[list[int], router_pb2.GenerateSummary]
@@ -76,14 +77,14 @@ def generate(
     return out, summary
 
 
-def workload(mesh: Mesh) -> tuple[dict[str, list[int]], dict[str, set[str]]]:
+def workload(mesh: Mesh, vocab: int) -> tuple[dict[str, list[int]], dict[str, set[str]]]:
     say("\nStep 2 — a workload with shared prefixes. Three 'applications' each send 8 requests that")
     say("share a long system prompt (384 tokens = 24 blocks of 16), alternating between the two global")
     say(
         "frontends, 6 at a time, each asking for 128 output tokens. The routers should learn where each prefix is cached and send the"
     )
     say("followers there.")
-    apps = {f"app-{k}": prefix(k + 1, 384) for k in range(3)}
+    apps = {f"app-{k}": prefix(k + 1, 384, vocab) for k in range(3)}
     jobs = [(app, i) for i in range(8) for app in apps]
     stats: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
@@ -91,7 +92,7 @@ def workload(mesh: Mesh) -> tuple[dict[str, list[int]], dict[str, set[str]]]:
         app, i = job
         router = mesh.routers[i % 2]
         time.sleep(0.05 * i)  # followers come a little later, like real traffic
-        return app, generate(router.address, [*apps[app], 1000 + i], 128)[1]
+        return app, generate(router.address, [*apps[app], 10 + i], 128)[1]
 
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         results = list(pool.map(one, jobs))
@@ -150,7 +151,7 @@ def drain(mesh: Mesh, apps: dict[str, list[int]], homes: dict[str, set[str]]) ->
             started.append(pool_id)
 
     def long_request() -> None:
-        finished.append(generate(mesh.routers[0].address, [*apps[app], 3000], 400, first_tokens))
+        finished.append(generate(mesh.routers[0].address, [*apps[app], 30], 400, first_tokens))
 
     thread = threading.Thread(target=long_request)
     thread.start()
@@ -159,7 +160,7 @@ def drain(mesh: Mesh, apps: dict[str, list[int]], homes: dict[str, set[str]]) ->
     for router in mesh.routers:
         wait_until(partial(draining, router, victim), 10, message="routers learn of the drain")
     say(f"  Both global frontends now list {victim} as draining and stop choosing it for new work.")
-    served = [generate(mesh.routers[i % 2].address, [*apps[app], 2000 + i], 8)[1].pools[0] for i in range(4)]
+    served = [generate(mesh.routers[i % 2].address, [*apps[app], 20 + i], 8)[1].pools[0] for i in range(4)]
     say(
         f"  Four new {app} requests went to: {', '.join(served)} — none to {victim}, even though it holds the prefix."
     )
@@ -195,7 +196,7 @@ def crash(mesh: Mesh, drained: str, vocab: int) -> None:
     left = [p for p in mesh.pools if p != drained]
     say(f"Step 4 — a crash mid-stream. {' and '.join(left)} remain. A request for 600 tokens starts; after")
     say("40 tokens the pool serving it is killed with SIGKILL (no goodbye, no drain).")
-    prompt = [*prefix(9, 200), 7]
+    prompt = [*prefix(9, 200, vocab), 7]
     killed: list[str] = []
 
     def on_token(count: int, pool_id: str) -> None:
@@ -298,7 +299,7 @@ def run(certs: Path | None = None) -> None:
         for router in mesh.routers:
             mesh.wait_routable(router, mesh.pools)
         say("  Both frontends list all three pools with fresh load and KV telemetry.")
-        apps, homes = workload(mesh)
+        apps, homes = workload(mesh, vocab)
         drained = drain(mesh, apps, homes)
         crash(mesh, drained, vocab)
         say("Step 5 — the OpenAI API. The official openai client streams a chat completion through a")

@@ -69,10 +69,21 @@ class RouterConfig:
     """Longest prompt accepted, in tokens."""
     max_output_tokens: int = 1_048_576
     """Largest max_tokens accepted."""
-    max_telemetry_streams: int = 1024
-    """Telemetry streams open at once (one per relay replica); one more is RESOURCE_EXHAUSTED."""
+    max_telemetry_streams: int = 4096
+    """Telemetry streams open at once (one per relay replica); one more is RESOURCE_EXHAUSTED.
+    Sized for a fleet of 1,000 pools x 2 relays, with room for reconnects."""
     max_snapshot_blocks: int = 4_194_304
     """Block hashes one telemetry snapshot may carry across its chunks (bounds a stream's memory)."""
+    max_snapshot_blocks_per_relay: int = 8_388_608
+    """Snapshot blocks not yet applied (partial snapshots, snapshots being applied, deltas queued
+    behind them) one relay identity may hold across its streams: 64 MiB packed."""
+    max_snapshot_blocks_total: int = 134_217_728
+    """The same across every telemetry stream of this frontend: 1 GiB packed. A snapshot storm
+    past it (every relay resending at once) refuses the streams over it (RESOURCE_EXHAUSTED,
+    LIMIT_EXCEEDED, ErrorInfo metadata limit=max_snapshot_blocks_total); they redial."""
+    snapshot_step_blocks: int = 8192
+    """Most blocks of snapshot application or stream removal done per step of the serving loop,
+    which yields in between; fewer when a step takes over 2 ms (a big table: cache misses)."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS, identities and API keys (the shared security flags)."""
     tokenizers: tuple[tuple[str, str], ...] = ()

@@ -24,7 +24,9 @@ table then the overlay. Short walks and `holds` first read a bounded dict of rec
 masks (prompts share prefixes, and a dict read costs a fraction of a table probe), which small
 deltas update key by key and whole-source changes empty.
 A source's whole set is not kept apart, so replacing a non-empty source's snapshot or dropping
-a source clears its bit with one pass over the table.
+a source clears its bit with one pass over the table, unless the caller first removed the
+source's blocks itself (`remove_blocks`, from its own list of them: the telemetry ingestion does,
+a slice per step, so a stream's end costs its own blocks, not the whole table).
 """
 
 from __future__ import annotations
@@ -500,6 +502,25 @@ class KvIndex:
             self._flush()
             self._remove(n, _as_keys(removed))
             self._add(n, _as_keys(stored))
+
+    def add_blocks(self, source: str, keys: np.ndarray) -> None:
+        """Adds packed block hashes (uint64) to the source's set in one vectorised pass (no
+        overlay): one bounded step of a snapshot applied a slice at a time."""
+        n = self._number_for(source)
+        self._hot.clear()
+        self._flush()
+        self._add(n, _as_keys(keys))
+
+    def remove_blocks(self, source: str, keys: np.ndarray) -> None:
+        """Removes packed block hashes from the source's set (those it does not hold are
+        skipped): a leaving source's own blocks, a slice at a time, instead of a pass over the
+        whole table."""
+        n = self._number.get(source)
+        if n is None:
+            return
+        self._hot.clear()
+        self._flush()
+        self._remove(n, _as_keys(keys))
 
     def drop_source(self, source: str) -> None:
         """Forgets one source (its stream broke); other sources, even of the same pool, stay."""

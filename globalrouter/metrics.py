@@ -75,6 +75,24 @@ class RouterMetrics:
         self.telemetry_snapshot_requests = Counter(
             "globalrouter_telemetry_snapshot_requests", "SnapshotRequests sent to relays (gaps)", registry=r
         )
+        self.event_loop_lag = Histogram(
+            "globalrouter_event_loop_lag_seconds",
+            "How late a periodic task on the serving event loop wakes (what every call waited too)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
+        )
+        self.snapshot_blocks_held = Gauge(
+            "globalrouter_telemetry_snapshot_blocks_held",
+            "Snapshot blocks received and not yet applied, across telemetry streams (8 bytes each)",
+            registry=r,
+        )
+        self.telemetry_refused = Counter(
+            "globalrouter_telemetry_streams_refused",
+            "Relay telemetry streams refused, by reason (UNAUTHENTICATED, NOT_AUTHORIZED, LIMIT_EXCEEDED):"
+            " the router routes without that relay's KV and load",
+            ["reason"],
+            registry=r,
+        )
         self._children: dict[tuple[object, tuple[str, ...]], object] = {}
 
     def labelled(self, metric, *values: str):

@@ -102,9 +102,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     def _model_prompt(self, v: Violations, model: str, prompt: router_pb2.Prompt) -> Sequence[int]:
         """Checks a request's model name and prompt (text through that model's tokenizer); its tokens."""
         check_identifier(v, "model", model)
-        return prompt_tokens(
+        tokens = prompt_tokens(
             v, "prompt", prompt, self.config.max_prompt_tokens, self._tokenizers.for_model(model)
         )
+        if prompt.WhichOneof("content") == "token_ids" and (
+            unknown := self._tokenizers.unknown_token(model, tokens)
+        ):
+            v.add(f"prompt.token_ids.ids[{unknown[0]}]", unknown[1])  # known with --tokenizer only
+        return tokens
 
     # ---- Generate ---------------------------------------------------------------------------
     async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext):

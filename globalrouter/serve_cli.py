@@ -298,6 +298,25 @@ def add_parser(subparsers) -> None:
         default=_D.openai_link.max_connections,
         help="connections open at once to all OpenAI HTTP pools together (default %(default)s)",
     )
+    p.add_argument(
+        "--max-snapshot-blocks-per-relay",
+        type=int_at_least(1),
+        default=_D.max_snapshot_blocks_per_relay,
+        help="snapshot blocks not yet applied one relay may hold across its streams (8 bytes each)",
+    )
+    p.add_argument(
+        "--max-snapshot-blocks-total",
+        type=int_at_least(1),
+        default=_D.max_snapshot_blocks_total,
+        help="snapshot blocks not yet applied all telemetry streams may hold (8 bytes each)",
+    )
+    p.add_argument(
+        "--snapshot-step-blocks",
+        type=int_at_least(1),
+        default=_D.snapshot_step_blocks,
+        help="most snapshot blocks applied (or a leaving stream's blocks removed) per step of the serving "
+        "loop (fewer when a step takes over 2 ms)",
+    )
     add_log_level_flag(p)
     add_security_flags(p)
     settings.enable(p, ENV_PREFIX)
@@ -336,6 +355,9 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         max_output_tokens=args.max_output_tokens,
         max_telemetry_streams=args.max_telemetry_streams,
         max_snapshot_blocks=args.max_snapshot_blocks,
+        max_snapshot_blocks_per_relay=args.max_snapshot_blocks_per_relay,
+        max_snapshot_blocks_total=args.max_snapshot_blocks_total,
+        snapshot_step_blocks=args.snapshot_step_blocks,
         security=args.security,
         tokenizers=tuple(args.tokenizer),
         http=HttpConfig(

@@ -13,6 +13,7 @@ from globalrouter.frontend_lease import FrontendRegistration
 from globalrouter.http_api.app import OpenAIFront
 from globalrouter.http_api.server import HttpServer
 from globalrouter.kv_index import KvIndex
+from globalrouter.loop_lag import sample_loop_lag
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import DirectoryWatcher, PoolTable
 from globalrouter.readiness import Readiness
@@ -71,6 +72,9 @@ class Router:
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor("globalrouter", clock=self.clock, on_failure=self._task_failed)
+        # The telemetry index worker too: applying a snapshot that fails leaves the index's work
+        # queue in an unknown state (a fresh process gets every relay's snapshot again).
+        self.telemetry.supervisor = self.supervisor
 
     @property
     def port(self) -> int:
@@ -94,7 +98,11 @@ class Router:
         # Every task fails the process when it dies: each already retries what is expected to fail
         # (discovery unreachable, a broken watch), so what reaches the supervisor is a bug whose
         # state (the directory table, the lease) a fresh process rebuilds; an in-place restart would
-        # run the same code on the same state. Pruning is the exception (PRUNE_RESTART).
+        # run the same code on the same state. Pruning and the loop-lag sampler, which hold no
+        # state, are restarted with bounded back-off instead.
+        self.supervisor.spawn(
+            "loop-lag", lambda: sample_loop_lag(self.metrics.event_loop_lag.observe), restart=Restart()
+        )
         if self.http is not None:
             self.supervisor.spawn("http-front-start", self.http.start, one_shot=True)
         if self.config.discovery:
@@ -202,7 +210,17 @@ def create_server(
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
     links = ServingLinks(config.link_backoff_initial, config.link_backoff_max, config.openai_link)
-    ingest = TelemetryIngest(table, index, clock, metrics, max_snapshot_blocks=config.max_snapshot_blocks)
+    ingest = TelemetryIngest(
+        table,
+        index,
+        clock,
+        metrics,
+        max_snapshot_blocks=config.max_snapshot_blocks,
+        max_snapshot_blocks_per_relay=config.max_snapshot_blocks_per_relay,
+        max_snapshot_blocks_total=config.max_snapshot_blocks_total,
+        step_blocks=config.snapshot_step_blocks,
+    )
+    metrics.snapshot_blocks_held.set_function(lambda: ingest.snapshot_blocks_held)
     authorizer = Authorizer(config.security, service="globalrouter", registry=metrics.registry)
     try:
         tokenizers = Tokenizers.load(config.tokenizers)

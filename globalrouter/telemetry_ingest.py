@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import grpc
+import numpy as np
 
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
@@ -15,6 +20,7 @@ from meshkit.clock import Clock
 from meshkit.errors import Reason, abort_with_reason
 from meshkit.limits import LimitExceeded, Slots, check_size
 from meshkit.logs import get_logger
+from meshkit.supervision import Supervisor
 from meshkit.timeconv import wall_seconds
 from meshkit.validation import Violations, check_identifier
 from poolrelay.v1 import pool_events_pb2, telemetry_pb2, telemetry_pb2_grpc
@@ -26,6 +32,19 @@ Request = telemetry_pb2.PublishPoolTelemetryRequest
 Response = telemetry_pb2.PublishPoolTelemetryResponse
 _DRAINING = (pool_events_pb2.DRAIN_STATE_DRAINING, pool_events_pb2.DRAIN_STATE_DRAINED)
 _METHOD = "/poolrelay.v1.TelemetryService/PublishPoolTelemetry"
+_NO_BLOCKS = np.empty(0, np.uint64)
+LOG_TAIL = 4096
+"""Stored-delta hashes a stream keeps as Python ints before packing them onto its block list."""
+LOG_FLOOR = 65_536
+"""A stream's block list is given up (its end then costs a pass over the table) once it holds more
+than LOG_SLACK x max(the blocks the stream holds, LOG_FLOOR): stores of blocks later evicted pile
+up on it, and this bounds that memory to a few times the stream's own set."""
+LOG_SLACK = 4
+STEP_SECONDS = 0.002
+"""What one step of snapshot application or stream removal should take on the serving loop: the
+blocks per step adapt to it (a block added costs 85 ns in a table that fits the caches and several
+times that in one of tens of millions of slots)."""
+MIN_STEP = 256
 
 
 def validate_hello(hello: telemetry_pb2.TelemetryHello) -> Violations:
@@ -66,15 +85,21 @@ class StreamState:
     """What one relay stream contributes: its own KV source and its place in the delta sequence."""
 
     source: str
-    """The stream's KvIndex source key (unique per stream)."""
+    """The stream's current KvIndex source key ("" until its first snapshot is applied). Every
+    snapshot is built under a fresh key while the previous set still answers, then swapped in."""
     pool_id: str
     relay_id: str
     incarnation: int
+    block_size: int = 0
+    """Tokens per block of this stream's hashes (its hello's)."""
     next_sequence: int | None = None
     """The delta sequence expected next; None while waiting for a snapshot (deltas are ignored)."""
     snapshot_id: int | None = None
     snapshot_sequence: int = 0
-    snapshot_chunks: list[int] = field(default_factory=list)
+    snapshot_chunks: list[np.ndarray] = field(default_factory=list)
+    """The partial snapshot's chunks, packed (8 bytes a block), until its last chunk arrives."""
+    snapshot_blocks: int = 0
+    """Blocks in snapshot_chunks."""
     next_chunk: int = 0
     superseded: bool = False
     """A newer stream of the same (pool, relay) took over; this one's messages are ignored."""
@@ -83,20 +108,68 @@ class StreamState:
     """This stream's last readiness report (None: none yet). The pool's view combines its streams'."""
     draining: bool = False
     """This stream's last drain report."""
+    building: _Build | None = None
+    """A whole snapshot being applied a step at a time (None: none)."""
+    backlog: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    """Deltas that arrived while `building`, applied in order once it is swapped in."""
+    held: int = 0
+    """Blocks of this stream counted against the snapshot budgets (partial snapshot, snapshot
+    being applied, backlog)."""
+    log: list[np.ndarray] | None = field(default_factory=list)
+    """Every block ever added to `source` (a superset of its set), so that removing the source
+    touches only these; None once given up (then removal is a pass over the table)."""
+    log_tail: list[int] = field(default_factory=list)
+    log_blocks: int = 0
+    end: Callable[[], None] | None = None
+    """Ends the stream's call now (set by the servicer while the call runs): a superseded stream
+    must not wait for its next message to go."""
+
+
+@dataclass(slots=True)
+class _Build:
+    """A complete snapshot applied in bounded steps under `source`, swapped in when done."""
+
+    stream: StreamState
+    source: str
+    parts: list[np.ndarray]
+    """Not yet applied (first one partly: from `offset`)."""
+    blocks: int
+    """Blocks not yet applied."""
+    offset: int = 0
+    done: list[np.ndarray] = field(default_factory=list)
+    """Applied slices: the new source's block list."""
+
+
+@dataclass(slots=True)
+class _Drop:
+    """A source leaving the index: its own blocks removed in bounded steps, then the source."""
+
+    source: str
+    parts: list[np.ndarray] | None
+    """Its blocks (None: unknown, one pass over the table)."""
+    offset: int = 0
 
 
 class StreamRejected(Exception):
     """The stream must end with `code`, the ErrorInfo `reason` and `message`."""
 
-    def __init__(self, code: grpc.StatusCode, reason: Reason, message: str) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, reason: Reason, message: str, metadata: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
+        self.metadata = dict(metadata or {})
 
 
 class TelemetryIngest:
-    """The pure ingestion rules (no gRPC): one method per message kind; returns what to answer."""
+    """The pure ingestion rules (no gRPC): one method per message kind; returns what to answer.
+
+    Heavy index work (applying a whole snapshot, removing a leaving stream's blocks) is queued and
+    done a `step` at a time (about STEP_SECONDS, at most `step_blocks` blocks), so the serving loop
+    that runs the steps between other work is never held long. With `step_blocks=0` every call
+    finishes its work before returning (the pure tests and tools that have no loop)."""
 
     def __init__(
         self,
@@ -106,8 +179,14 @@ class TelemetryIngest:
         metrics: RouterMetrics,
         *,
         max_snapshot_blocks: int = 4_194_304,
+        max_snapshot_blocks_per_relay: int = 8_388_608,
+        max_snapshot_blocks_total: int = 134_217_728,
+        step_blocks: int = 0,
     ) -> None:
         self.max_snapshot_blocks = max_snapshot_blocks
+        self.max_snapshot_blocks_per_relay = max_snapshot_blocks_per_relay
+        self.max_snapshot_blocks_total = max_snapshot_blocks_total
+        self.step_blocks = step_blocks
         self._table = table
         self._index = index
         self._clock = clock
@@ -117,6 +196,17 @@ class TelemetryIngest:
         """(pool_id, relay_id) -> the stream that currently speaks for that relay replica."""
         self._by_pool: dict[str, dict[str, StreamState]] = {}
         """pool_id -> relay_id -> stream: a pool's readiness and drain combine these streams' reports."""
+        self.snapshot_blocks_held = 0
+        """Blocks of every stream counted against the snapshot budgets (StreamState.held)."""
+        self.held_by_relay: dict[tuple[str, str], int] = {}
+        """(pool_id, relay_id) -> its streams' held blocks. The relay identity a stream may speak
+        for is its hello's (pool, relay) (the authorizer checks it), so this is per identity."""
+        self._work: deque[_Build | _Drop] = deque()
+        self._step_size = max(MIN_STEP, step_blocks)
+        """Blocks the next `step` does: halved after a step over STEP_SECONDS, doubled (up to
+        step_blocks) after one under half of it."""
+        self.stopping = False
+        """Set on stop: leaving streams' blocks are not removed from an index about to go."""
 
     # ---- stream life cycle ------------------------------------------------------------------
     def open(self, hello: telemetry_pb2.TelemetryHello) -> StreamState:
@@ -131,31 +221,47 @@ class TelemetryIngest:
                 f"({listed} > {hello.incarnation})",
             )
         old = self.streams.get(key)
-        if old is not None:
-            if old.incarnation > hello.incarnation:
+        if old is not None and old.incarnation > hello.incarnation:
+            raise StreamRejected(
+                grpc.StatusCode.PERMISSION_DENIED,
+                Reason.TELEMETRY_STALE_INCARNATION,
+                f"relay {hello.relay_id!r} of pool {hello.pool_id!r} already streams under a newer "
+                f"incarnation ({old.incarnation} > {hello.incarnation})",
+            )
+        # Hashes of different block sizes never match: one relay with another size would zero
+        # the pool's cache view (and a pool's hashes are computed with one size per pool).
+        for relay_id, other in self._by_pool.get(hello.pool_id, {}).items():
+            if relay_id != hello.relay_id and other.block_size != hello.block_size:
                 raise StreamRejected(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    Reason.TELEMETRY_STALE_INCARNATION,
-                    f"relay {hello.relay_id!r} of pool {hello.pool_id!r} already streams under a newer "
-                    f"incarnation ({old.incarnation} > {hello.incarnation})",
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    Reason.TELEMETRY_BLOCK_SIZE_MISMATCH,
+                    f"hello.block_size: {hello.block_size} differs from the {other.block_size} "
+                    f"of pool {hello.pool_id!r}'s live stream from relay {relay_id!r}",
+                    {"field": "hello.block_size", "pool_block_size": str(other.block_size)},
                 )
-            # A reconnect or a restarted relay: the new stream replaces the old one's state.
+        if old is not None:
+            # A reconnect or a restarted relay: the new stream replaces the old one's state, and
+            # the old stream ends now (silent, it would otherwise hold its call until it spoke).
             self._release(old)
             old.superseded = True
+            if old.end is not None:
+                old.end()
         stream = StreamState(
-            source=f"{hello.pool_id}/{hello.relay_id}/{hello.incarnation}#{next(self._ids)}",
+            source="",
             pool_id=hello.pool_id,
             relay_id=hello.relay_id,
             incarnation=hello.incarnation,
+            block_size=hello.block_size,
         )
         self.streams[key] = stream
         self._by_pool.setdefault(hello.pool_id, {})[hello.relay_id] = stream
         self._table.stream_counts[hello.pool_id] = self._table.stream_counts.get(hello.pool_id, 0) + 1
         pool = self._table.get(hello.pool_id)
-        pool.block_size = hello.block_size
+        pool.block_size = hello.block_size  # equal to the other live streams' (checked above)
         if not pool.listed:  # what the relay says until discovery says otherwise
             pool.model = hello.model or pool.model
             pool.region = hello.region or pool.region
+        self._settle()
         return stream
 
     def close(self, stream: StreamState) -> None:
@@ -172,10 +278,19 @@ class TelemetryIngest:
                 self._by_pool.pop(stream.pool_id, None)
             elif stream.pool_id in self._table.pools:
                 self._combine_state(self._table.get(stream.pool_id))
+        self._settle()
 
     def _release(self, stream: StreamState) -> None:
-        self._index.drop_source(stream.source)
+        self._drop_snapshot(stream)
+        self._cancel_build(stream)
+        self._unhold(stream, stream.held)
+        stream.backlog = []
         pool = self._table.pools.get(stream.pool_id)
+        if stream.source:
+            if pool is not None:
+                pool.kv_sources.discard(stream.source)
+            self._drop(stream.source, stream)
+            stream.source = ""
         count = self._table.stream_counts.get(stream.pool_id, 1) - 1
         if count > 0:
             self._table.stream_counts[stream.pool_id] = count
@@ -183,7 +298,6 @@ class TelemetryIngest:
             self._table.stream_counts.pop(stream.pool_id, None)
         if pool is None:
             return
-        pool.kv_sources.discard(stream.source)
         if count <= 0:
             # The last stream of the pool is gone: its signals are unknown now, not zero.
             pool.load = None
@@ -194,6 +308,176 @@ class TelemetryIngest:
             pool.telemetry_draining = False
             pool.block_size = 0
             self._table.forget_if_unused(stream.pool_id)
+
+    # ---- snapshot budgets -------------------------------------------------------------------
+    def _hold(self, stream: StreamState, blocks: int, what: str) -> None:
+        """Counts `blocks` more of the stream's against the budgets, or raises StreamRejected
+        (RESOURCE_EXHAUSTED, LIMIT_EXCEEDED, ErrorInfo metadata `limit` naming the bound)."""
+        key = (stream.pool_id, stream.relay_id)
+        relay = self.held_by_relay.get(key, 0) + blocks
+        if relay > self.max_snapshot_blocks_per_relay:
+            raise self._over(
+                "max_snapshot_blocks_per_relay",
+                f"{what}: relay {stream.relay_id!r} of pool {stream.pool_id!r} would hold {relay} "
+                f"snapshot blocks not yet applied, over {self.max_snapshot_blocks_per_relay}",
+            )
+        total = self.snapshot_blocks_held + blocks
+        if total > self.max_snapshot_blocks_total:
+            raise self._over(
+                "max_snapshot_blocks_total",
+                f"{what}: telemetry streams would hold {total} snapshot blocks not yet applied, "
+                f"over this frontend's {self.max_snapshot_blocks_total}",
+            )
+        self.held_by_relay[key] = relay
+        self.snapshot_blocks_held = total
+        stream.held += blocks
+
+    def _unhold(self, stream: StreamState, blocks: int) -> None:
+        if not blocks:
+            return
+        key = (stream.pool_id, stream.relay_id)
+        left = self.held_by_relay.get(key, 0) - blocks
+        if left > 0:
+            self.held_by_relay[key] = left
+        else:
+            self.held_by_relay.pop(key, None)
+        self.snapshot_blocks_held -= blocks
+        stream.held -= blocks
+
+    def _over(self, limit: str, message: str) -> StreamRejected:
+        return StreamRejected(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.LIMIT_EXCEEDED, message, {"limit": limit}
+        )
+
+    def _drop_snapshot(self, stream: StreamState) -> None:
+        """Forgets the stream's partial snapshot (and gives its blocks back to the budgets)."""
+        self._unhold(stream, stream.snapshot_blocks)
+        stream.snapshot_chunks = []
+        stream.snapshot_blocks = 0
+        stream.snapshot_id = None
+
+    # ---- bounded index work -----------------------------------------------------------------
+    def has_work(self) -> bool:
+        """Whether index work is queued (`run` does it)."""
+        return bool(self._work)
+
+    def run(self, budget: int) -> bool:
+        """Does up to about `budget` blocks of queued index work (all of it when budget <= 0);
+        returns whether work is left."""
+        work = self._work
+        left = budget if budget > 0 else -1
+        while work and left != 0:
+            job = work[0]
+            used, finished = self._step(job, left)
+            if finished:
+                work.popleft()
+            if left > 0:
+                left = max(0, left - max(used, 1))
+        return bool(work)
+
+    def step(self) -> bool:
+        """One step of queued work, sized to take about STEP_SECONDS; returns whether work is left."""
+        size = self._step_size
+        start = time.perf_counter()
+        more = self.run(size)
+        took = time.perf_counter() - start
+        if took > STEP_SECONDS:
+            self._step_size = max(MIN_STEP, size // 2)
+        elif took < STEP_SECONDS / 2 and more:
+            self._step_size = min(max(MIN_STEP, self.step_blocks), size * 2)
+        return more
+
+    def _settle(self) -> None:
+        """Without a stepping loop (step_blocks 0), work is done at once."""
+        if self.step_blocks <= 0 and self._work:
+            self.run(0)
+
+    def _step(self, job: _Build | _Drop, budget: int) -> tuple[int, bool]:
+        if isinstance(job, _Drop):
+            parts = job.parts
+            if parts is None:  # the source's blocks are not known: one pass over the table
+                self._index.drop_source(job.source)
+                return 0, True
+            if parts:
+                used = self._index_slice(parts, job, budget, self._index.remove_blocks, job.source)
+                if parts:
+                    return used, False
+            else:
+                used = 0
+            self._index.drop_source(job.source)  # holds nothing any more: no pass over the table
+            return used, True
+        stream = job.stream
+        if job.parts:
+            used = self._index_slice(job.parts, job, budget, self._index.add_blocks, job.source, job.done)
+            self._unhold(stream, used)
+            job.blocks -= used
+            if job.parts:
+                return used, False
+        else:
+            used = 0
+        self._swap_in(job)
+        return used, True
+
+    def _index_slice(self, parts, job, budget: int, apply, source: str, done=None) -> int:
+        """Applies up to `budget` blocks from the front of `parts` (consumed as it goes)."""
+        head = parts[0]
+        end = head.size if budget < 0 else min(head.size, job.offset + budget)
+        piece = head[job.offset : end]
+        apply(source, piece)
+        if done is not None:
+            done.append(piece)
+        if end == head.size:
+            parts.pop(0)
+            job.offset = 0
+        else:
+            job.offset = end
+        return int(piece.size)
+
+    def _swap_in(self, job: _Build) -> None:
+        """The whole snapshot is in the index under its own key: it replaces the stream's set."""
+        stream = job.stream
+        stream.building = None
+        pool = self._table.get(stream.pool_id)
+        if stream.source:
+            pool.kv_sources.discard(stream.source)
+            self._drop(stream.source, stream)
+        stream.source = job.source
+        stream.log = job.done
+        stream.log_tail = []
+        stream.log_blocks = sum(int(p.size) for p in job.done)
+        stream.kv_applied = True
+        pool.kv_sources.add(stream.source)
+        pool.kv_at = self._clock.monotonic()
+        backlog, stream.backlog = stream.backlog, []
+        for stored, removed in backlog:
+            self._unhold(stream, len(stored) + len(removed))
+            self._apply_delta(stream, stored, removed)
+
+    def _drop(self, source: str, stream: StreamState) -> None:
+        """Queues the source's removal (from its own block list when the stream kept one)."""
+        if self.stopping:
+            return  # the index goes with the process: no work for the last seconds
+        parts = stream.log
+        if parts is not None and stream.log_tail:
+            parts = [*parts, np.fromiter(stream.log_tail, np.uint64, len(stream.log_tail))]
+        self._work.append(_Drop(source, parts))
+        stream.log, stream.log_tail, stream.log_blocks = [], [], 0
+
+    def _cancel_build(self, stream: StreamState) -> None:
+        job = stream.building
+        if job is None:
+            return
+        stream.building = None
+        self._unhold(stream, job.blocks)
+        job.parts, job.blocks = [], 0
+        try:
+            self._work.remove(job)
+        except ValueError:
+            pass
+        if job.done:
+            self._work.append(_Drop(job.source, job.done))
+        else:
+            self._index.drop_source(job.source)  # never touched: O(1)
 
     # ---- messages ---------------------------------------------------------------------------
     def receive(self, stream: StreamState, msg: Request) -> Response | None:
@@ -208,7 +492,9 @@ class TelemetryIngest:
         if kind == "kv_delta":
             return self._delta(stream, msg.kv_delta, now)
         if kind == "kv_snapshot":
-            return self._snapshot_chunk(stream, msg.kv_snapshot, now)
+            answer = self._snapshot_chunk(stream, msg.kv_snapshot, now)
+            self._settle()
+            return answer
         if kind == "load":
             pool.record_load(load_signal(msg.load.load), now)
             if msg.load.HasField("observe_time"):
@@ -253,41 +539,58 @@ class TelemetryIngest:
         self, stream: StreamState, chunk: telemetry_pb2.KvSnapshot, now: float
     ) -> Response | None:
         if chunk.chunk_index == 0:
+            self._drop_snapshot(stream)
             stream.snapshot_id = chunk.snapshot_id
             stream.snapshot_sequence = chunk.sequence
-            stream.snapshot_chunks = []
             stream.next_chunk = 0
         if stream.snapshot_id != chunk.snapshot_id or chunk.chunk_index != stream.next_chunk:
-            stream.snapshot_id = None
-            stream.snapshot_chunks = []
+            expected = stream.next_chunk
+            self._drop_snapshot(stream)
             return self._ask_snapshot(
                 stream,
-                f"snapshot chunk out of order: expected chunk {stream.next_chunk}, "
+                f"snapshot chunk out of order: expected chunk {expected}, "
                 f"got {chunk.chunk_index} of snapshot {chunk.snapshot_id}",
             )
-        if len(stream.snapshot_chunks) + len(chunk.block_hashes) > self.max_snapshot_blocks:
+        hashes = chunk.block_hashes
+        size = len(hashes)
+        if stream.snapshot_blocks + size > self.max_snapshot_blocks:
             # Chunks that never end would grow this stream without bound: a relay's whole pool
             # fits, anything larger is refused and the stream's partial snapshot dropped.
-            stream.snapshot_chunks = []
-            stream.snapshot_id = None
-            raise StreamRejected(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                Reason.LIMIT_EXCEEDED,
+            self._drop_snapshot(stream)
+            raise self._over(
+                "max_snapshot_blocks",
                 f"kv_snapshot.block_hashes: snapshot {chunk.snapshot_id} exceeds {self.max_snapshot_blocks} blocks",
             )
-        stream.snapshot_chunks.extend(chunk.block_hashes)
+        try:
+            self._hold(stream, size, "kv_snapshot.block_hashes")
+        except StreamRejected:
+            self._drop_snapshot(stream)
+            raise
+        if size:
+            # Packed as it arrives: 8 bytes a block instead of a Python int's 36.
+            stream.snapshot_chunks.append(np.fromiter(hashes, np.uint64, size))
+            stream.snapshot_blocks += size
         stream.next_chunk += 1
         if not chunk.last:
             return None
-        # The whole snapshot arrived: it replaces this stream's set in one step.
-        self._index.apply_snapshot(stream.source, stream.snapshot_chunks)
+        # The whole snapshot arrived: it is built under a key of its own, a step at a time, and
+        # replaces this stream's set in one swap once complete (until then the old set answers).
+        self._cancel_build(stream)
+        job = _Build(
+            stream,
+            f"{stream.pool_id}/{stream.relay_id}/{stream.incarnation}#{next(self._ids)}",
+            stream.snapshot_chunks,
+            stream.snapshot_blocks,
+        )
         stream.snapshot_chunks = []
+        stream.snapshot_blocks = 0  # still held: by the build now, until applied
         stream.snapshot_id = None
+        for stored, removed in stream.backlog:  # deltas before this snapshot are in it
+            self._unhold(stream, len(stored) + len(removed))
+        stream.backlog = []
+        stream.building = job
+        self._work.append(job)
         stream.next_sequence = stream.snapshot_sequence + 1
-        stream.kv_applied = True
-        pool = self._table.get(stream.pool_id)
-        pool.kv_sources.add(stream.source)
-        pool.kv_at = now
         return None
 
     def _delta(self, stream: StreamState, delta: telemetry_pb2.KvDelta, now: float) -> Response | None:
@@ -295,12 +598,38 @@ class TelemetryIngest:
             return None  # waiting for a snapshot: deltas cannot be placed
         if delta.sequence != stream.next_sequence:
             return self._ask_snapshot(stream, f"gap: expected {stream.next_sequence}, got {delta.sequence}")
-        self._index.apply_delta(stream.source, delta.stored, delta.removed)
         stream.next_sequence += 1
+        if stream.building is not None:
+            # The snapshot they follow is still being applied: they wait (counted) behind it.
+            stored, removed = list(delta.stored), list(delta.removed)
+            self._hold(stream, len(stored) + len(removed), "kv_delta")
+            stream.backlog.append((stored, removed))
+            return None
+        self._apply_delta(stream, delta.stored, delta.removed)
         return None
+
+    def _apply_delta(self, stream: StreamState, stored, removed) -> None:
+        self._index.apply_delta(stream.source, stored, removed)
+        if stream.log is None or not stored:
+            return
+        tail = stream.log_tail
+        tail.extend(stored)
+        if len(tail) >= LOG_TAIL:
+            stream.log.append(np.fromiter(tail, np.uint64, len(tail)))
+            stream.log_blocks += len(tail)
+            stream.log_tail = []
+            if (
+                stream.log_blocks > LOG_SLACK * LOG_FLOOR
+                and stream.log_blocks > LOG_SLACK * self._index.block_count(stream.source)
+            ):
+                stream.log = None  # see LOG_FLOOR
+                stream.log_blocks = 0
 
     def _ask_snapshot(self, stream: StreamState, reason: str) -> Response:
         stream.next_sequence = None
+        for stored, removed in stream.backlog:
+            self._unhold(stream, len(stored) + len(removed))
+        stream.backlog = []
         self._metrics.telemetry_snapshot_requests.inc()
         log.info("asking for a snapshot", pool_id=stream.pool_id, relay_id=stream.relay_id, reason=reason)
         return Response(snapshot_request=telemetry_pb2.SnapshotRequest(reason=reason))
@@ -315,13 +644,28 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         frontend_id: str,
         *,
         authorizer: Authorizer | None = None,
-        max_streams: int = 1024,
+        max_streams: int = 4096,
     ) -> None:
         self._ingest = ingest
         self.frontend_id = frontend_id
         self.closing = False
         self._authorizer = authorizer
         self.streams = Slots("telemetry streams", per_key=max_streams, total=max_streams)
+        self._worker: asyncio.Task | None = None
+        self.supervisor: Supervisor | None = None
+        """Runs the index worker when set (meshkit.supervision)."""
+        if authorizer is not None:
+            authorizer.on_refusal(_METHOD, lambda refusal: self._refused(str(refusal.reason), str(refusal)))
+
+    def _refused(self, reason: str, why: str) -> None:
+        """Routing without a relay's KV and load must never be silent: each refused stream is
+        counted by reason and logged."""
+        self._ingest._metrics.telemetry_refused.labels(reason).inc()
+        log.warning(
+            "telemetry stream refused: routing goes on without that relay's KV and load",
+            reason=reason,
+            why=why,
+        )
 
     def end_streams(self) -> None:
         """Ends every open stream at its next message (relays send at least every report interval).
@@ -329,11 +673,44 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         Called on stop after unregistering: telemetry streams never finish by themselves, so they
         must not hold the grace period that in-flight Generates need."""
         self.closing = True
+        self._ingest.stopping = True
+
+    def _kick(self) -> None:
+        """Starts the index worker if work is queued and it is not running."""
+        if self._ingest.has_work() and (self._worker is None or self._worker.done()):
+            if self.supervisor is not None:  # the frontend's: a worker that dies fails the frontend
+                self._worker = self.supervisor.spawn("telemetry-index-work", self._work, one_shot=True)
+            else:
+                self._worker = asyncio.get_running_loop().create_task(
+                    self._work(), name="telemetry-index-work"
+                )
+
+    async def _work(self) -> None:
+        """Queued index work, a step of about STEP_SECONDS at a time, yielding to the loop in between."""
+        ingest = self._ingest
+        more = True
+        while more:
+            more = ingest.step()
+            await asyncio.sleep(0)  # let the loop serve between two steps
+
+    async def _refuse(
+        self,
+        context: grpc.aio.ServicerContext,
+        code: grpc.StatusCode,
+        reason: Reason,
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+        **where: object,
+    ) -> None:
+        """Ends the call with the reason, and says so in the log (raises, like abort)."""
+        log.warning("telemetry stream refused", code=code.name, reason=str(reason), error=message, **where)
+        await abort_with_reason(context, code, reason, message, metadata)
 
     async def PublishPoolTelemetry(self, request_iterator, context: grpc.aio.ServicerContext):  # type: ignore[override]  # writes with context.write instead of yielding
         try:
             self.streams.acquire("all")
         except LimitExceeded as exc:
+            self._refused(str(Reason.LIMIT_EXCEEDED), str(exc))
             await context.abort_with_status(exc.status())
         try:
             await self._publish(context)
@@ -347,23 +724,54 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         if first.WhichOneof("payload") != "hello":
             v = Violations()
             v.add("hello", "the first message of a telemetry stream must be a TelemetryHello")
+            log.warning("telemetry stream refused", code="INVALID_ARGUMENT", error=str(v))
             await v.abort_if_any(context)
+        hello = first.hello
         # The hello must name the calling relay's own pool and relay id.
         refusal = self._authorizer.check_message(_METHOD, first) if self._authorizer else None
         if refusal is not None:
+            log.warning(
+                "telemetry stream refused", pool_id=hello.pool_id, relay_id=hello.relay_id, error=str(refusal)
+            )
             await context.abort_with_status(refusal.status())
-        await validate_hello(first.hello).abort_if_any(context)
+        problems = validate_hello(hello)
+        if problems:
+            log.warning(
+                "telemetry stream refused",
+                code="INVALID_ARGUMENT",
+                pool_id=hello.pool_id,
+                relay_id=hello.relay_id,
+                error=str(problems),
+            )
+            await problems.abort_if_any(context)
+        where = {"pool_id": hello.pool_id, "relay_id": hello.relay_id, "incarnation": hello.incarnation}
         if self.closing:
-            await abort_with_reason(
-                context, grpc.StatusCode.UNAVAILABLE, Reason.SHUTTING_DOWN, "the global frontend is stopping"
+            await self._refuse(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                Reason.SHUTTING_DOWN,
+                "the global frontend is stopping",
+                **where,
             )
         try:
-            stream = self._ingest.open(first.hello)
+            stream = self._ingest.open(hello)
         except StreamRejected as exc:
-            await abort_with_reason(context, exc.code, exc.reason, exc.message)
-        slog = log.bind(pool_id=stream.pool_id, relay_id=stream.relay_id, incarnation=stream.incarnation)
+            await self._refuse(context, exc.code, exc.reason, exc.message, exc.metadata, **where)
+        slog = log.bind(**where)
         slog.info("telemetry stream opened")
+        task = asyncio.current_task()
+        ended = False
+
+        def end() -> None:
+            # A newer stream of this relay took over: wake this call from its read at once.
+            nonlocal ended
+            ended = True
+            if task is not None:
+                task.cancel()
+
+        stream.end = end
         try:
+            self._kick()
             await context.write(
                 Response(hello_ack=telemetry_pb2.TelemetryHelloAck(frontend_id=self.frontend_id))
             )
@@ -374,6 +782,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
                 try:
                     check_size(_METHOD, msg)
                 except LimitExceeded as exc:
+                    log.warning("telemetry stream refused", error=str(exc), **where)
                     await context.abort_with_status(exc.status())
                 if self.closing:
                     await abort_with_reason(
@@ -383,18 +792,29 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
                         "the global frontend is stopping",
                     )
                 if stream.superseded:
-                    await abort_with_reason(
-                        context,
-                        grpc.StatusCode.ABORTED,
-                        Reason.TELEMETRY_SUPERSEDED,
-                        "a newer stream of this relay replaced this one",
-                    )
+                    break  # replaced between two reads: ends ABORTED below
                 try:
                     answer = self._ingest.receive(stream, msg)
                 except StreamRejected as exc:
-                    await abort_with_reason(context, exc.code, exc.reason, exc.message)
+                    await self._refuse(context, exc.code, exc.reason, exc.message, exc.metadata, **where)
+                self._kick()
                 if answer is not None:
                     await context.write(answer)
+        except asyncio.CancelledError:
+            if not ended or task is None:
+                raise
+            # Our own cancel (superseded), not the server's: the call ends with its reason below.
+            task.uncancel()
         finally:
+            replaced = stream.superseded
+            stream.end = None
             self._ingest.close(stream)
-            slog.info("telemetry stream closed")
+            self._kick()
+            slog.info("telemetry stream closed", replaced=replaced)
+        if replaced:
+            await abort_with_reason(
+                context,
+                grpc.StatusCode.ABORTED,
+                Reason.TELEMETRY_SUPERSEDED,
+                "a newer stream of this relay replaced this one",
+            )

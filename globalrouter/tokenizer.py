@@ -217,6 +217,22 @@ class Tokenizers:
     def configured(self) -> dict[str, ModelTokenizer]:
         return dict(self._by_model)
 
+    def unknown_token(self, model: str, ids: Sequence[int]) -> tuple[int, str] | None:
+        """The first of `ids` outside `model`'s vocabulary, as (index, what is wrong), when a
+        --tokenizer gives that vocabulary; None when all are inside it or it is not known.
+
+        The frontend refuses such a prompt itself (gRPC INVALID_ARGUMENT / HTTP 400 naming the
+        field) rather than passing it on for the engine to refuse in its own words. A model with no
+        --tokenizer is not checked: the byte tokenizer says nothing of the engine's vocabulary."""
+        tokenizer = self._by_model.get(model)
+        if tokenizer is None or not ids:
+            return None
+        size = tokenizer.vocab_size
+        if max(ids) < size:  # the common case: one pass in C
+            return None
+        index = next(i for i, t in enumerate(ids) if t >= size)
+        return index, f"token id {ids[index]} is outside the vocabulary of {model!r} ({size} tokens)"
+
 
 def prompt_context(tokens: Sequence[int]) -> list[int]:
     """The prompt tokens a detokenizer starts from (see DETOKENIZE_CONTEXT)."""

@@ -47,6 +47,8 @@ class Reason(StrEnum):
     # Telemetry streams.
     TELEMETRY_STALE_INCARNATION = "TELEMETRY_STALE_INCARNATION"
     TELEMETRY_PROTOCOL = "TELEMETRY_PROTOCOL"
+    # A hello's block size differs from the one the pool's other live streams use.
+    TELEMETRY_BLOCK_SIZE_MISMATCH = "TELEMETRY_BLOCK_SIZE_MISMATCH"
     # Limits and access.
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
     SLOW_CONSUMER = "SLOW_CONSUMER"

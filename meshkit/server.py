@@ -1,9 +1,10 @@
-"""Server bootstrap shared by every service: TLS, authorization, health, reflection, keepalive, SIGTERM → graceful stop.
+"""Server bootstrap shared by every service: TLS, authorization, health, reflection, keepalive, SIGTERM → graceful stop, SIGHUP → reload.
 
 Follows grpc's examples/python asyncio idioms: `create_server(addr) -> (server, port)` builds and
 binds without starting; `serve_until_signalled()` starts, waits for SIGTERM/SIGINT, flips health to
 NOT_SERVING, runs the service's own stop hooks, stops with a grace period so in-flight calls
-finish, and only then runs the hooks that release what those calls use.
+finish, and only then runs the hooks that release what those calls use. SIGHUP re-reads the
+certificate and API keys (whatever the server has of them) and never stops it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,23 @@ class ServerHandle:
     """Who may call what on this server (enforcing only when TLS or API keys are configured)."""
     certificates: ServerCertificates | None = None
     """The server certificate, re-read on change or SIGHUP (None without TLS)."""
+
+    def reload(self) -> None:
+        """SIGHUP: re-read what can be re-read (the certificate before the next handshake, the API
+        keys at once) and say so in the log. Never raises: a signal must not stop a server."""
+        reloading = []
+        try:
+            if self.certificates is not None:
+                # Open connections keep theirs; the next handshake reads the files.
+                self.certificates.request_reload()
+                reloading.append("certificates")
+            if self.authorizer is not None and self.authorizer.api_keys_path:
+                kept = not self.authorizer.reload_api_keys()
+                reloading.append("api keys (file refused, current keys kept)" if kept else "api keys")
+        except Exception as exc:  # a reload that fails keeps what is in force
+            log.error("SIGHUP reload failed; serving on with what was in force", error=repr(exc))
+            return
+        log.info("SIGHUP", reloaded=reloading or "nothing to reload (no TLS, no --api-keys)")
 
     async def set_serving(self, serving: bool) -> None:
         """Sets every service's health (and the overall "" entry) to SERVING or NOT_SERVING."""
@@ -128,9 +146,8 @@ async def serve_until_signalled(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if handle.certificates is not None:
-        # SIGHUP: re-read the certificate before the next handshake (open connections keep theirs).
-        loop.add_signal_handler(signal.SIGHUP, handle.certificates.request_reload)
+    # SIGHUP (whose default action ends the process) is handled by every server, with TLS or not.
+    loop.add_signal_handler(signal.SIGHUP, handle.reload)
     readying: asyncio.Task[None] | None = None
     if ready is not None:
         # grpc's health servicer says SERVING for "" until told otherwise: not before it is ready.

@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from globalrouter.detokenizer import TextStream
 from globalrouter.http_api.config import HttpConfig
+from globalrouter.http_api.content_type import JsonBodiesOnly
 from globalrouter.http_api.errors import ApiError, from_grpc
 from globalrouter.http_api.schemas import (
     ChatCompletionRequest,
@@ -32,7 +33,7 @@ from globalrouter.http_api.schemas import (
 )
 from globalrouter.http_api.security import AuthMiddleware
 from globalrouter.http_api.status_page import PAGE, status
-from globalrouter.http_api.streaming import EventStreamResponse
+from globalrouter.http_api.streaming import EventStreamResponse, check_streamable
 from globalrouter.migration import GenerateError, GenerateRun
 from globalrouter.router_api import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS
 from globalrouter.routing import RoutingCore, describe_filtered
@@ -171,7 +172,7 @@ class OpenAIFront:
         if self.authorizer is not None and self.authorizer.enforced:
             inner = AuthMiddleware(app, self.authorizer)
         # Outermost, so that even the 500 of Starlette's error middleware (and a refusal) carries the request id.
-        return RequestIdMiddleware(inner)
+        return RequestIdMiddleware(JsonBodiesOnly(inner, ("/v1/completions", "/v1/chat/completions")))
 
     # ---- plain endpoints ----------------------------------------------------------------------
     async def page(self, request: Request) -> Response:
@@ -214,9 +215,14 @@ class OpenAIFront:
         return _error_response(ApiError(404, f"no route {request.url.path}", code="not_found"))
 
     async def _internal(self, request: Request, exc: Exception) -> Response:
-        log.error("request failed unexpectedly", error=repr(exc))
+        # The exception may carry request content (a prompt, a rendered chat): it goes to the log,
+        # under the request id, never into the reply.
+        request_id = request.scope.get("state", {}).get("request_id", "")
+        log.error("request failed unexpectedly", request_id=request_id, error=repr(exc), exc_info=exc)
         return _error_response(
-            ApiError(500, f"internal error: {exc!r}", type="server_error", code="internal_error")
+            ApiError(
+                500, f"internal error (request id {request_id})", type="server_error", code="internal_error"
+            )
         )
 
     async def _not_allowed(self, request: Request, exc: Exception) -> Response:
@@ -241,6 +247,7 @@ class OpenAIFront:
             else:
                 req = parse(CompletionRequest, body)
             check_supported(req)
+            check_streamable(request.scope, req.stream)
             if req.user:
                 structlog.contextvars.bind_contextvars(user=req.user)  # the end user, in every log line
             tokenizer = self.tokenizers.for_model(req.model)
@@ -317,6 +324,8 @@ class OpenAIFront:
                 ids = await _encode(tokenizer, prompt, add_special_tokens=True)
             else:
                 ids = [int(t) for t in cast("list[int]", prompt)]  # token ids, range-checked by the schema
+                if (unknown := self.tokenizers.unknown_token(req.model, ids)) is not None:
+                    raise InvalidField("prompt", f"prompt[{unknown[0]}]: {unknown[1]}")
         if not ids:
             raise InvalidField("prompt", "prompt: encodes to no token")
         if len(ids) > self.max_prompt_tokens:
@@ -578,11 +587,9 @@ class Generation:
             log.warning("stream failed after it started", code=exc.code.name, error=exc.message)
             yield event(error.body())
             return
-        except Exception as exc:  # a defect: still end the stream with an error event, not a cut
-            log.exception("stream failed unexpectedly")
-            yield event(
-                ApiError(500, f"internal error: {exc!r}", type="server_error", code="internal_error").body()
-            )
+        except Exception:  # a defect: still end the stream with an error event, not a cut
+            log.exception("stream failed unexpectedly")  # the reply never carries the exception
+            yield event(ApiError(500, "internal error", type="server_error", code="internal_error").body())
             return
         finally:
             await texts.aclose()  # type: ignore[attr-defined]

@@ -21,7 +21,8 @@ class HttpConfig:
     default_max_tokens: int = 256
     """Output tokens when a request sets neither max_tokens nor max_completion_tokens."""
     max_connections: int = 1024
-    """Concurrent HTTP connections; one more is answered 503 and closed as soon as it is made."""
+    """Concurrent HTTP connections, TLS handshakes in progress included; one more is answered 503 and
+    closed as soon as it is made (with TLS, closed at accept: no handshake, no reply)."""
     head_timeout: float = 10.0
     """Seconds a client has to send a complete request head (request line and headers), from the
     connection's accept (a TLS handshake included, which is cut off at this bound too) and then

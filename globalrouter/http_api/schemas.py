@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from globalrouter.router_api import MAX_OUTPUT_TOKENS, MAX_TOKEN_ID
 
@@ -15,13 +15,28 @@ MAX_MESSAGES = 4096
 MAX_USER_LENGTH = 256
 INT64 = 2**63
 
+
+def _unicode(text: str) -> str:
+    """Refuses a string that cannot be encoded as UTF-8: JSON's \\ud800 escapes decode to lone
+    surrogates, which no tokenizer, log line or protobuf message can carry."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            # The message names the position only: error replies never echo request content.
+            raise ValueError(f"not valid Unicode: a lone surrogate at character {exc.start}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+"""Every string of a request body (each reaches a tokenizer, the pools, or the logs)."""
 Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)]
 Seed = Annotated[int, Field(ge=-INT64, lt=INT64)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
-StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
+StopString = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
 
 
 class _Strict(BaseModel):
@@ -36,13 +51,13 @@ class StreamOptions(_Strict):
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -55,7 +70,7 @@ class ChatMessage(_Strict):
 class _Common(_Strict):
     """Fields both endpoints share."""
 
-    model: Annotated[str, Field(min_length=1, max_length=128)]
+    model: Annotated[Text, Field(min_length=1, max_length=128)]
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: MaxTokens | None = None
@@ -65,7 +80,7 @@ class _Common(_Strict):
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     n: int = 1
-    user: Annotated[str, Field(max_length=MAX_USER_LENGTH)] | None = None
+    user: Annotated[Text, Field(max_length=MAX_USER_LENGTH)] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logprobs: Any = None
@@ -80,10 +95,10 @@ class _Common(_Strict):
 class CompletionRequest(_Common):
     """POST /v1/completions."""
 
-    prompt: str | Annotated[list[TokenId], Field(min_length=1)] | list[str] | list[list[TokenId]]
+    prompt: Text | Annotated[list[TokenId], Field(min_length=1)] | list[Text] | list[list[TokenId]]
     echo: bool = False
     best_of: int | None = None
-    suffix: str | None = None
+    suffix: Text | None = None
 
 
 class ChatCompletionRequest(_Common):
@@ -134,8 +149,10 @@ def parse(model: type[BaseModel], body: Any) -> Any:
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         # For a union (prompt, stop, content) pydantic reports one error per member; the first one
-        # under the shortest path is the clearest to show.
-        first = min(errors, key=lambda e: len(e["loc"]))
+        # under the shortest path is the clearest to show, unless a value's own check failed (text
+        # that is not Unicode inside a list): the member whose type matched says what is wrong.
+        checked = [e for e in errors if e["type"] == "value_error"]
+        first = min(checked or errors, key=lambda e: len(e["loc"]))
         path = field_path(tuple(first["loc"]))
         raise InvalidField(path or None, f"{path or 'body'}: {first['msg']}") from None
 

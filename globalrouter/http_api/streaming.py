@@ -6,9 +6,23 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
+from globalrouter.http_api.schemas import InvalidField
 from meshkit.logs import get_logger
 
 log = get_logger(module="globalrouter.http_api.streaming")
+
+
+def check_streamable(scope, stream: bool) -> None:
+    """Refuses `stream: true` over HTTP/1.0, naming the field, before any pool is asked.
+
+    A stream's length is unknown when it starts, and the server frames it with chunked transfer
+    encoding, which HTTP/1.0 does not have (uvicorn would send it anyway, and a 1.0 client would
+    read the chunk sizes as part of the events). HTTP/1.0 clients get whole replies.
+    """
+    if stream and scope.get("http_version") == "1.0":
+        raise InvalidField(
+            "stream", "stream: needs HTTP/1.1 (HTTP/1.0 has no chunked transfer); set it false"
+        )
 
 
 class EventStreamResponse:

@@ -75,3 +75,18 @@ async def test_text_prompt_uses_the_model_tokenizer(front, hf_tokenizer):
     tokens, _, _ = await generate(front, req)
     prompt = hf_tokenizer.encode("hello world", add_special_tokens=True)
     assert tokens == continue_sequence(prompt, 5, VOCAB)
+
+
+async def test_a_token_id_outside_the_tokenizers_vocabulary_is_invalid_argument(front):
+    """The frontend knows model m's vocabulary (its --tokenizer, VOCAB ids): it refuses an id past it
+    itself, naming the field, rather than passing it on for the engine to refuse."""
+    bad = router_pb2.GenerateRequest(
+        model=MODEL,
+        prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=[5, VOCAB - 1, VOCAB])),
+        max_tokens=2,
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await generate(front, bad)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_request_fields(err.value) == ["prompt.token_ids.ids[2]"]
+    assert "vocabulary" in (err.value.details() or "")

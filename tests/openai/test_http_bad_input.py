@@ -84,6 +84,60 @@ CASES = [
     ("two prompts", COMPLETIONS, json.dumps({"model": MODEL, "prompt": ["a", "b"]}).encode(), 400, "prompt"),
     ("echo", COMPLETIONS, json.dumps({"model": MODEL, "prompt": "a", "echo": True}).encode(), 400, "echo"),
     ("nested too deep", CHAT, b"[" * 30_000 + b"]" * 30_000, 400, None),
+    # A lone surrogate ("\ud800" in JSON) is not text: 400 naming the field, with either tokenizer.
+    (
+        "lone surrogate in chat content",
+        CHAT,
+        chat(messages=[{"role": "user", "content": "hi \ud800"}]),
+        400,
+        "messages[0].content",
+    ),
+    (
+        "lone surrogate in chat content (byte tokenizer)",
+        CHAT,
+        chat(model=BYTE_MODEL, messages=[{"role": "user", "content": "\udfff hi"}]),
+        400,
+        "messages[0].content",
+    ),
+    (
+        "lone surrogate in a content part",
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]),
+        400,
+        "messages[0].content[0].text",
+    ),
+    ("lone surrogate in a stop string", CHAT, chat(stop=["x\ud800"]), 400, "stop[0]"),
+    ("lone surrogate in the model", CHAT, chat(model="m\ud800"), 400, "model"),
+    ("lone surrogate in user", CHAT, chat(user="\ud800"), 400, "user"),
+    (
+        "lone surrogate in a prompt",
+        COMPLETIONS,
+        json.dumps({"model": MODEL, "prompt": "hi \ud800"}).encode(),
+        400,
+        "prompt",
+    ),
+    (
+        "lone surrogate in a prompt (byte tokenizer)",
+        COMPLETIONS,
+        json.dumps({"model": BYTE_MODEL, "prompt": "\ud800"}).encode(),
+        400,
+        "prompt",
+    ),
+    (
+        "lone surrogate in a prompt list",
+        COMPLETIONS,
+        json.dumps({"model": MODEL, "prompt": ["\ud800"]}).encode(),
+        400,
+        "prompt[0]",
+    ),
+    # The trained tokenizer knows the model's vocabulary (400 ids): a prompt id past it is refused here.
+    (
+        "token id outside the vocabulary",
+        COMPLETIONS,
+        json.dumps({"model": MODEL, "prompt": [5, 399, 400]}).encode(),
+        400,
+        "prompt",
+    ),
     ("body over the limit", CHAT, b" " * (65 * 1024), 413, None),
 ]
 
@@ -124,7 +178,11 @@ async def test_chunked_body_over_the_limit_is_refused(front):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         try:
             conn.request(
-                "POST", CHAT, body=chunks(), encode_chunked=True, headers={"transfer-encoding": "chunked"}
+                "POST",
+                CHAT,
+                body=chunks(),
+                encode_chunked=True,
+                headers={"transfer-encoding": "chunked", "content-type": "application/json"},
             )
             return conn.getresponse().status
         except (BrokenPipeError, ConnectionResetError):
@@ -140,7 +198,10 @@ async def test_client_that_stalls_sending_its_body_gets_408(front):
 
     def stall():
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            s.sendall(b'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{"mo')
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b'content-length: 100\r\n\r\n{"mo'
+            )
             return s.recv(4096).decode(errors="replace")
 
     reply = await asyncio.to_thread(stall)  # bounded by the 2 s body timeout of the fixture
@@ -194,3 +255,91 @@ async def test_an_unexpected_failure_is_a_json_500_with_the_request_id(front, mo
     )
     assert status == 500 and payload["error"]["code"] == "internal_error"
     assert headers["x-request-id"] == "req-500"
+    assert "boom" not in payload["error"]["message"]  # never an exception's text (it may hold a prompt)
+    assert "req-500" in payload["error"]["message"]  # the id to find the logged exception by
+
+
+@pytest.mark.parametrize("model", [MODEL, BYTE_MODEL], ids=["trained-tokenizer", "byte-tokenizer"])
+async def test_a_lone_surrogate_is_a_400_that_never_echoes_the_prompt(front, model):
+    port = front.router.http.port
+    secret = "the secret prompt"
+    for path, body in (
+        (CHAT, chat(model=model, messages=[{"role": "user", "content": f"{secret} \ud800"}])),
+        (COMPLETIONS, json.dumps({"model": model, "prompt": f"{secret} \ud800"}).encode()),
+    ):
+        status, _, payload = await asyncio.to_thread(request, port, "POST", path, body)
+        assert status == 400, payload
+        assert payload["error"]["code"] == "invalid_value"
+        assert secret not in payload["error"]["message"]
+        assert "surrogate" in payload["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "text/json"],
+)
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_a_body_that_is_not_declared_json_is_refused_with_415(front, path, content_type):
+    """A web page can post these cross-site without a CORS preflight: they are never parsed."""
+    port = front.router.http.port
+    body = json.dumps({"model": MODEL, "prompt": "hi", "messages": MSG, "max_tokens": 2}).encode()
+
+    def send():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            headers = {"content-type": content_type} if content_type is not None else {}
+            conn.request("POST", path, body=body, headers=headers)
+            reply = conn.getresponse()
+            return reply.status, json.loads(reply.read())
+        finally:
+            conn.close()
+
+    status, payload = await asyncio.to_thread(send)
+    assert status == 415, payload
+    assert set(payload["error"]) == {"message", "type", "param", "code"}
+    assert payload["error"]["code"] == "unsupported_media_type"
+    assert "application/json" in payload["error"]["message"]
+    assert front.router.core.metrics.requests.collect()[0].samples == []  # nothing reached the router
+
+
+@pytest.mark.parametrize(
+    "content_type", ["application/json; charset=utf-8", "Application/JSON", "application/json;"]
+)
+async def test_json_with_parameters_or_in_any_case_is_served(front, content_type):
+    port = front.router.http.port
+    status, _, payload = await asyncio.to_thread(
+        request, port, "POST", CHAT, chat(), {"content-type": content_type}
+    )
+    assert status == 200, payload
+
+
+def _http10(port: int, body: bytes) -> bytes:
+    """One HTTP/1.0 POST on a raw socket; everything the server sends until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+async def test_a_stream_over_http_1_0_is_refused_and_a_whole_reply_is_served(front):
+    """HTTP/1.0 has no chunked transfer encoding: a stream is refused naming the field, before any
+    pool is asked; a non-streaming reply is served with its length."""
+    port = front.router.http.port
+    reply = await asyncio.to_thread(_http10, port, chat(stream=True))
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), reply[:300]
+    assert b"transfer-encoding" not in head.lower()
+    error = json.loads(body)["error"]
+    assert (error["param"], error["code"]) == ("stream", "invalid_value")
+    assert front.router.core.metrics.requests.collect()[0].samples == []  # no pool was asked
+    reply = await asyncio.to_thread(_http10, port, chat())
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), reply[:300]
+    assert b"transfer-encoding" not in head.lower() and b"content-length" in head.lower()
+    assert json.loads(body)["usage"]["completion_tokens"] == 2

@@ -219,3 +219,21 @@ async def test_link_pruning_is_folded_into_one_pass_and_restarted_when_it_fails(
     assert router.supervisor.restarts == 2 and router.supervisor.failure is None
     assert router.supervisor.running == 0
     await router.handle.server.stop(0)
+
+
+async def test_a_telemetry_index_worker_that_dies_fails_the_frontend():
+    router = create_server(RouterConfig(listen="127.0.0.1:0"))
+
+    def broken() -> bool:
+        raise MemoryError("injected fault")
+
+    router.ingest.has_work = lambda: True  # type: ignore[method-assign]
+    router.ingest.step = broken  # type: ignore[method-assign]
+    router.telemetry._kick()
+    await eventually(router.stop_requested.is_set)
+    assert router.supervisor.failure is not None
+    assert (router.supervisor.failure.task, router.supervisor.failure.cause) == (
+        "telemetry-index-work",
+        "MemoryError: injected fault",
+    )
+    await router.handle.server.stop(0)

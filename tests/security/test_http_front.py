@@ -394,3 +394,66 @@ async def test_without_tls_the_http_front_binds_loopback_only_unless_insecure():
     router = create_server(insecure)
     assert router.http is not None and not router.http.tls
     await router.close()
+
+
+async def test_tls_handshakes_in_progress_count_against_the_connection_cap(pki):
+    """Connections that never send a ClientHello hold no more than the cap: one past it is closed
+    at accept (not at the head timeout), and the slots come back when they go."""
+    context = client_context(pki, "client")
+    async with front(pki.config("frontend"), max_connections=3, head_timeout=30.0) as router:
+        assert router.http is not None
+        port = router.http.port
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while router.http.handshakes < 3:
+            assert loop.time() < deadline, "the handshakes were never counted"
+            await asyncio.sleep(0.02)
+        extra_reader, extra_writer = await asyncio.open_connection("127.0.0.1", port)
+        started = loop.time()
+        closed = await _closed_by(extra_reader, started + 10)  # the head timeout is 30 s
+        extra_writer.close()
+        assert closed - started < 10
+        with pytest.raises(httpx2.TransportError):  # an HTTPS client too, while the cap is full
+            await call(f"https://127.0.0.1:{port}", "/health", verify=context)
+        for _reader, writer in held:
+            writer.close()
+
+        async def served() -> bool:
+            try:
+                return (await call(f"https://127.0.0.1:{port}", "/health", verify=context))[0] == 200
+            except httpx2.TransportError:
+                return False
+
+        while not await served():
+            assert loop.time() < deadline + 10, "slots never came back"
+            await asyncio.sleep(0.05)
+        assert router.http.handshakes == 0
+
+
+async def test_the_allocator_is_trimmed_once_a_burst_of_handshakes_is_over(monkeypatch):
+    """After a burst of at least trim_after handshakes falls to an eighth of its peak, one trim;
+    none for the small numbers of steady traffic."""
+    from globalrouter.http_api import server as http_server
+
+    calls: list[int] = []
+    monkeypatch.setattr(http_server, "_malloc_trim", lambda: calls.append(1))
+    handshakes = http_server.Handshakes(trim_after=16, trim_interval=0.0)
+    small = [object() for _ in range(8)]
+    for c in small:
+        handshakes.add(c)  # type: ignore[arg-type]
+    for c in small:
+        handshakes.discard(c)  # type: ignore[arg-type]
+    burst = [object() for _ in range(32)]
+    for c in burst:
+        handshakes.add(c)  # type: ignore[arg-type]
+    for c in burst[:27]:
+        handshakes.discard(c)  # type: ignore[arg-type]
+    assert len(handshakes) == 5  # above an eighth of 32: the burst is not over
+    handshakes.discard(burst[27])  # type: ignore[arg-type]  # 4 left: over
+    deadline = asyncio.get_running_loop().time() + 10
+    while not calls:
+        assert asyncio.get_running_loop().time() < deadline, "never trimmed"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.5)
+    assert calls == [1] and handshakes.trims == 1

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from globalrouter.metrics import RouterMetrics
+from meshkit.metrics_http import serve_metrics
 from meshkit.tls import SecurityConfig
 from tests.support import command, free_port
 
@@ -175,3 +176,41 @@ def test_connections_beyond_the_cap_are_closed_at_once(metrics) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+@pytest.mark.parametrize("tls", [True, False], ids=["mutual-tls", "plain"])
+def test_idle_sockets_past_the_cap_do_not_keep_a_scraper_out(pki, metrics, tls) -> None:
+    """Silent connections, however many, wait for their first byte without a slot: a scrape made
+    while 40 of them (more than the 16 served at once) sit idle is served at once."""
+    port = metrics.serve("127.0.0.1:0", pki.config("frontend") if tls else None)
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}/metrics"
+    context = pki.client_context("admin") if tls else None
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(40)]
+    try:
+        time.sleep(0.2)  # accepted, and waiting for a first byte that never comes
+        started = time.monotonic()
+        assert "globalrouter_decisions_total" in scrape(url, context)
+        assert time.monotonic() - started < 8  # the old server refused it until the idle were cut (10 s)
+        for s in idle:  # and the silent ones are closed within the first-byte bound (2 s), not 10 s
+            assert cut_off_within(s, 8) < 8
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_the_waiting_room_is_bounded_and_the_oldest_silent_connection_makes_room(metrics) -> None:
+    endpoint = serve_metrics(metrics.registry, "127.0.0.1:0", first_byte_seconds=30.0, max_waiting=8)
+    try:
+        idle = [socket.create_connection(("127.0.0.1", endpoint.port), timeout=5) for _ in range(9)]
+        try:
+            # The ninth takes the place of the first (its own deadline is 30 s away); the rest wait.
+            assert cut_off_within(idle[0], 10) < 10
+            idle[1].settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                idle[1].recv(1)
+            assert "globalrouter_decisions_total" in scrape(f"http://127.0.0.1:{endpoint.port}/metrics")
+        finally:
+            for s in idle:
+                s.close()
+    finally:
+        endpoint.close()
