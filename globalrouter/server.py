@@ -12,6 +12,7 @@ from globalrouter.config import RouterConfig
 from globalrouter.frontend_lease import FrontendRegistration
 from globalrouter.http_api.app import OpenAIFront
 from globalrouter.http_api.server import HttpServer
+from globalrouter.http_api.status_page import pool_states
 from globalrouter.kv_index import KvIndex
 from globalrouter.loop_lag import sample_loop_lag
 from globalrouter.metrics import RouterMetrics
@@ -221,6 +222,7 @@ def create_server(
         step_blocks=config.snapshot_step_blocks,
     )
     metrics.snapshot_blocks_held.set_function(lambda: ingest.snapshot_blocks_held)
+    metrics.pools_by_state(lambda: pool_states(core))
     authorizer = Authorizer(config.security, service="globalrouter", registry=metrics.registry)
     try:
         tokenizers = Tokenizers.load(config.tokenizers)

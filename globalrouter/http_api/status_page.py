@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 from globalrouter.routing import RoutingCore
@@ -16,6 +17,14 @@ def pool_state(core: RoutingCore, pool, now: float) -> str:
     if not (pool.state_fresh(now, limits) or pool.load_fresh(now, limits)):
         return "stale"
     return "ready" if pool.ready(pool.model, now, limits) else "not-ready"
+
+
+def pool_states(core: RoutingCore) -> Counter[str]:
+    """Pools of the directory by state (pool_state), for the globalrouter_pools metric.
+
+    Read from the metrics endpoint's thread: list() copies the table's values in one step."""
+    now = core.clock.monotonic()
+    return Counter(pool_state(core, p, now) for p in list(core.table.pools.values()) if p.listed)
 
 
 def status(core: RoutingCore, frontend_id: str) -> dict[str, Any]:
