@@ -51,6 +51,9 @@ class RouterConfig:
     """HOST:PORT of the Prometheus endpoint; empty: off."""
     grace: float = 5.0
     """Seconds in-flight calls may run after SIGTERM before the server stops."""
+    ready_timeout: float = 30.0
+    """Seconds after the start at most that health waits for the listed pools' KV state before it
+    says SERVING anyway (the synced directory is waited for in any case); `globalrouter.readiness`."""
     stall: StallPolicy = field(default_factory=StallPolicy)
     """How long an admitted pool may stay silent before it counts as hung for the request."""
     freshness: FreshnessLimits = field(default_factory=FreshnessLimits)

@@ -27,6 +27,7 @@ from meshkit.cli import (
 )
 from meshkit.discovery_endpoints import endpoints_arg
 from meshkit.logs import configure_logging, get_logger
+from meshkit.supervision import BackgroundTaskFailed
 
 log = get_logger(module="globalrouter.serve_cli")
 
@@ -174,6 +175,14 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--grace", type=non_negative_number, default=_D.grace, help="seconds in-flight calls get on SIGTERM"
+    )
+    p.add_argument(
+        "--ready-timeout",
+        type=non_negative_number,
+        default=_D.ready_timeout,
+        help="seconds after the start at most that health (gRPC, /readyz) waits for the KV state of "
+        "every pool the directory lists before saying ready anyway; the synced directory is "
+        "waited for in any case (default %(default)s)",
     )
     p.add_argument(
         "--max-streams-per-client",
@@ -340,6 +349,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         metrics_listen=args.metrics_listen or "",
         wait_slo=WaitSlo(args.wait_slo, quantile=args.wait_slo_quantile) if args.wait_slo else None,
         grace=args.grace,
+        ready_timeout=args.ready_timeout,
         max_streams_per_client=args.max_streams_per_client,
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
@@ -374,6 +384,9 @@ def _run(args: argparse.Namespace) -> int:
     config = router_config(args)
     try:
         asyncio.run(serve(config))
+    except BackgroundTaskFailed as exc:
+        log.error("stopped: a background task failed", error=str(exc), exit_code=exc.exit_code)
+        return exc.exit_code
     except RuntimeError as exc:
         log.error("cannot start", error=str(exc))
         return 1

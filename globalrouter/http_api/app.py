@@ -157,6 +157,8 @@ class OpenAIFront:
             Route("/", self.page, methods=["GET"]),
             Route("/status.json", self.status_json, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/livez", self.health, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -180,9 +182,20 @@ class OpenAIFront:
         return JSONResponse(status(self.core, self.frontend_id), headers={"cache-control": "no-store"})
 
     async def health(self, request: Request) -> Response:
+        """/health and /livez: alive and not stopping (a liveness probe; readiness is /readyz)."""
         if not self.serving:
             return JSONResponse({"status": "stopping"}, status_code=503)
         return JSONResponse({"status": "ok"})
+
+    readiness: Any = None
+    """The frontend's globalrouter.readiness.Readiness (set by the server; None: always ready)."""
+
+    async def readyz(self, request: Request) -> Response:
+        """503 until the frontend can route (directory synced, pools' KV state or the bounded wait)."""
+        if not self.serving:
+            return JSONResponse({"status": "stopping"}, status_code=503)
+        state = self.readiness.status() if self.readiness is not None else {"status": "ready"}
+        return JSONResponse(state, status_code=200 if state["status"] == "ready" else 503)
 
     async def prometheus(self, request: Request) -> Response:
         return Response(generate_latest(self.core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
