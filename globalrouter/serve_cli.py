@@ -114,6 +114,19 @@ def add_parser(subparsers) -> None:
         "(repeatable); other models use one token per UTF-8 byte",
     )
     p.add_argument(
+        "--tokenizer-threads",
+        type=int_at_least(1),
+        default=2,
+        help="threads that encode text prompts off the event loop (default %(default)s)",
+    )
+    p.add_argument(
+        "--tokenizer-queue",
+        type=int_at_least(0),
+        default=64,
+        help="prompts that may wait for an encoding thread; one more is refused with "
+        "RESOURCE_EXHAUSTED / HTTP 429 (default %(default)s)",
+    )
+    p.add_argument(
         "--http-max-body-bytes",
         type=int_at_least(1024),
         default=8 * 1024 * 1024,
@@ -199,6 +212,8 @@ def _run(args: argparse.Namespace) -> int:
         max_snapshot_blocks=args.max_snapshot_blocks,
         security=args.security,
         tokenizers=tuple(args.tokenizer),
+        tokenizer_threads=args.tokenizer_threads,
+        tokenizer_queue=args.tokenizer_queue,
         http=HttpConfig(
             listen=args.http_listen or "",
             max_body_bytes=args.http_max_body_bytes,
