@@ -28,12 +28,12 @@ async def _slow_pool(front):
     )
 
 
-async def _until(condition, timeout: float, what: str) -> float:
-    """Seconds until `condition()` holds; fails naming `what` after `timeout`."""
+async def _until(condition, limit: float, what: str) -> float:
+    """Seconds until `condition()` holds; fails naming `what` after `limit` seconds."""
     started = time.monotonic()
     while not condition():
-        if time.monotonic() - started > timeout:
-            pytest.fail(f"{what}: not within {timeout} s")
+        if time.monotonic() - started > limit:
+            pytest.fail(f"{what}: not within {limit} s")
         await asyncio.sleep(0.01)
     return time.monotonic() - started
 
