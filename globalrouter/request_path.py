@@ -86,43 +86,55 @@ class RequestPath:
 
 
 class PathRun:
-    """One routed request: its outputs as plain values, its record, its outcome counted once."""
+    """One routed request: its outputs as plain values, its record, its outcome counted once.
 
-    __slots__ = ("_core", "_decision", "_model", "_run")
+    Used as `async with run as outputs: async for out in outputs: ...`, or, when the output is
+    pulled from several places (the HTTP front's start, then its text stream), through `outputs`
+    and end(): either way the run's stream is closed and the request counted exactly once. (A
+    context rather than a wrapping generator: no extra layer on every output of the hot path.)"""
+
+    __slots__ = ("_core", "_ended", "_model", "_run", "outputs")
 
     def __init__(self, core: RoutingCore, run: GenerateRun, decision: Decision, model: str) -> None:
         self._core = core
         self._run = run
-        self._decision = decision
         self._model = model
+        self._ended = False
+        self.outputs: AsyncGenerator[Output, None] = run.stream(decision)  # type: ignore[assignment]
+        """The run's outputs (the last carries the finish); raises GenerateError on failure."""
 
     @property
     def record(self) -> RunRecord:
         """What happened so far: pools, migrations, refusals, cached blocks, tokens."""
         return self._run.record
 
-    async def outputs(self) -> AsyncGenerator[Output, None]:
-        """The run's outputs (the last carries the finish); raises GenerateError on failure. The
-        request is counted in globalrouter_requests by its outcome (OK, a gRPC code name, or
-        CANCELLED) when the iteration ends, however it ends."""
-        outcome = "OK"
+    async def __aenter__(self) -> AsyncGenerator[Output, None]:
+        return self.outputs
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self.end(exc)
+
+    async def end(self, error: BaseException | None) -> None:
+        """Closes the run's stream (its pool call is let go) and counts the request in
+        globalrouter_requests by its outcome: OK, the gRPC code name of a GenerateError, or
+        CANCELLED. Only the first call counts."""
+        if self._ended:
+            return
+        self._ended = True
         try:
-            async for output in self._run.stream(self._decision):
-                yield output
-        except GenerateError as exc:
-            outcome = exc.code.name
-            raise
-        except asyncio.CancelledError:
-            outcome = "CANCELLED"
-            raise
-        except GeneratorExit:
-            # Closed before its end: a consumer that had all it wanted (a stop string) is OK; one
-            # whose task is being cancelled (the client left while a chunk was on its way) is not.
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                outcome = "CANCELLED"
-            raise
+            await self.outputs.aclose()
         finally:
+            outcome = "OK"
+            if isinstance(error, GenerateError):
+                outcome = error.code.name
+            elif isinstance(error, asyncio.CancelledError):
+                outcome = "CANCELLED"
+            elif isinstance(error, GeneratorExit):
+                # Closed before its end: a consumer that had all it wanted (a stop string) is OK;
+                # one whose task is being cancelled (its client left) is not.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    outcome = "CANCELLED"
             metrics = self._core.metrics
             metrics.labelled(metrics.requests, self._model, outcome).inc()
 

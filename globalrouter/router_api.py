@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import grpc
@@ -171,7 +170,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             return
         try:
             # Only this front builds protobuf: the path yields plain values.
-            async with contextlib.aclosing(run.outputs()) as outputs:
+            async with run as outputs:
                 async for out in outputs:
                     ids = out.token_ids
                     if out.finish is None:

@@ -8,7 +8,6 @@ metrics. Output tokens are detokenized incrementally; stop strings and stop toke
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
@@ -133,22 +132,33 @@ async def _wait_disconnect(receive) -> None:
 async def unless_client_leaves(receive, work: Awaitable[T]) -> T:
     """Awaits `work`; when the client disconnects first, cancels it (so the pool's stream is
     closed and the pool stops generating for nobody) and raises ClientGone. `receive` is the
-    ASGI receive of a request whose body was read: its next message is the disconnect."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
+    ASGI receive of a request whose body was read: its next message is the disconnect.
+
+    The work runs in the calling task (one watcher task, no second task per request): the
+    watcher cancels the caller, and the cancellation is told apart from any other by uncancel()."""
+    task = asyncio.current_task()
+    assert task is not None
+    watching = True
+    left = False
+
+    def on_disconnect(watcher: asyncio.Future) -> None:
+        nonlocal left
+        # `watching`: a disconnect seen after the work ended must not cancel what the task does next.
+        if watching and not watcher.cancelled() and watcher.exception() is None:
+            left = True
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    with contextlib.suppress(asyncio.CancelledError):
-        await watcher
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
+
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    watcher.add_done_callback(on_disconnect)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if left and task.uncancel() == 0:
+            raise ClientGone() from None
+        raise
+    finally:
+        watching = False
+        watcher.cancel()
 
 
 class OpenAIFront:
@@ -337,7 +347,8 @@ class OpenAIFront:
             if isinstance(prompt, str):
                 ids = await self._encode(tokenizer.encode, prompt, add_special_tokens=True)
             else:
-                ids = [int(t) for t in cast("list[int]", prompt)]  # token ids, range-checked by the schema
+                # Token ids: ints, range-checked by the schema, in a list of this request's own.
+                ids = cast("list[int]", prompt)
         if not ids:
             raise InvalidField("prompt", "prompt: encodes to no token")
         if len(ids) > self.max_prompt_tokens:
@@ -398,8 +409,12 @@ class OpenAIFront:
         # Admission happens before any byte is sent, so that a refusal or an unreachable pool is a
         # proper HTTP status even for a streaming request. A client that leaves meanwhile (or,
         # not streaming, before its whole answer) cancels the request at the pool.
+        # (One watch per request: a watcher task is a measurable share of a request's CPU.)
         try:
-            await unless_client_leaves(request.receive, generation.start())
+            if req.stream:
+                await unless_client_leaves(request.receive, generation.start())
+            else:
+                body = await unless_client_leaves(request.receive, generation.whole())
         except GenerateError as exc:
             raise from_grpc(exc.code, exc.message, exc.reason) from None
         if req.stream:
@@ -409,10 +424,6 @@ class OpenAIFront:
                 write_timeout=self.config.write_timeout,
                 on_slow_client=self.metrics.slow_clients.inc,
             )  # type: ignore[return-value]
-        try:
-            body = await unless_client_leaves(request.receive, generation.complete())
-        except GenerateError as exc:
-            raise from_grpc(exc.code, exc.message, exc.reason) from None
         rec = run.record
         return JSONResponse(
             body, headers={"x-pools": ",".join(rec.pools), "x-migrations": str(rec.migrations)}
@@ -458,19 +469,20 @@ class Generation:
         self.finish_reason: str | None = None
         self.created = int(time.time())
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
-        self._outputs: AsyncGenerator[Output, None] = run.outputs()
+        self._outputs: AsyncGenerator[Output, None] = run.outputs
         self._first: Output | None = None
 
     async def start(self) -> None:
         """Waits for the first output (a pool admitted the request and sent its first tokens)."""
         try:
             self._first = await anext(self._outputs)
-        except BaseException:
-            await self._outputs.aclose()
+        except BaseException as exc:
+            await self.run.end(exc)
             raise
 
     async def _texts(self) -> AsyncIterator[str]:
         """The output text, in final pieces; sets finish_reason and completion_tokens."""
+        error: BaseException | None = None
         try:
             out = self._first
             while out is not None:
@@ -489,8 +501,11 @@ class Generation:
                     self.finish_reason = "stop" if self.text.stopped else _FINISH.get(out.finish, "length")
                     return
                 out = await anext(self._outputs, None)
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
-            await self._outputs.aclose()
+            await self.run.end(error)
 
     def usage(self) -> dict[str, Any]:
         rec = self.run.record
@@ -505,6 +520,11 @@ class Generation:
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached},
         }
+
+    async def whole(self) -> dict[str, Any]:
+        """start() then complete()."""
+        await self.start()
+        return await self.complete()
 
     async def complete(self) -> dict[str, Any]:
         """The whole response of a non-streaming request."""
