@@ -89,6 +89,10 @@ class RouterConfig:
     tokenizers: tuple[tuple[str, str], ...] = ()
     """(model, directory) pairs: a Hugging Face tokenizer.json + tokenizer_config.json per model,
     for text prompts of both APIs; other models use one token per UTF-8 byte."""
+    tokenizer_threads: int = 2
+    """Threads that encode text prompts (and render chat templates), off the event loop."""
+    tokenizer_queue: int = 64
+    """Prompts that may wait for an encoding thread; one more is refused (RESOURCE_EXHAUSTED / 429)."""
     http: HttpConfig = field(default_factory=HttpConfig)
     """The OpenAI-compatible HTTP front (off unless http.listen is set)."""
     openai_link: OpenAILinkConfig = field(default_factory=OpenAILinkConfig)

@@ -138,6 +138,19 @@ def add_parser(subparsers) -> None:
         "(repeatable); other models use one token per UTF-8 byte",
     )
     p.add_argument(
+        "--tokenizer-threads",
+        type=int_at_least(1),
+        default=2,
+        help="threads that encode text prompts off the event loop (default %(default)s)",
+    )
+    p.add_argument(
+        "--tokenizer-queue",
+        type=int_at_least(0),
+        default=64,
+        help="prompts that may wait for an encoding thread; one more is refused with "
+        "RESOURCE_EXHAUSTED / HTTP 429 (default %(default)s)",
+    )
+    p.add_argument(
         "--http-max-body-bytes",
         type=int_at_least(1024),
         default=_D.http.max_body_bytes,
@@ -360,6 +373,8 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         snapshot_step_blocks=args.snapshot_step_blocks,
         security=args.security,
         tokenizers=tuple(args.tokenizer),
+        tokenizer_threads=args.tokenizer_threads,
+        tokenizer_queue=args.tokenizer_queue,
         http=HttpConfig(
             listen=args.http_listen or "",
             max_body_bytes=args.http_max_body_bytes,

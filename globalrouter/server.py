@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 import grpc
 
 from globalrouter.config import RouterConfig
+from globalrouter.encoding import Encoder
 from globalrouter.frontend_lease import FrontendRegistration
 from globalrouter.http_api.app import OpenAIFront
 from globalrouter.http_api.server import HttpServer
@@ -18,6 +19,7 @@ from globalrouter.loop_lag import sample_loop_lag
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import DirectoryWatcher, PoolTable
 from globalrouter.readiness import Readiness
+from globalrouter.request_path import RequestPath
 from globalrouter.router_api import RouterServicer, generate_streams
 from globalrouter.routing import RoutingCore
 from globalrouter.selection import SelectionConfig, Selector
@@ -231,7 +233,12 @@ def create_server(
         raise RuntimeError(str(exc)) from exc
     # One limit of concurrent generations per identity, over gRPC Generate and the HTTP front.
     streams = generate_streams(config, enforced=authorizer.enforced)
-    router_servicer = RouterServicer(core, links, config, tokenizers, authorizer=authorizer, streams=streams)
+    # One request path (decide, run, migrate, count) and one prompt encoder for both fronts.
+    path = RequestPath.of(core, links, config)
+    encoder = Encoder(config.tokenizer_threads, config.tokenizer_queue)
+    router_servicer = RouterServicer(
+        core, links, config, tokenizers, authorizer=authorizer, streams=streams, path=path, encoder=encoder
+    )
     telemetry_servicer = TelemetryServicer(
         ingest, config.frontend_id, authorizer=authorizer, max_streams=config.max_telemetry_streams
     )
@@ -253,11 +260,10 @@ def create_server(
     if final.http.listen:
         front = OpenAIFront(
             core,
-            links,
+            path,
             tokenizers,
             final.http,
-            migration_limit=final.migration_limit,
-            admission_tries=final.admission_tries,
+            encoder=encoder,
             frontend_id=final.frontend_id,
             authorizer=authorizer,
             streams=streams,

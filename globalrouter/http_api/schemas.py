@@ -157,6 +157,30 @@ def parse(model: type[BaseModel], body: Any) -> Any:
         raise InvalidField(path or None, f"{path or 'body'}: {first['msg']}") from None
 
 
+class InvalidJson(Exception):
+    """The request body is not JSON (or not UTF-8, or nested too deeply): `message` says where."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def parse_json(model: type[BaseModel], data: bytes) -> Any:
+    """Parses and validates a JSON body into `model` in one pass (no intermediate dict); raises
+    InvalidJson when it is not JSON, InvalidField naming the first bad field otherwise."""
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        first = min(errors, key=lambda e: len(e["loc"]))
+        if first["type"] == "json_invalid":
+            raise InvalidJson(first["msg"].removeprefix("Invalid JSON: ")) from None
+        if not first["loc"]:
+            raise InvalidField(None, "the request body must be a JSON object") from None
+        path = field_path(tuple(first["loc"]))
+        raise InvalidField(path or None, f"{path or 'body'}: {first['msg']}") from None
+
+
 def check_supported(req: CompletionRequest | ChatCompletionRequest) -> None:
     """Refuses values this front does not implement, naming the field (never ignores them silently)."""
     if req.n != 1:
