@@ -9,6 +9,7 @@ from globalrouter.pool_state import FreshnessLimits
 from globalrouter.stall import StallPolicy
 from globalrouter.wait_slo import WaitSlo
 from meshkit.tls import SecurityConfig
+from meshkit.tracing import TracingConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,8 @@ class RouterConfig:
     """Most blocks of snapshot application or stream removal done per step of the serving loop,
     which yields in between; fewer when a step takes over 2 ms (a big table: cache misses)."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    """OpenTelemetry export (--otlp-endpoint; empty: off)."""
     """TLS, identities and API keys (the shared security flags)."""
     tokenizers: tuple[tuple[str, str], ...] = ()
     """(model, directory) pairs: a Hugging Face tokenizer.json + tokenizer_config.json per model,

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 
 from globalrouter.config import RouterConfig
-from globalrouter.migration import GenerateError, GenerateRun, Output, RunRecord
+from globalrouter.migration import GenerateError, GenerateRun, Output, RunRecord, decision_attributes
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import Decision
 from globalrouter.serving import ServingLinks
 from globalrouter.stall import StallPolicy
 from globalrouter.v1 import sampling_pb2
+from meshkit import tracing
 from meshkit.errors import Reason
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
 
 NOT_SERVED_LABEL = "(not served)"
 """The metric's model label of a model no pool serves: clients must not grow the label set."""
@@ -58,17 +63,36 @@ class RequestPath:
         prompt: Sequence[int],
         max_tokens: int,
         sampling: sampling_pb2.SamplingParams | None = None,
+        trace_context: Context | None = None,
     ) -> PathRun:
         """Decides where the request goes; raises GenerateError (NOT_FOUND NO_POOL_FOR_MODEL,
         UNAVAILABLE NO_ELIGIBLE_POOL), counted, when no pool can take it. Nothing is sent to a
-        pool until the returned run's outputs() is iterated."""
+        pool until the returned run's outputs() is iterated. `trace_context`: the caller's (a
+        front extracts it); with tracing on, the request's span continues it (or starts a trace)."""
         core = self.core
+        span = None
+        if tracing.enabled():
+            span = tracing.start_span(
+                "globalrouter.request",
+                trace_context,
+                {
+                    "request.id": request_id,
+                    "request.model": model,
+                    "request.prompt_tokens": len(prompt),
+                    "request.max_tokens": max_tokens,
+                },
+                server=True,
+            )
+            decide_span = tracing.start_span("globalrouter.decide", span)
         decision = core.decide(model, prompt, max_tokens)
+        if span is not None:
+            tracing.end_span(decide_span, **decision_attributes(decision))
         error = _no_candidate_error(model, decision)
         if error is not None:
             metrics = core.metrics
             label = model if decision.model_served else NOT_SERVED_LABEL
             metrics.labelled(metrics.requests, label, error.code.name).inc()
+            tracing.end_span(span, error, **{"request.outcome": error.code.name})
             raise error
         run = GenerateRun(
             core,
@@ -82,6 +106,7 @@ class RequestPath:
             sampling=sampling,
             stall=self.stall,
         )
+        run.trace = span
         return PathRun(core, run, decision, model)
 
 
@@ -137,6 +162,20 @@ class PathRun:
                     outcome = "CANCELLED"
             metrics = self._core.metrics
             metrics.labelled(metrics.requests, self._model, outcome).inc()
+            span = self._run.trace
+            if span is not None:
+                rec = self._run.record
+                tracing.end_span(
+                    span,
+                    error if isinstance(error, GenerateError) else None,
+                    **{
+                        "request.outcome": outcome,
+                        "request.pools": rec.pools,
+                        "request.migrations": rec.migrations,
+                        "request.tokens": len(rec.tokens),
+                        "request.cached_blocks": rec.cached_blocks,
+                    },
+                )
 
 
 def _no_candidate_error(model: str, decision: Decision) -> GenerateError | None:

@@ -16,7 +16,7 @@ from globalrouter.selection import FilterReason
 from globalrouter.serving import ServingLinks
 from globalrouter.tokenizer import ModelTokenizer, Tokenizers
 from globalrouter.v1 import router_pb2, router_pb2_grpc
-from meshkit import pagination
+from meshkit import pagination, tracing
 from meshkit.authz import Authorizer, current_identity
 from meshkit.blocks import text_to_tokens
 from meshkit.errors import Reason, abort_with_reason, grpc_status_for
@@ -153,7 +153,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     async def _generate(self, request: router_pb2.GenerateRequest, tokens: Sequence[int], context):
         # The id a caller gives (field, else the x-request-id header, as on the HTTP front) names
         # the request in every log line and at every pool; it is sent back as x-request-id.
-        header = dict(context.invocation_metadata() or ()).get("x-request-id")
+        metadata = context.invocation_metadata() or ()
+        header = dict(metadata).get("x-request-id")
         request_id = request.request_id or request_id_from(header if isinstance(header, str) else None)
         # A header sent on its own is one more write per request; a client that asked for combined
         # messages gets the id in the summary and in the trailing metadata instead.
@@ -169,6 +170,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 prompt=tokens,
                 max_tokens=request.max_tokens,
                 sampling=request.sampling if request.HasField("sampling") else None,
+                trace_context=tracing.extract_metadata(metadata) if tracing.enabled() else None,
             )
         except GenerateError as exc:
             await _abort(context, exc, id_trailer)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
+from meshkit.tracing import TracingConfig
 from mocker.tokens import VOCAB_SIZE
 
 
@@ -59,6 +60,8 @@ class PoolConfig:
     divided by speedup: they tell the caller the pool is busy, not hung)."""
     kv_subscriber_queue: int = 10_000
     """KV events buffered per WatchKvEvents subscriber before it is ended as too slow."""
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    """OpenTelemetry export (--otlp-endpoint; empty: off): each Generate continues its caller's trace."""
 
     @property
     def pool_prefill_tokens_per_second(self) -> float:

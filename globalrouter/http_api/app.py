@@ -42,6 +42,7 @@ from globalrouter.router_api import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS
 from globalrouter.routing import RoutingCore
 from globalrouter.tokenizer import ModelTokenizer, TokenizerError, Tokenizers, prompt_context
 from globalrouter.v1 import router_pb2, sampling_pb2
+from meshkit import tracing
 from meshkit.authz import UNCHECKED, Authorizer
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.errors import Reason
@@ -414,6 +415,7 @@ class OpenAIFront:
                 prompt=prompt,
                 max_tokens=max_tokens,
                 sampling=_sampling(req),
+                trace_context=tracing.extract_headers(request.headers) if tracing.enabled() else None,
             )
         except GenerateError as exc:
             if exc.reason == Reason.NO_POOL_FOR_MODEL:
