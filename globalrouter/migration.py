@@ -432,10 +432,12 @@ class GenerateRun:
                 )
             try:
                 try:
-                    with tracing.current(attempt):  # the pool call carries this span's context
-                        admitted = await within(
-                            clock, functools.partial(self._links.admit, pool, request), watch.first_allowance
-                        )
+                    admit = functools.partial(self._links.admit, pool, request)
+                    if attempt is None:
+                        admitted = await within(clock, admit, watch.first_allowance)
+                    else:
+                        with tracing.current(attempt):  # the pool call carries this span's context
+                            admitted = await within(clock, admit, watch.first_allowance)
                 except Silent as silent:
                     # A pool that does not even admit in time (hung, stopped) is no better than one
                     # that says no: the next candidate is asked, and its link backs off, unless the

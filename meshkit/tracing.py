@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import socket
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -223,13 +223,19 @@ def end_span(span: Span | None, error: BaseException | None = None, /, **attribu
     span.end()
 
 
-@contextmanager
-def current(span: Span | None) -> Iterator[None]:
+_NOTHING = nullcontext()
+
+
+def current(span: Span | None) -> AbstractContextManager[None]:
     """Makes `span` the current one (what outgoing_metadata and inject_headers send) for the block;
-    nothing when None."""
+    nothing when None (a shared no-op context: no object made per call)."""
     if span is None:
-        yield
-        return
+        return _NOTHING
+    return _attached(span)
+
+
+@contextmanager
+def _attached(span: Span) -> Iterator[None]:
     from opentelemetry import context, trace
 
     token = context.attach(trace.set_span_in_context(span))
