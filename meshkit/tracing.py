@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -133,13 +134,23 @@ def setup(
     return True
 
 
-def shutdown() -> None:
-    """Sends the spans still queued and stops the exporter (at process exit)."""
+SHUTDOWN_TIMEOUT_S = 3.0
+"""How long a stopping process waits for its last spans to go out: a collector that is down must
+not hold the exit (the exporter alone would retry for up to its 10 s deadline per batch)."""
+
+
+def shutdown(timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
+    """Sends the spans still queued and stops the exporter (at process exit), waiting at most `timeout`."""
     global _tracer, _provider, _propagator
     provider = _provider
     _tracer = _provider = _propagator = None
-    if provider is not None:
-        provider.shutdown()
+    if provider is None:
+        return
+    flusher = threading.Thread(target=provider.shutdown, name="tracing-shutdown", daemon=True)
+    flusher.start()
+    flusher.join(timeout)
+    if flusher.is_alive():
+        log.warning("tracing: the last spans were not all sent", waited_s=timeout)
 
 
 def _read(path: str) -> bytes | None:

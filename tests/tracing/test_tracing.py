@@ -8,6 +8,7 @@ import json
 import secrets
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -196,3 +197,14 @@ async def test_the_openai_link_sends_the_admission_attempts_traceparent(receiver
     finally:
         await client.close()
         await runner.cleanup()
+
+
+def test_a_collector_that_is_down_does_not_hold_the_exit():
+    # A free port: nothing listens; the exporter would retry each batch for up to its 10 s deadline.
+    assert tracing.setup("svc", TracingConfig(otlp_endpoint=f"127.0.0.1:{free_port()}"))
+    for _ in range(10):
+        tracing.end_span(tracing.start_span("lost"))
+    started = time.monotonic()
+    tracing.shutdown(timeout=0.5)
+    assert time.monotonic() - started < 2.0
+    assert not tracing.enabled()
