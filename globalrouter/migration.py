@@ -287,7 +287,7 @@ class GenerateRun:
                 exclude=failed_pools,
             )
             if span is not None:
-                tracing.end_span(span, **decision_attributes(decision))
+                tracing.end_span_with(span, functools.partial(decision_attributes, decision))
             if not decision.candidates:
                 why = describe_filtered(decision) or "no other pool serves the model"
                 raise GenerateError(

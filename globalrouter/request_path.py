@@ -86,7 +86,7 @@ class RequestPath:
             decide_span = tracing.start_span("globalrouter.decide", span)
         decision = core.decide(model, prompt, max_tokens)
         if span is not None:
-            tracing.end_span(decide_span, **decision_attributes(decision))
+            tracing.end_span_with(decide_span, lambda: decision_attributes(decision))
         error = _no_candidate_error(model, decision)
         if error is not None:
             metrics = core.metrics

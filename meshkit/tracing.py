@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -225,7 +225,7 @@ def end_span(span: Span | None, error: BaseException | None = None, /, **attribu
     """Ends `span` (None: nothing), with `attributes` added and an error status when `error` is given."""
     if span is None:
         return
-    if attributes:
+    if attributes and span.is_recording():
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
     if error is not None:
         from opentelemetry.trace import Status, StatusCode
@@ -254,6 +254,16 @@ def _attached(span: Span) -> Iterator[None]:
         yield
     finally:
         context.detach(token)
+
+
+def end_span_with(span: Span | None, attributes: Callable[[], Mapping[str, Any]]) -> None:
+    """end_span with attributes built only when the span is recorded (not for a trace sampled out)."""
+    if span is None:
+        return
+    if span.is_recording():
+        end_span(span, **attributes())
+    else:
+        span.end()
 
 
 @contextmanager
