@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,9 @@ class Config:
     fanout_changes: int
     etcd: bool
     trace_requests: int
+    ramp_from: int
+    """Fleets of at least this many pools bring their pools up in turn for the first load."""
+    ramp_per_pool: float
     quick: bool
     log_dir: Path
     command: str
@@ -272,11 +275,22 @@ def aio(address: str) -> grpc.aio.Channel:
 
 
 async def list_pools(address: str, limit: float) -> dict[str, router_pb2.PoolView]:
+    """Every pool the frontend lists (all pages, 1,000 a page), within `limit` seconds."""
+    out: dict[str, router_pb2.PoolView] = {}
+    token = ""
+    end = time.monotonic() + limit
     async with aio(address) as ch:
-        reply = await router_pb2_grpc.RouterServiceStub(ch).ListPools(
-            router_pb2.ListPoolsRequest(), timeout=limit
-        )
-    return {p.pool_id: p for p in reply.pools}
+        stub = router_pb2_grpc.RouterServiceStub(ch)
+        for _ in range(1000):  # bounded: a page holds at least one pool
+            reply = await stub.ListPools(
+                router_pb2.ListPoolsRequest(page_size=1000, page_token=token),
+                timeout=max(0.5, end - time.monotonic()),
+            )
+            out.update((p.pool_id, p) for p in reply.pools)
+            token = reply.next_page_token
+            if not token:
+                break
+    return out
 
 
 def ready_count(views: dict[str, router_pb2.PoolView], pools: int, blocks: int) -> int:
@@ -438,7 +452,11 @@ async def run_fleet(
         flush=True,
     )
 
-    sims = Sims(group, cfg, nodes, f"http://{address}", mesh.discovery, pools, blocks, f"p{pools}")
+    # Past ramp_from pools the first load is spread (ramp_per_pool s a pool): the current frontend
+    # does not converge when every relay of such a fleet dials at once (the restart below shows it).
+    ramp = round(pools * cfg.ramp_per_pool, 1) if pools >= cfg.ramp_from else 0.0
+    out["first_load_ramp_s"] = ramp
+    sims = Sims(group, cfg, nodes, f"http://{address}", mesh.discovery, pools, blocks, f"p{pools}", ramp=ramp)
     try:
         # The first storm: every relay's snapshot arrives at once.
         t0 = time.monotonic()
@@ -451,7 +469,7 @@ async def run_fleet(
         out["register_s"] = round(time.monotonic() - t0, 1)
         cpu0 = cpu_seconds(pid)
         probe = HealthProbe(address, timeout=60).start()
-        ready, n = await wait_ready(address, pools, blocks, cfg.ready_timeout, proc.check_alive)
+        ready, n = await wait_ready(address, pools, blocks, cfg.ready_timeout + ramp, proc.check_alive)
         storm = await probe.stop()
         out["first_load"] = {
             "ready_s": None if ready is None else round(ready, 1),
@@ -890,6 +908,14 @@ def capacity_model(
     words per block (one 64-bit word per 64 streams), relay cores per stream, discovery per lease."""
     model: dict[str, Any] = {}
     ok = [f for f in fleets if "steady" in f]
+    words = [-(-f["pools"] * f["relays"] // 64) for f in ok]
+    bpb = [
+        (f["steady"]["rss_mb"] - f["idle_rss_mb"]) * 2**20 / (f["pools"] * f["blocks_per_pool"]) for f in ok
+    ]
+    model["bytes_per_pool_block"] = [
+        {"pools": f["pools"], "index_words": w, "bytes": round(b, 1)}
+        for f, w, b in zip(ok, words, bpb, strict=True)
+    ]
     if len(ok) >= 2:
         ev = [f["steady"]["events_per_s"] for f in ok]
         cores = [f["steady"]["frontend_cores"] for f in ok]
@@ -900,15 +926,6 @@ def capacity_model(
         c = fit(ev, cores)
         if c:
             model["cores_vs_events"] = {"intercept": c[0], "per_event_per_s": c[1]}
-        words = [-(-f["pools"] * f["relays"] // 64) for f in ok]
-        bpb = [
-            (f["steady"]["rss_mb"] - f["idle_rss_mb"]) * 2**20 / (f["pools"] * f["blocks_per_pool"])
-            for f in ok
-        ]
-        model["bytes_per_pool_block"] = [
-            {"pools": f["pools"], "index_words": w, "bytes": round(b, 1)}
-            for f, w, b in zip(ok, words, bpb, strict=True)
-        ]
         c = fit(words, bpb)
         if c:
             model["bytes_vs_words"] = {"intercept": c[0], "per_word": c[1]}
@@ -1235,9 +1252,19 @@ def parse(argv: list[str] | None) -> Config:
     p.add_argument("--watchers", type=int, default=50)
     p.add_argument("--discovery-pools", type=int, default=None)
     p.add_argument("--no-etcd", action="store_true", help="skip the 3-member etcd run")
+    p.add_argument(
+        "--ramp-from",
+        type=int,
+        default=500,
+        help="fleets of this many pools or more start their pools in turn",
+    )
+    p.add_argument("--ramp-per-pool", type=float, default=0.06, help="seconds between pools in such a start")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: fleet, relay, discovery")
     p.add_argument("--out", default=None, help="SCALE.md path (default: SCALE.md, or none with --quick)")
     p.add_argument("--log-dir", default=None)
+    p.add_argument(
+        "--render", default=None, help="rewrite SCALE.md and the plot from a run's JSON (--render=FILE)"
+    )
     a = p.parse_args(argv)
     quick = a.quick
     pools = tuple(int(x) for x in (a.pools or ("3,20" if quick else "10,100,1000")).split(","))
@@ -1278,6 +1305,8 @@ def parse(argv: list[str] | None) -> Config:
         fanout_changes=5 if quick else 20,
         etcd=not a.no_etcd,
         trace_requests=300,
+        ramp_from=a.ramp_from,
+        ramp_per_pool=a.ramp_per_pool,
         quick=quick,
         log_dir=log_dir,
         command=cmd.strip(),
@@ -1338,6 +1367,7 @@ async def amain(cfg: Config) -> dict[str, Any]:
         "fleets": [],
         "relay": [],
         "discovery": [],
+        "errors": [],
     }
     for pools, blocks in zip(cfg.pools, cfg.blocks, strict=True):
         started = time.monotonic()
@@ -1347,29 +1377,50 @@ async def amain(cfg: Config) -> dict[str, Any]:
         )
         with process_group(cfg.log_dir / f"fleet-{pools}") as group:
             (cfg.log_dir / f"fleet-{pools}").mkdir(exist_ok=True)
-            result["fleets"].append(await run_fleet(cfg, group, nodes_path, tokens, pools, blocks))
+            try:
+                result["fleets"].append(await run_fleet(cfg, group, nodes_path, tokens, pools, blocks))
+            except Exception as exc:
+                print(f"{pools} pools failed: {exc!r}", flush=True)
+                result["errors"].append(f"{pools} pools: {exc!r}"[:500])
+        (cfg.log_dir / "partial.json").write_text(json.dumps(result, indent=1))
         print(f"== {pools} pools done in {time.monotonic() - started:.0f} s", flush=True)
     if cfg.fanouts:
         print(f"== relay cost per frontend stream ({', '.join(map(str, cfg.fanouts))} frontends)", flush=True)
         (cfg.log_dir / "relay").mkdir(exist_ok=True)
-        with process_group(cfg.log_dir / "relay") as group:
-            result["relay"] = await run_relay(cfg, group)
+        try:
+            with process_group(cfg.log_dir / "relay") as group:
+                result["relay"] = await run_relay(cfg, group)
+        except Exception as exc:  # recorded: the other parts' figures still stand
+            print(f"relay part failed: {exc!r}", flush=True)
+            result["errors"].append(f"relay: {exc!r}"[:500])
     if cfg.watchers:
         for store in ("memory", "etcd") if cfg.etcd else ("memory",):
             print(f"== discovery ({store}): {cfg.discovery_pools} pools, {cfg.watchers} watchers", flush=True)
             (cfg.log_dir / f"discovery-{store}").mkdir(exist_ok=True)
-            with process_group(cfg.log_dir / f"discovery-{store}") as group:
-                result["discovery"].append(await run_discovery(cfg, group, store))
+            try:
+                with process_group(cfg.log_dir / f"discovery-{store}") as group:
+                    result["discovery"].append(await run_discovery(cfg, group, store))
+            except Exception as exc:
+                print(f"discovery ({store}) part failed: {exc!r}", flush=True)
+                result["errors"].append(f"discovery {store}: {exc!r}"[:500])
     result["model"] = capacity_model(result["fleets"], result["relay"], result["discovery"])
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse(argv)
-    started = time.monotonic()
-    print(f"logs in {cfg.log_dir}", flush=True)
-    result = asyncio.run(amain(cfg))
-    result["elapsed_s"] = round(time.monotonic() - started)
+    render = [a for a in (argv if argv is not None else sys.argv[1:]) if a.startswith("--render=")]
+    if render:  # SCALE.md and the plot again from a run's JSON (its figures, nothing measured)
+        result = json.loads(Path(render[0].split("=", 1)[1]).read_text())
+        saved = result["config"]
+        cfg = Config(**{**saved, "log_dir": Path(saved["log_dir"])})
+        result["model"] = capacity_model(result["fleets"], result["relay"], result["discovery"])
+    else:
+        cfg = parse(argv)
+        started = time.monotonic()
+        print(f"logs in {cfg.log_dir}", flush=True)
+        result = asyncio.run(amain(cfg))
+        result["elapsed_s"] = round(time.monotonic() - started)
+        result["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
     print(json.dumps(result, indent=1))
     print(table(result))
     for k, v in result["model"].items():

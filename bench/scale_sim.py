@@ -302,8 +302,9 @@ class SimRelay:
             self.latest[kind] = msg
             self.wake.set()
 
-    async def run(self, report_interval: float) -> None:
+    async def run(self, report_interval: float, delay: float = 0.0) -> None:
         hello = self.hello(report_interval)
+        await asyncio.sleep(delay)
 
         async def session() -> None:
             await self._session(hello)
@@ -473,7 +474,13 @@ async def run_pools(args) -> None:
     if args.register_first:  # streams open once every lease is there, as after a fleet's start
         while stats.registered < len(relays) and not stop.is_set():  # noqa: ASYNC110 (counters, polled)
             await asyncio.sleep(0.1)
-    tasks += [asyncio.ensure_future(r.run(args.report_interval)) for r in relays]
+    # With --ramp, pools dial one after the other over that many seconds (a fleet brought up in turn).
+    tasks += [
+        asyncio.ensure_future(
+            r.run(args.report_interval, args.ramp * (r.pool.index - args.first) / len(pools))
+        )
+        for r in relays
+    ]
 
     async def traffic() -> None:
         tick = args.tick
@@ -720,6 +727,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--register-first", action="store_true", help="open telemetry streams once every lease is there"
+    )
+    p.add_argument(
+        "--ramp", type=float, default=0.0, help="seconds over which the pools' first dials are spread"
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--seconds", type=float, default=1800.0, help="exit after this long at the latest")
