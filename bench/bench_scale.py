@@ -971,8 +971,9 @@ def _f(v: Any, nd: int = 1) -> str:
     return str(v)
 
 
-def plot(fleets: list[dict[str, Any]], path: Path) -> None:
-    """Cost against pools: frontend cores, RSS, restart ready time, Route p99."""
+def plot(fleets: list[dict[str, Any]], path: Path, ready_timeout: float) -> None:
+    """Cost against pools: frontend cores, RSS, restart ready time (and the slowest health check
+    meanwhile), Route p99; a restart not ready in time is drawn at the bound, marked '>'."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -984,24 +985,41 @@ def plot(fleets: list[dict[str, Any]], path: Path) -> None:
     panels = [
         ("frontend CPU, cores (steady ingest)", [f["steady"]["frontend_cores"] for f in ok], None),
         ("frontend RSS, MB", [f["steady"]["rss_mb"] for f in ok], None),
-        ("ready after a restart, s", [f["restart"].get("ready_s") or np.nan for f in ok], None),
+        (
+            "after a restart: every pool ready / slowest health check, s",
+            [f["restart"].get("ready_s") or ready_timeout for f in ok],
+            [(f["restart"]["health"]["max_ms"] or 0) / 1000 for f in ok],
+        ),
         (
             "Route p99, ms",
             [f["route"]["16k"]["p99_ms"] or np.nan for f in ok],
             [f["route"]["1k"]["p99_ms"] or np.nan for f in ok],
         ),
     ]
-    for ax, (title, ys, ys2) in zip(axes.ravel(), panels, strict=True):
-        ax.plot(x, ys, "o-", label="16k-token prompt" if ys2 else None)
+    labels = [
+        None,
+        None,
+        ("every pool ready", "slowest health check"),
+        ("16k-token prompt", "1k-token prompt"),
+    ]
+    for ax, (title, ys, ys2), lab in zip(axes.ravel(), panels, labels, strict=True):
+        ax.plot(x, ys, "o-", label=lab[0] if lab else None)
         if ys2:
-            ax.plot(x, ys2, "s--", label="1k-token prompt")
+            ax.plot(x, ys2, "s--", label=lab[1] if lab else None)
             ax.legend()
         ax.set_xscale("log")
         ax.set_title(title)
         ax.set_xlabel("pools (x2 relay streams)")
         ax.grid(True, which="both", alpha=0.3)
-        for xi, yi in zip(x, ys, strict=True):
-            ax.annotate(_f(yi, 2), (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        for f, xi, yi in zip(ok, x, ys, strict=True):
+            late = lab is labels[2] and not f["restart"].get("ready_s")
+            ax.annotate(
+                (">" if late else "") + _f(yi, 2),
+                (xi, yi),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=8,
+            )
     blocks = ", ".join(f"{f['pools']}x{f['blocks_per_pool']:,}" for f in ok)
     fig.suptitle(
         f"One global frontend against simulated pools ({blocks} blocks; {ok[0]['rate'] if ok else 0:g} block events/s per pool)"
@@ -1012,7 +1030,14 @@ def plot(fleets: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def ramped(f: dict[str, Any]) -> str:
+    """' (pools started in turn over N s)' for a fleet whose first load was ramped."""
+    r = f.get("first_load_ramp_s") or 0
+    return f" (pools started in turn over {r:g} s)" if r else ""
+
+
 def scale_md(result: dict[str, Any], cfg: Config) -> str:
+    """SCALE.md from a run's figures: tables, the fitted capacity model, where each part breaks."""
     fleets = [f for f in result["fleets"] if "steady" in f]
     relay = result["relay"]
     disc = result["discovery"]
@@ -1071,7 +1096,7 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
             f"| {s['frontend_cores']:.2f} | {f['idle_rss_mb']:,.0f} → {s['rss_mb']:,.0f} MB | {_f(bpb.get(f['pools']))} "
             f"| {_f(s['health']['p50_ms'])} / {_f(s['health']['p99_ms'])} / {_f(s['health']['max_ms'])} ms "
             f"| {_f(r['1k']['p50_ms'])} / {_f(r['1k']['p99_ms'])} ms | {_f(r['16k']['p50_ms'])} / {_f(r['16k']['p99_ms'])} ms "
-            f"| {_f(f['first_load']['ready_s'])} s |"
+            f"| {_f(f['first_load']['ready_s'])} s{ramped(f)} |"
         )
     lag = [(f["pools"], f["steady"]["loop_lag_metric"]) for f in fleets if f["steady"].get("loop_lag_metric")]
     if lag:
@@ -1091,19 +1116,28 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     )
     add("### A restarted frontend (SIGKILL, then the same command on the same port)\n")
     add(
-        "| pools x blocks | health SERVING after | every pool's KV back after | slowest health check meanwhile | health p99 meanwhile | frontend CPU in the storm | SIGTERM under load exits after |"
+        "| pools x blocks | health SERVING after | every pool's KV back after | slowest health check meanwhile | health p99 meanwhile | frontend CPU in the storm | relay dials so far (streams) | SIGTERM under load exits after |"
     )
-    add("|---|---:|---:|---:|---:|---:|---:|")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|")
     for f in fleets:
         rs, st = f["restart"], f["sigterm"]
         term = f"{_f(st['exit_s'])} s" if st["exit_s"] is not None else f"> {st['cap_s']:g} s (killed)"
         add(
             f"| {f['pools']:,} x {f['blocks_per_pool']:,} | {_f(rs['health_serving_s'], 2)} s | {_f(rs['ready_s'])} s ({rs['ready_pools']:,}/{f['pools']:,}) "
-            f"| {_f(rs['health']['max_ms'])} ms | {_f(rs['health']['p99_ms'])} ms | {_f(rs['frontend_cpu_s'])} s | {term} |"
+            f"| {_f(rs['health']['max_ms'])} ms | {_f(rs['health']['p99_ms'])} ms | {_f(rs['frontend_cpu_s'])} s "
+            f"| {_f(rs.get('relay_connects_total'))} ({f['pools'] * f['relays']:,}) | {term} |"
         )
     add(
         "\nHealth answers SERVING as soon as the frontend listens, long before it holds the pools' state; "
-        "'every pool's KV back' is when ListPools shows every pool listed, with fresh KV and all its blocks.\n"
+        "'every pool's KV back' is when ListPools shows every pool listed, with fresh KV and all its blocks "
+        f"(given up after {cfg.ready_timeout:g} s). A relay redials at once after a stream that had sent its snapshot "
+        "breaks and backs off after a failed dial; the dials counted include those that failed while the "
+        "frontend was down or refused them. Streams broken after their snapshot went out, by the status the relay "
+        "saw: "
+        + "; ".join(
+            f"{f['pools']:,} pools: {json.dumps(f['restart'].get('stream_breaks_total', {}))}" for f in fleets
+        )
+        + ".\n"
     )
     add("## Relay cost per frontend stream\n")
     add(
@@ -1144,15 +1178,16 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     if cm and ce:
         add(
             f"- **Frontend CPU** is driven by telemetry messages (deltas plus the four periodic reports per stream per "
-            f"second) and the block events inside them. Least squares over the three fleets: cores ≈ {cm['intercept']:.3f} + "
+            f"second) and the block events inside them. Least squares over the {len(fleets)} fleets: cores ≈ {cm['intercept']:.3f} + "
             f"{cm['per_message_per_s'] * 1e6:.1f} µs x messages/s, or equivalently at this mix "
             f"cores ≈ {ce['intercept']:.3f} + {ce['per_event_per_s'] * 1e6:.2f} µs x block events/s."
         )
         if ce["per_event_per_s"] > 0:
             add(
                 f"  One core then ingests about {(1 - ce['intercept']) / ce['per_event_per_s']:,.0f} block events/s at "
-                f"this mix, i.e. {(1 - ce['intercept']) / ce['per_event_per_s'] / cfg.rate:,.0f} pools at {cfg.rate:g} events/s "
-                f"or {(1 - ce['intercept']) / ce['per_event_per_s'] / 200:,.0f} pools at 200 events/s."
+                f"this mix (each stream counted: a pool's events arrive once per relay), i.e. "
+                f"{(1 - ce['intercept']) / ce['per_event_per_s'] / (cfg.rate * cfg.relays):,.0f} pools of {cfg.relays} relays at {cfg.rate:g} events/s "
+                f"or {(1 - ce['intercept']) / ce['per_event_per_s'] / (200 * cfg.relays):,.0f} at 200 events/s."
             )
     bw = model.get("bytes_vs_words")
     if bw:
@@ -1163,6 +1198,7 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
                 f"{b['bytes']:.0f} B at {b['pools']:,} pools ({b['index_words']} words)"
                 for b in model["bytes_per_pool_block"]
             )
+            + ". Sharing differs between these fleets too (a shared block is held once), so this is a rough fit"
             + f". At 1,000 pools x 2 relays (32 words) that is {bw['intercept'] + 32 * bw['per_word']:.0f} B per pool-block: "
             f"1,000 pools x 1,000,000 blocks would need {(bw['intercept'] + 32 * bw['per_word']) * 1e9 / 2**30:,.0f} GiB."
         )
@@ -1196,8 +1232,13 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
         rs = big["restart"]
         add(
             f"- **The serving loop** stalls while snapshots are applied: at {big['pools']:,} pools a restart left health "
-            f"checks waiting up to {_f(rs['health']['max_ms'])} ms, and the first load up to {_f(big['first_load']['health']['max_ms'])} ms. "
-            "A liveness probe with a shorter timeout kills the frontend, whose restart starts the same storm. "
+            f"checks waiting up to {_f(rs['health']['max_ms'])} ms, and the first load up to {_f(big['first_load']['health']['max_ms'])} ms; "
+            + (
+                f"every pool's KV was back {_f(rs['ready_s'])} s after the restart. "
+                if rs["ready_s"] is not None
+                else f"not every pool's KV was back {cfg.ready_timeout:g} s after the restart ({rs['ready_pools']:,}/{big['pools']:,}). "
+            )
+            + "A liveness probe with a shorter timeout kills the frontend, whose restart starts the same storm. "
             "Past it: apply snapshots off the loop or in bounded steps (issue 19, item 3), and let health mean ready (item 4)."
         )
         add(
@@ -1226,10 +1267,19 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
         )
     for d in disc:
         add(
-            f"- **Discovery ({d['store']})** is far from its limits here: {d['pools']:,} pools x {d['relays']} leases cost "
+            f"- **Discovery ({d['store']})**: {d['pools']:,} pools x {d['relays']} leases cost "
             f"{d['discovery_cores']:.2f} cores"
             + (f" and {d['etcd_cores']:.2f} etcd cores" if "etcd_cores" in d else "")
             + "; its cost is per renewal, so a longer heartbeat divides it."
+        )
+    if result.get("errors"):
+        add("\n## Parts that failed in this run\n")
+        for e in result["errors"]:
+            add(f"- {e}")
+    gave_up = [f for f in result["fleets"] if "gave_up" in f]
+    for f in gave_up:
+        add(
+            f"- {f['pools']:,} pools: {f['gave_up']}; streams broken meanwhile {json.dumps(f['first_load'].get('stream_breaks', {}))}."
         )
     add("\n## Raw results\n")
     add(f"`{RESULTS_JSON.relative_to(ROOT)}` holds every figure of the last run as JSON.\n")
@@ -1432,7 +1482,7 @@ def main(argv: list[str] | None = None) -> int:
         RESULTS_JSON.parent.mkdir(exist_ok=True)
         RESULTS_JSON.write_text(json.dumps(result, indent=1) + "\n")
         if result["fleets"]:
-            plot(result["fleets"], PLOT)
+            plot(result["fleets"], PLOT, cfg.ready_timeout)
         print(text)
         print(
             f"wrote {out}, {PLOT.relative_to(ROOT)} and {RESULTS_JSON.relative_to(ROOT)} in {result['elapsed_s']} s"
