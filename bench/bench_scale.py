@@ -522,6 +522,7 @@ async def run_fleet(
             "health": health,
             "loop_lag_metric": histogram_quantiles(m0, m1, "globalrouter_event_loop_lag_seconds"),
             "snapshot_requests": s1["snapshot_requests"] - s0["snapshot_requests"],
+            "machine_load_1min": round(os.getloadavg()[0], 1),
             "dropped": s1["dropped"] - s0["dropped"],
         }
         st = out["steady"]
@@ -1108,6 +1109,17 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     else:
         add(
             "\nThe frontend measured exports no `globalrouter_event_loop_lag_seconds`; the health-check loop is the lag measure."
+        )
+    add(
+        "\nThe simulated relays themselves used "
+        + ", ".join(f"{f['steady']['sim_cores']:.2f} cores at {f['pools']:,} pools" for f in fleets)
+        + " in the same windows, on the same two cores."
+    )
+    loads = [(f["pools"], f["steady"].get("machine_load_1min")) for f in fleets]
+    if any(v is not None for _, v in loads):
+        add(
+            f"\nThe machine's 1-minute load average at the end of each steady window ({os.cpu_count()} cores, shared with "
+            "other work): " + ", ".join(f"{v} at {p:,} pools" for p, v in loads if v is not None) + "."
         )
     h = result.get("hashing_ms", {})
     add(
