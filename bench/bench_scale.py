@@ -437,6 +437,7 @@ async def run_fleet(
 ) -> dict[str, Any]:
     """One pool count: steady state, decisions, a restart storm and a SIGTERM."""
     out: dict[str, Any] = {"pools": pools, "blocks_per_pool": blocks, "relays": cfg.relays, "rate": cfg.rate}
+    out["distinct_blocks"] = distinct_of(out, cfg.trace_requests)
     mesh = Mesh(group)
     mesh.start_discovery(None, *DISCOVERY_TIMING, "--log-level", "warning")
     address, proc, metrics_port, flags = start_frontend(mesh, cfg, pools)
@@ -902,8 +903,26 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
     return float(a), float(b)
 
 
+_NODES: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def distinct_of(f: dict[str, Any], trace_requests: int) -> int:
+    """Distinct blocks a fleet's pools held at their start (computed again from the trace when a
+    run's JSON predates the field)."""
+    if "distinct_blocks" in f:
+        return int(f["distinct_blocks"])
+    if trace_requests not in _NODES:
+        hashes, uses, _ = scale_sim.prefix_nodes(TRACE, trace_requests)
+        _NODES[trace_requests] = (hashes, uses)
+    hashes, uses = _NODES[trace_requests]
+    return scale_sim.distinct_blocks(hashes, uses, f["pools"], f["blocks_per_pool"], 0.5)
+
+
 def capacity_model(
-    fleets: list[dict[str, Any]], relay: list[dict[str, Any]], disc: list[dict[str, Any]]
+    fleets: list[dict[str, Any]],
+    relay: list[dict[str, Any]],
+    disc: list[dict[str, Any]],
+    trace_requests: int = 300,
 ) -> dict[str, Any]:
     """Fits from the measured points: cores per event/s, bytes per (pool, block) against index
     words per block (one 64-bit word per 64 streams), relay cores per stream, discovery per lease."""
@@ -914,9 +933,17 @@ def capacity_model(
     bpb = [
         (f["steady"]["rss_mb"] - f["idle_rss_mb"]) * 2**20 / (f["pools"] * f["blocks_per_pool"]) for f in ok
     ]
+    distinct = [distinct_of(f, trace_requests) for f in ok]
+    bpd = [(f["steady"]["rss_mb"] - f["idle_rss_mb"]) * 2**20 / d for f, d in zip(ok, distinct, strict=True)]
     model["bytes_per_pool_block"] = [
-        {"pools": f["pools"], "index_words": w, "bytes": round(b, 1)}
-        for f, w, b in zip(ok, words, bpb, strict=True)
+        {
+            "pools": f["pools"],
+            "index_words": w,
+            "bytes": round(b, 1),
+            "distinct_blocks": d,
+            "bytes_per_distinct": round(e, 1),
+        }
+        for f, w, b, d, e in zip(ok, words, bpb, distinct, bpd, strict=True)
     ]
     # A frontend that never caught up takes whatever CPU the machine gives it: not a point either.
     measured = ok
@@ -930,7 +957,7 @@ def capacity_model(
         c = fit(ev, cores)
         if c:
             model["cores_vs_events"] = {"intercept": c[0], "per_event_per_s": c[1]}
-        c = fit(words, bpb)
+        c = fit(words, bpd)
         if c:
             model["bytes_vs_words"] = {"intercept": c[0], "per_word": c[1]}
         rd = [
@@ -1213,20 +1240,36 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
                 f"  One core then ingests about {(1 - ce['intercept']) / ce['per_event_per_s']:,.0f} block events/s at "
                 f"this mix (each stream counted: a pool's events arrive once per relay), i.e. "
                 f"{(1 - ce['intercept']) / ce['per_event_per_s'] / (cfg.rate * cfg.relays):,.0f} pools of {cfg.relays} relays at {cfg.rate:g} events/s "
-                f"or {(1 - ce['intercept']) / ce['per_event_per_s'] / (200 * cfg.relays):,.0f} at 200 events/s."
+                f"or {(1 - ce['intercept']) / ce['per_event_per_s'] / (200 * cfg.relays):,.0f} at 200 events/s"
+                + (
+                    " (an extrapolation: the largest fleet measured here did not keep up on this shared machine)."
+                    if any("gave_up" in f for f in result["fleets"])
+                    else "."
+                )
             )
     bw = model.get("bytes_vs_words")
-    if bw:
+    points = model.get("bytes_per_pool_block", [])
+    if points:
+        fitted = bw is not None and len(points) >= 3 and bw["per_word"] > 0
+        at32 = bw["intercept"] + 32 * bw["per_word"] if bw else 0.0
         add(
-            f"- **Frontend memory** per (pool, block) grows with the index's mask width (one 64-bit word per 64 "
-            f"streams): bytes ≈ {bw['intercept']:.0f} + {bw['per_word']:.1f} x words, measured "
+            "- **Frontend memory** (RSS growth over the idle frontend) per distinct block held, against the index's "
+            "mask width (one 64-bit word per 64 streams)"
+            + (f": bytes ≈ {bw['intercept']:.0f} + {bw['per_word']:.1f} x words" if fitted and bw else "")
+            + "; measured "
             + ", ".join(
-                f"{b['bytes']:.0f} B at {b['pools']:,} pools ({b['index_words']} words)"
+                f"{b['bytes_per_distinct']:.0f} B per distinct block ({b['distinct_blocks']:,} distinct; {b['bytes']:.0f} B per pool-block) "
+                f"at {b['pools']:,} pools ({b['index_words']} words)"
                 for b in model["bytes_per_pool_block"]
             )
-            + ". Sharing differs between these fleets too (a shared block is held once), so this is a rough fit"
-            + f". At 1,000 pools x 2 relays (32 words) that is {bw['intercept'] + 32 * bw['per_word']:.0f} B per pool-block: "
-            f"1,000 pools x 1,000,000 blocks would need {(bw['intercept'] + 32 * bw['per_word']) * 1e9 / 2**30:,.0f} GiB."
+            + (
+                f". At 1,000 pools x 2 relays (32 words) the fit gives {at32:.0f} B per distinct block: 1,000 pools x "
+                f"1,000,000 blocks, if few were shared, would need about {at32 * 1e9 / 2**30:,.0f} GiB."
+                if fitted
+                else ". RSS moves in steps (the index's table is rebuilt with headroom as it grows, and freed memory is "
+                "not always returned to the system), so these points are not fitted against "
+                "the mask width; a fleet with more streams per block has to be measured complete for that."
+            )
         )
     rv = model.get("ready_vs_pool_blocks")
     if rv:
@@ -1479,7 +1522,9 @@ async def amain(cfg: Config) -> dict[str, Any]:
             except Exception as exc:
                 print(f"discovery ({store}) part failed: {exc!r}", flush=True)
                 result["errors"].append(f"discovery {store}: {exc!r}"[:500])
-    result["model"] = capacity_model(result["fleets"], result["relay"], result["discovery"])
+    result["model"] = capacity_model(
+        result["fleets"], result["relay"], result["discovery"], cfg.trace_requests
+    )
     return result
 
 
@@ -1489,7 +1534,9 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads(Path(render[0].split("=", 1)[1]).read_text())
         saved = result["config"]
         cfg = Config(**{**saved, "log_dir": Path(saved["log_dir"])})
-        result["model"] = capacity_model(result["fleets"], result["relay"], result["discovery"])
+        result["model"] = capacity_model(
+            result["fleets"], result["relay"], result["discovery"], cfg.trace_requests
+        )
     else:
         cfg = parse(argv)
         started = time.monotonic()

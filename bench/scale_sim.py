@@ -226,6 +226,19 @@ class SimPool:
         return np.concatenate(stored), np.concatenate(removed)
 
 
+def distinct_blocks(
+    nodes: np.ndarray, uses: np.ndarray, pools: int, blocks: int, shared_share: float, seed: int = 1
+) -> int:
+    """Distinct block hashes across `pools` simulated pools at their start (a shared block counts once)."""
+    shared_nodes = int(blocks * shared_share) // NODE_BLOCKS
+    own = blocks - shared_nodes * NODE_BLOCKS
+    held: set[int] = set()
+    for i in range(pools):
+        held.update(SimPool(i, nodes, uses, shared_nodes, own, seed).held)
+    shared = min(shared_nodes, len(nodes) // 2)
+    return len(held) * NODE_BLOCKS + pools * (blocks - shared * NODE_BLOCKS)
+
+
 @dataclass
 class PoolStats:
     """Counters of one `pools` process (cumulative)."""
