@@ -953,7 +953,11 @@ def capacity_model(
         msgs = [f["steady"]["messages_per_s"] for f in measured]
         c = fit(msgs, cores)
         if c:
-            model["cores_vs_messages"] = {"intercept": c[0], "per_message_per_s": c[1]}
+            model["cores_vs_messages"] = {
+                "intercept": c[0],
+                "per_message_per_s": c[1],
+                "fleets": len(measured),
+            }
         c = fit(ev, cores)
         if c:
             model["cores_vs_events"] = {"intercept": c[0], "per_event_per_s": c[1]}
@@ -1039,6 +1043,8 @@ def plot(fleets: list[dict[str, Any]], path: Path, ready_timeout: float) -> None
             ax.plot(x, ys2, "s--", label=lab[1] if lab else None)
             ax.legend()
         ax.set_xscale("log")
+        if lab:  # latencies and times span orders of magnitude
+            ax.set_yscale("log")
         ax.set_title(title)
         ax.set_xlabel("pools (x2 relay streams)")
         ax.grid(True, which="both", alpha=0.3)
@@ -1056,7 +1062,9 @@ def plot(fleets: list[dict[str, Any]], path: Path, ready_timeout: float) -> None
         for f in ok
     )
     fig.suptitle(
-        f"One global frontend against simulated pools ({blocks} blocks; {ok[0]['rate'] if ok else 0:g} block events/s per pool)"
+        f"One global frontend against simulated pools, {ok[0]['rate'] if ok else 0:g} block events/s per pool\n"
+        f"(pools x blocks: {blocks})",
+        fontsize=10,
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1236,7 +1244,7 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     if cm and ce:
         add(
             f"- **Frontend CPU** is driven by telemetry messages (deltas plus the four periodic reports per stream per "
-            f"second) and the block events inside them. Least squares over the {len(fleets)} fleets: cores ≈ {cm['intercept']:.3f} + "
+            f"second) and the block events inside them. Least squares over the {cm.get('fleets', len(fleets))} fleets that completed their load: cores ≈ {cm['intercept']:.3f} + "
             f"{cm['per_message_per_s'] * 1e6:.1f} µs x messages/s, or equivalently at this mix "
             f"cores ≈ {ce['intercept']:.3f} + {ce['per_event_per_s'] * 1e6:.2f} µs x block events/s."
         )
@@ -1280,8 +1288,20 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     if rv:
         add(
             f"- **Ready after a restart** grows with the state to load: ≈ {rv['intercept_s']:.1f} s + "
-            f"{rv['per_million_pool_blocks_s']:.2f} s per million (pool, block) pairs; 1,000 pools x 100,000 blocks "
-            f"would take {rv['intercept_s'] + rv['per_million_pool_blocks_s'] * 100:.0f} s."
+            f"{rv['per_million_pool_blocks_s']:.2f} s per million (pool, block) pairs over the complete fleets; 1,000 pools "
+            f"x 100,000 blocks would take {rv['intercept_s'] + rv['per_million_pool_blocks_s'] * 100:.0f} s by that line"
+            + (
+                ". It is a lower bound: "
+                + ", ".join(
+                    f"{f['pools']:,} pools x {f['blocks_per_pool']:,} blocks was not back within {cfg.ready_timeout:g} s "
+                    f"({f['restart']['ready_pools']:,}/{f['pools']:,})"
+                    for f in result["fleets"]
+                    if "restart" in f and f["restart"]["ready_s"] is None
+                )
+                + ", so the number of streams, not only the blocks, sets the time."
+                if any("restart" in f and f["restart"]["ready_s"] is None for f in result["fleets"])
+                else "."
+            )
         )
     rc = model.get("relay_cores")
     if rc:
@@ -1321,8 +1341,12 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
             "messages on the same loop. Past it: fewer, larger deltas per stream, and a per-pool index (item 2)."
         )
         add(
-            "- **Memory** grows with pools x blocks x streams/64 (table above); a frontend sized for 1,000 pools needs "
-            "the per-pool summary of item 2 to hold 1,000,000 blocks a pool."
+            f"- **Memory**: the index keeps a mask bit per stream for every distinct block (one 64-bit word per 64 "
+            f"streams); at {big['pools']:,} pools x {big['blocks_per_pool']:,} blocks the frontend's RSS reached "
+            f"{big['steady']['rss_mb']:,.0f} MB"
+            + (" with its load incomplete" if "gave_up" in big else "")
+            + ". Holding 1,000,000 blocks a pool at 1,000 pools needs state that does not grow with the streams "
+            "per block (item 2)."
         )
         st = big["sigterm"]
         add(
@@ -1344,7 +1368,8 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
             f"- **Discovery ({d['store']})**: {d['pools']:,} pools x {d['relays']} leases cost "
             f"{d['discovery_cores']:.2f} cores"
             + (f" and {d['etcd_cores']:.2f} etcd cores" if "etcd_cores" in d else "")
-            + "; its cost is per renewal, so a longer heartbeat divides it."
+            + f" with leases renewed every {DISCOVERY_TIMING[1]} s; fan-out to {d['watchers']} watchers p99 "
+            f"{_f(d['fanout']['p99_ms'])} ms."
         )
     if result.get("errors"):
         add("\n## Parts that failed in this run\n")
