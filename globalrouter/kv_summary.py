@@ -195,8 +195,12 @@ class KvSummary:
             raise ValueError(f"reserve_blocks must be >= 0, got {reserve_blocks}")
         self._pool_of = pool_of
         self.verify_top = verify_top
-        self._slots = np.zeros((max(MIN_BUCKETS, self._buckets_for(reserve_blocks)), SLOTS), np.uint16)
-        """The arena: every pool's rows, each pool's contiguous (np.zeros: pages cost on first use)."""
+        self._slots = np.zeros(
+            (max(MIN_BUCKETS, self._buckets_for(reserve_blocks * 101 // 100)), SLOTS), np.uint16
+        )
+        """The arena: every pool's rows, each pool's contiguous (np.zeros: pages cost on first use);
+        `reserve_blocks` (the fleet's pools x blocks, 1% over for the rounding of each table)
+        spares the copies of growing it by a quarter at a time."""
         self._top = 0
         """First arena row no pool has used."""
         self._garbage = 0
@@ -238,7 +242,7 @@ class KvSummary:
             if self._garbage and live + buckets <= len(self._slots):
                 self._compact(len(self._slots))
             else:
-                self._compact(max(2 * len(self._slots), live + buckets + len(self._slots) // 2))
+                self._compact(max(live + buckets, len(self._slots)) * 5 // 4)
         base = self._top
         self._top += buckets
         self._slots[base : base + buckets] = 0
@@ -321,9 +325,13 @@ class KvSummary:
             b2 = (self._alt(fp) % np.uint64(nb)).astype(np.int64) - b1
             b2 %= nb
         else:
-            shift = self._lost[p].astype(np.uint64)
-            fp = (fp >> shift) << shift
-            fp = np.where(fp == 0, np.uint64(1) << shift, fp)
+            lost_any = self._lost[p]
+            if lost_any.any():
+                shift = lost_any.astype(np.uint64)
+                fp = (fp >> shift) << shift
+                fp = np.where(fp == 0, np.uint64(1) << shift, fp)
+            else:  # the usual case, a third of the operations
+                fp[fp == 0] = np.uint64(1)
             nbs = self._nb[p]
             b2 = (self._alt(fp) % nbs.astype(np.uint64)).astype(np.int64) - b1
             b2 %= nbs
