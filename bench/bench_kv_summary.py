@@ -13,6 +13,7 @@ included); the false-positive rate of the tables; and `globalrouter simulate --p
 with `--kv-state exact` and `--kv-state summary` on both shared traces.
 
     .venv/bin/python -m bench.bench_kv_summary [--pools 1000] [--blocks 1000000] [--relays 2]
+    .venv/bin/python -m bench.bench_kv_summary --compare --pools 64 --blocks 100000 --relays 2
 """
 
 from __future__ import annotations
@@ -209,14 +210,82 @@ def quality() -> list[tuple[str, str, float, float, float]]:
     return rows
 
 
+def compare(pools: int, blocks: int, relays: int, rng: np.random.Generator) -> str:
+    """The exact index against the summary on one small fleet, same data, same run: memory and
+    the 16k- and 1k-token cached decisions (CPU p50 / p99 in µs, interleaved calls). Returns the
+    Markdown section."""
+    prompt = rng.integers(0, 2**64 - 1, PROMPT_BLOCKS, dtype=np.uint64)
+    snaps = [
+        np.concatenate(
+            (
+                rng.integers(0, 2**64 - 1, blocks - (PROMPT_BLOCKS >> (k % 8)), dtype=np.uint64),
+                prompt[: PROMPT_BLOCKS >> (k % 8)],
+            )
+        ).tolist()
+        for k in range(pools)
+    ]
+    exact, summary = KvIndex(), KvSummary()
+    for k, own in enumerate(snaps):
+        for r in range(relays):
+            exact.apply_snapshot(f"pool-{k:02d}/relay-{r}", own)
+            if r == 0:
+                summary.apply_snapshot(f"pool-{k:02d}/relay-0", own)
+            else:
+                summary.apply_delta(f"pool-{k:02d}/relay-{r}", (), ())
+    del snaps
+    states = pool_states(pools, relays)
+    selector = Selector()
+    limits = selector.config.freshness
+    warm = prompt.tolist()
+    rows = []
+    for label, prompt_blocks in (("16k-token prompt", PROMPT_BLOCKS), ("1k-token prompt", SHORT_BLOCKS)):
+        p = warm[:prompt_blocks]
+        got: tuple[list[int], list[int]] = ([], [])
+        for _ in range(DECISIONS):
+            for index, sink in ((exact, got[0]), (summary, got[1])):
+                t0 = time.thread_time_ns()
+                cached = pool_overlaps(cast(KvIndex, index), states, p, 1.0, limits)
+                selector.select(states, "m", 16 * len(p), 100, cached, 1.0, affinity_key=p[0])
+                sink.append(time.thread_time_ns() - t0)
+        assert pool_overlaps(exact, states, p, 1.0, limits) == pool_overlaps(
+            cast(KvIndex, summary), states, p, 1.0, limits
+        )
+        e, m = (sorted(x) for x in got)
+        n = DECISIONS
+        rows.append(
+            f"| decision, {label} cached, CPU p50 / p99 | {e[n // 2] / 1000:.0f} / {e[int(n * 0.99)] / 1000:.0f} µs "
+            f"| {m[n // 2] / 1000:.0f} / {m[int(n * 0.99)] / 1000:.0f} µs |"
+        )
+        print(rows[-1], flush=True)
+    entries = pools * blocks
+    head = [
+        f"Small fleet, exact index against summary: `.venv/bin/python -m bench.bench_kv_summary --compare "
+        f"--pools {pools} --blocks {blocks} --relays {relays}` (same data and run, calls interleaved, CPU "
+        "time of this thread; answers checked equal):",
+        "",
+        "| figure | exact (KvIndex) | summary (KvSummary) |",
+        "|---|---:|---:|",
+        f"| bytes per (pool, block) | {exact.memory_bytes() / entries:.2f} | {summary.memory_bytes() / entries:.2f} |",
+    ]
+    return "\n".join(head + rows) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pools", type=int, default=1000)
     parser.add_argument("--blocks", type=int, default=1_000_000, help="blocks per pool")
     parser.add_argument("--relays", type=int, default=2, help="relay sources per pool")
     parser.add_argument("--skip-quality", action="store_true", help="skip the simulator runs")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="only the exact index against the summary on this fleet (small)",
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(1)
+    if args.compare:
+        write_result("bench_kv_summary_compare.md", compare(args.pools, args.blocks, args.relays, rng))
+        return 0
     print(f"fleet: {args.pools} pools x {args.blocks:,} blocks x {args.relays} relays", flush=True)
     f = fleet(args, rng)
     gc.collect()  # the fleet's arena goes before the next measurements
