@@ -14,6 +14,7 @@ with `--kv-state exact` and `--kv-state summary` on both shared traces.
 
     .venv/bin/python -m bench.bench_kv_summary [--pools 1000] [--blocks 1000000] [--relays 2]
     .venv/bin/python -m bench.bench_kv_summary --compare --pools 64 --blocks 100000 --relays 2
+    .venv/bin/python -m bench.bench_kv_summary --lockstep
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from __future__ import annotations
 import argparse
 import gc
 import platform
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -32,6 +34,7 @@ import numpy as np
 
 from bench.measure import synthetic_pool, write_result
 from globalrouter import kv_summary
+from globalrouter import simulate as simulate_module
 from globalrouter.kv_index import KvIndex
 from globalrouter.kv_summary import KvSummary
 from globalrouter.pool_state import PoolState
@@ -270,6 +273,96 @@ def compare(pools: int, blocks: int, relays: int, rng: np.random.Generator) -> s
     return "\n".join(head + rows) + "\n"
 
 
+class _Lockstep(KvSummary):
+    """A KvSummary that also feeds an exact KvIndex the same calls and counts, per prefix
+    search, the answers that differ (the simulator routes with the summary's)."""
+
+    __slots__ = ("calls", "differing", "exact", "over", "under")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exact = KvIndex()
+        self.calls = self.differing = self.over = self.under = 0
+
+    def apply_snapshot(self, source: str, hashes: Iterable[int]) -> None:
+        keys = list(hashes)
+        super().apply_snapshot(source, keys)
+        self.exact.apply_snapshot(source, keys)
+
+    def apply_delta(self, source: str, stored: Iterable[int], removed: Iterable[int]) -> None:
+        put, drop = list(stored), list(removed)
+        super().apply_delta(source, put, drop)
+        self.exact.apply_delta(source, put, drop)
+
+    def prefix_overlaps(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        got, want = super().prefix_overlaps(block_hashes), self.exact.prefix_overlaps(block_hashes)
+        self.calls += 1
+        if got != want:
+            self.differing += 1
+            for source in got.keys() | want.keys():
+                d = got.get(source, 0) - want.get(source, 0)
+                self.over += d > 0
+                self.under += d < 0
+        return got
+
+
+class _Perturbed(KvIndex):
+    """The exact index, but at the given prefix searches one random pool's answer is one block
+    longer: how much a handful of different decisions moves the simulation on its own."""
+
+    __slots__ = ("at", "calls", "rng")
+
+    def __init__(self, at: set[int], seed: int) -> None:
+        super().__init__()
+        self.at, self.calls, self.rng = at, 0, random.Random(seed)
+
+    def prefix_overlaps(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        out = super().prefix_overlaps(block_hashes)
+        self.calls += 1
+        if self.calls in self.at and out:
+            source = self.rng.choice(sorted(out))
+            out[source] = min(len(block_hashes), out[source] + 1)
+        return out
+
+
+def perturbed(trace_name: str, config: SimConfig, n: int, seed: int) -> float:
+    """share_of_ideal of the exact index with n random one-block overestimates (seeded)."""
+    trace = load_trace(str(TRACES / trace_name))
+    at = set(random.Random(seed).sample(range(1, len(trace) + 1), n))
+    saved = simulate_module.KvIndex
+    simulate_module.KvIndex = lambda: _Perturbed(at, seed)  # type: ignore[misc,assignment]
+    try:
+        return simulate(trace, config).share_of_ideal
+    finally:
+        simulate_module.KvIndex = saved  # type: ignore[misc]
+
+
+def lockstep(trace_name: str, config: SimConfig) -> str:
+    """One summary simulation with the exact index fed alongside: how many decisions saw other
+    prefixes than the exact index would have given, and in which direction."""
+    made: list[_Lockstep] = []
+
+    def factory() -> _Lockstep:
+        made.append(_Lockstep())
+        return made[-1]
+
+    saved = simulate_module.KvSummary
+    simulate_module.KvSummary = factory  # type: ignore[misc,assignment]
+    try:
+        r = simulate(load_trace(str(TRACES / trace_name)), replace(config, kv_state="summary"))
+    finally:
+        simulate_module.KvSummary = saved  # type: ignore[misc]
+    s = made[0]
+    line = (
+        f"{trace_name} {config.pools} pools x {config.capacity_blocks} blocks: share_of_ideal {r.share_of_ideal:.4f}; "
+        f"{s.differing} of {s.calls} prefix searches differ from the exact index's (pools over: {s.over}, "
+        f"under: {s.under}); the exact index with as many random one-block overestimates (seeds 1, 2, 3): "
+        + ", ".join(f"{perturbed(trace_name, config, s.differing, seed):.4f}" for seed in (1, 2, 3))
+    )
+    print(line, flush=True)
+    return line
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pools", type=int, default=1000)
@@ -281,8 +374,17 @@ def main() -> int:
         action="store_true",
         help="only the exact index against the summary on this fleet (small)",
     )
+    parser.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="only the simulator runs with the exact index fed alongside the summary (differing answers)",
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(1)
+    if args.lockstep:
+        lines = [lockstep(p.name, config) for p in sorted(TRACES.glob("*.jsonl")) for _, config in SIM_RUNS]
+        write_result("bench_kv_summary_lockstep.md", "\n".join(lines) + "\n")
+        return 0
     if args.compare:
         write_result("bench_kv_summary_compare.md", compare(args.pools, args.blocks, args.relays, rng))
         return 0
