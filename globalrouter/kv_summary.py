@@ -168,7 +168,6 @@ class KvSummary:
         "_garbage",
         "_log_keys",
         "_log_runs",
-        "_logged",
         "_lost",
         "_nb",
         "_pool_ids",
@@ -223,7 +222,6 @@ class KvSummary:
         self._log_keys: list[int] = []
         self._log_runs: list[tuple[int, int, int]] = []
         """(pool, removed blocks, stored blocks) per logged delta, in order."""
-        self._logged = 0
         self._skipped = 0
         self._dropped = 0
         self._doublings = 0
