@@ -240,3 +240,30 @@ def served_models(pools: Iterable[ServingPool]) -> dict[str, set[str]]:
         if p.listed and p.model:
             out.setdefault(p.model, set()).update(p.adapters.get(p.model, ()))
     return out
+
+
+def model_cards(pools: Iterable[ServingPool], aliases: Mapping[str, Alias], owner: str) -> list[dict]:
+    """`GET /v1/models` entries, as vLLM lists them: each served model (`parent` null), each
+    LoRA adapter served on one (`parent` naming its model, `root` too: the mesh knows no path),
+    each alias (`parent` null, `root` its one target, null for a split); sorted by id, a name
+    listed once (an alias shadows a model or adapter of its name, as in resolution)."""
+    cards: dict[str, dict] = {}
+
+    def card(name: str, root: str | None, parent: str | None) -> dict:
+        return {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": owner,
+            "root": root,
+            "parent": parent,
+        }
+
+    for model, adapters in served_models(pools).items():
+        cards[model] = card(model, model, None)
+        for adapter in adapters:
+            cards.setdefault(adapter, card(adapter, model, model))
+    for alias in aliases.values():
+        root = str(alias.targets[0]) if len(alias.targets) == 1 else None
+        cards[alias.name] = card(alias.name, root, None)
+    return [cards[k] for k in sorted(cards)]

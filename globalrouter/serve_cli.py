@@ -38,7 +38,10 @@ ENV_PREFIX = "GLOBALROUTER"
 
 
 def aliases_file(value: str) -> str:
-    """argparse type: a readable aliases TOML file (globalrouter.aliases) with no error in it."""
+    """argparse type: a readable aliases TOML file (globalrouter.aliases) with no error in it
+    ("" is no file: argparse passes a string default through here too)."""
+    if not value:
+        return value
     try:
         load_aliases(value)
     except AliasError as exc:
