@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -205,7 +205,7 @@ class ModelResolver:
         log.info("aliases reloaded", path=self.path, aliases=len(aliases))
         return True
 
-    def resolve(self, name: str, request_id: str, pools: Iterable[ServingPool]) -> Resolved:
+    def resolve(self, name: str, request_id: str, pools: Collection[ServingPool]) -> Resolved:
         """What `name` stands for, against the listed `pools` (their model and the adapters
         served on it). Order: an alias (its target picked by the request id); a model some pool
         serves; `model:adapter`; an adapter's own name when exactly one model serves it; else
@@ -215,14 +215,13 @@ class ModelResolver:
         if alias is not None:
             target = alias.pick(request_id)
             return Resolved(target.model, target.adapter, name)
-        listed = [p for p in pools if p.listed]
         # The common case, a model's own name, stops at the first pool serving it.
-        if any(p.model == name for p in listed):
+        if any(p.model == name and p.listed for p in pools):
             return Resolved(name)
         model, sep, adapter = name.rpartition(ADAPTER_SEPARATOR)
-        if sep and model and adapter and any(p.model == model for p in listed):
+        if sep and model and adapter and any(p.model == model and p.listed for p in pools):
             return Resolved(model, adapter)
-        parents = sorted({p.model for p in listed if name in p.adapters.get(p.model, ())})
+        parents = sorted({p.model for p in pools if p.listed and name in p.adapters.get(p.model, ())})
         if len(parents) == 1:
             return Resolved(parents[0], name)
         if len(parents) > 1:
