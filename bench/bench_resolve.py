@@ -58,7 +58,7 @@ def main() -> int:
     for pools in (16, 64, 1000):
         core = core_of(pools)
         row = [
-            micros(lambda c=core, n=name: c.resolve(n, "req-1"), args.repeat)  # type: ignore[misc]
+            micros(lambda c=core, n=name: c.resolve(n, "req-1"), args.repeat)
             for name in ("m", "one", "split", "m:sql", "sql")
         ]
         row.append(micros(lambda c=core: c.decide("m", prompt, 16, dry_run=True), args.repeat))
