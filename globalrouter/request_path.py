@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator, Sequence
 
 import grpc
 
+from globalrouter.aliases import Resolved, Target
 from globalrouter.config import RouterConfig
 from globalrouter.migration import GenerateError, GenerateRun, Output, RunRecord
 from globalrouter.routing import RoutingCore, describe_filtered
@@ -50,6 +51,13 @@ class RequestPath:
             stall=config.stall,
         )
 
+    def resolve(self, name: str, request_id: str) -> Resolved:
+        """The model (and LoRA adapter) a request's model name stands for: an alias (its split
+        picked by the request id), a model, model:adapter or an adapter's name (globalrouter.aliases).
+        Called before the prompt is tokenized (an alias's model has its own tokenizer); raises
+        ResolveError for an adapter name served on several models."""
+        return self.core.resolve(name, request_id)
+
     def start(
         self,
         *,
@@ -58,13 +66,15 @@ class RequestPath:
         prompt: Sequence[int],
         max_tokens: int,
         sampling: sampling_pb2.SamplingParams | None = None,
+        adapter: str = "",
     ) -> PathRun:
-        """Decides where the request goes; raises GenerateError (NOT_FOUND NO_POOL_FOR_MODEL,
-        UNAVAILABLE NO_ELIGIBLE_POOL), counted, when no pool can take it. Nothing is sent to a
-        pool until the returned run's outputs() is iterated."""
+        """Decides where the request goes (`model` resolved, with its `adapter`, "" for none);
+        raises GenerateError (NOT_FOUND NO_POOL_FOR_MODEL, UNAVAILABLE NO_ELIGIBLE_POOL), counted,
+        when no pool can take it. Nothing is sent to a pool until the returned run's outputs() is
+        iterated."""
         core = self.core
-        decision = core.decide(model, prompt, max_tokens)
-        error = _no_candidate_error(model, decision)
+        decision = core.decide(model, prompt, max_tokens, adapter=adapter)
+        error = _no_candidate_error(str(Target(model, adapter)), decision)
         if error is not None:
             metrics = core.metrics
             label = model if decision.model_served else NOT_SERVED_LABEL
@@ -81,6 +91,7 @@ class RequestPath:
             admission_tries=self.admission_tries,
             sampling=sampling,
             stall=self.stall,
+            adapter=adapter,
         )
         return PathRun(core, run, decision, model)
 
