@@ -100,3 +100,6 @@ class RouterConfig:
     """The OpenAI-compatible HTTP front (off unless http.listen is set)."""
     openai_link: OpenAILinkConfig = field(default_factory=OpenAILinkConfig)
     """Links to pools that speak OpenAI HTTP (timeouts, connection limit)."""
+    aliases: str = ""
+    """A TOML file of model aliases and traffic splits (globalrouter.aliases), re-read on SIGHUP;
+    empty: no aliases."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from globalrouter.aliases import Resolved, Target
 from globalrouter.config import RouterConfig
 from globalrouter.migration import GenerateError, GenerateRun, Output, RunRecord, decision_attributes
 from globalrouter.routing import RoutingCore, describe_filtered
@@ -55,6 +56,13 @@ class RequestPath:
             stall=config.stall,
         )
 
+    def resolve(self, name: str, request_id: str) -> Resolved:
+        """The model (and LoRA adapter) a request's model name stands for: an alias (its split
+        picked by the request id), a model, model:adapter or an adapter's name (globalrouter.aliases).
+        Called before the prompt is tokenized (an alias's model has its own tokenizer); raises
+        ResolveError for an adapter name served on several models."""
+        return self.core.resolve(name, request_id)
+
     def start(
         self,
         *,
@@ -63,12 +71,14 @@ class RequestPath:
         prompt: Sequence[int],
         max_tokens: int,
         sampling: sampling_pb2.SamplingParams | None = None,
+        adapter: str = "",
         trace_context: Context | None = None,
     ) -> PathRun:
-        """Decides where the request goes; raises GenerateError (NOT_FOUND NO_POOL_FOR_MODEL,
-        UNAVAILABLE NO_ELIGIBLE_POOL), counted, when no pool can take it. Nothing is sent to a
-        pool until the returned run's outputs() is iterated. `trace_context`: the caller's (a
-        front extracts it); with tracing on, the request's span continues it (or starts a trace)."""
+        """Decides where the request goes (`model` resolved, with its `adapter`, "" for none);
+        raises GenerateError (NOT_FOUND NO_POOL_FOR_MODEL, UNAVAILABLE NO_ELIGIBLE_POOL), counted,
+        when no pool can take it. Nothing is sent to a pool until the returned run's outputs() is
+        iterated. `trace_context`: the caller's (a front extracts it); with tracing on, the
+        request's span continues it (or starts a trace)."""
         core = self.core
         span = None
         if tracing.enabled():
@@ -78,16 +88,17 @@ class RequestPath:
                 {
                     "request.id": request_id,
                     "request.model": model,
+                    "request.adapter": adapter or None,
                     "request.prompt_tokens": len(prompt),
                     "request.max_tokens": max_tokens,
                 },
                 server=True,
             )
             decide_span = tracing.start_span("globalrouter.decide", span)
-        decision = core.decide(model, prompt, max_tokens)
+        decision = core.decide(model, prompt, max_tokens, adapter=adapter)
         if span is not None:
             tracing.end_span_with(decide_span, lambda: decision_attributes(decision))
-        error = _no_candidate_error(model, decision)
+        error = _no_candidate_error(str(Target(model, adapter)), decision)
         if error is not None:
             metrics = core.metrics
             label = model if decision.model_served else NOT_SERVED_LABEL
@@ -105,6 +116,7 @@ class RequestPath:
             admission_tries=self.admission_tries,
             sampling=sampling,
             stall=self.stall,
+            adapter=adapter,
         )
         run.trace = span
         return PathRun(core, run, decision, model)

@@ -35,6 +35,7 @@ class FilterReason(enum.Enum):
     DRAINING = 3
     NO_FRONTEND = 4
     LINK_BACKOFF = 5
+    ADAPTER_NOT_SERVED = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +178,18 @@ def _filter_reason(pool: PoolState, model: str, now: float, limits: FreshnessLim
     return None
 
 
+def _adapter_filter(pool: PoolState, model: str, adapter: str) -> FilteredPool | None:
+    served = pool.adapters.get(model)
+    if served is not None and adapter in served:
+        return None
+    listed = f"it lists {', '.join(sorted(served))}" if served else "it lists none"
+    return FilteredPool(
+        pool.pool_id,
+        FilterReason.ADAPTER_NOT_SERVED,
+        f"does not serve adapter {adapter!r} of {model!r} ({listed})",
+    )
+
+
 class Selector:
     """Filter then rank, per request; stateless apart from its configuration and, with a wait
     SLO, the price of waiting beyond it (every `select` is one observation)."""
@@ -243,6 +256,7 @@ class Selector:
         now: float,
         affinity_key: int = 0,
         observe: bool = True,
+        adapter: str = "",
     ) -> Decision:
         """Filters the listed pools and ranks the eligible ones, best first.
 
@@ -250,6 +264,7 @@ class Selector:
         rendezvous hash of `affinity_key` and the pool id: pass the prompt's first block hash,
         so new prefixes spread evenly over the pools while the same prefix ties the same way
         on every frontend. `observe` False (a dry run) leaves the wait SLO's price as it is.
+        `adapter` (a LoRA adapter of `model`) keeps only the pools that serve it.
         """
         cfg = self.config
         limits = cfg.freshness
@@ -269,11 +284,13 @@ class Selector:
         for pool in pools:
             if not pool.listed:
                 continue
-            if pool.model == model:
+            if pool.model == model and (not adapter or adapter in pool.adapters.get(model, ())):
                 model_served = True
             if not first_block_size:
                 first_block_size = pool.block_size
             reason = _filter_reason(pool, model, now, limits)
+            if reason is None and adapter:
+                reason = _adapter_filter(pool, model, adapter)
             if reason is not None:
                 filtered.append(reason)
                 continue
