@@ -1,0 +1,197 @@
+"""Tenant budgets: window arithmetic and chunk accounting on a fake clock, over the memory store and a real etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from globalrouter.budgets import (
+    BudgetExceeded,
+    BudgetLedger,
+    Kind,
+    MemoryStore,
+    StoreError,
+    TenantBudgets,
+    window_at,
+)
+from globalrouter.policy import BudgetSettings, TenantPolicy
+from meshkit.clock import FakeClock
+
+SETTINGS = BudgetSettings(minute_seconds=10.0, day_seconds=100.0, chunk_fraction=0.1)
+TPM = TenantPolicy(name="client/a", tokens_per_minute=10_000)
+
+
+def clock_at_window_start() -> FakeClock:
+    # wall = monotonic + offset; start at a window boundary of both 10 s and 100 s.
+    return FakeClock(start=0.0, wall_offset=1_700_000_000.0)
+
+
+def test_windows_are_aligned_to_the_wall_clock():
+    assert window_at(1_700_000_000.0, 10.0) == (170_000_000, 1_700_000_010.0)
+    assert window_at(1_700_000_009.999, 10.0)[0] == 170_000_000
+    assert window_at(1_700_000_010.0, 10.0)[0] == 170_000_001
+
+
+def test_the_ledger_asks_whole_chunks_covering_the_shortfall():
+    ledger = BudgetLedger(SETTINGS)
+    now = 1_700_000_000.0
+    assert ledger.ask("t", Kind.TOKENS_PER_MINUTE, 10_000, 300, now) == 1000
+    held = ledger.allowance("t", Kind.TOKENS_PER_MINUTE, now)
+    ledger.granted("t", Kind.TOKENS_PER_MINUTE, held.window, 1000, 1000)
+    assert ledger.ask("t", Kind.TOKENS_PER_MINUTE, 10_000, 300, now) == 0
+    assert ledger.ask("t", Kind.TOKENS_PER_MINUTE, 10_000, 2500, now) == 2000  # shortfall 1500 -> 2 chunks
+    # A grant for a window that is over is dropped, and a new window starts empty.
+    later = now + 10.0
+    assert ledger.allowance("t", Kind.TOKENS_PER_MINUTE, later).available == 0
+    ledger.granted("t", Kind.TOKENS_PER_MINUTE, held.window, 1000, 2000)
+    assert ledger.allowance("t", Kind.TOKENS_PER_MINUTE, later).available == 0
+
+
+async def test_one_frontend_admits_up_to_the_limit_then_refuses_until_the_window_resets():
+    clock = clock_at_window_start()
+    budgets = TenantBudgets(MemoryStore(clock), SETTINGS, clock)
+    served = 0
+    with pytest.raises(BudgetExceeded) as caught:
+        for _ in range(100):
+            ticket = await budgets.admit("client/a", TPM, 300)
+            ticket.settle(300)
+            served += 300
+    assert served == 9900  # 33 requests of 300; the 34th would pass 10,000
+    refusal = caught.value.exceeded
+    assert (refusal.kind, refusal.limit, refusal.remaining) == (Kind.TOKENS_PER_MINUTE, 10_000, 100)
+    assert refusal.reset_seconds == pytest.approx(10.0)
+    await clock.advance(4.0)
+    with pytest.raises(BudgetExceeded) as caught:
+        await budgets.admit("client/a", TPM, 300)
+    assert caught.value.exceeded.reset_seconds == pytest.approx(6.0)
+    await clock.advance(6.0)
+    ticket = await budgets.admit("client/a", TPM, 300)
+    assert ticket.quotas[0].remaining == 9700
+
+
+async def test_unused_output_tokens_are_refunded_to_the_frontend_allowance():
+    clock = clock_at_window_start()
+    store = MemoryStore(clock)
+    budgets = TenantBudgets(store, SETTINGS, clock)
+    for _ in range(50):  # each reserves 1000 (prompt + max_tokens) and uses 100
+        (await budgets.admit("client/a", TPM, 1000)).settle(100)
+    # Reserved from the store: what the spent tokens needed (5000) plus room for the next
+    # request's max_tokens, one chunk at a time, not 50 x 1000.
+    assert next(iter(store.counters.values()))[0] == 6000
+    ticket = await budgets.admit("client/a", TPM, 1000)
+    ticket.settle(1000)
+    ticket.settle(0)  # idempotent: a second settle refunds nothing
+    assert budgets.ledger.allowance("client/a", Kind.TOKENS_PER_MINUTE, clock.wall()).available == 0
+
+
+async def test_requests_per_minute_and_tokens_per_day_both_hold():
+    clock = clock_at_window_start()
+    budgets = TenantBudgets(MemoryStore(clock), SETTINGS, clock)
+    policy = TenantPolicy(name="client/a", requests_per_minute=3, tokens_per_day=1000)
+    for _ in range(3):
+        await budgets.admit("client/a", policy, 10)
+    with pytest.raises(BudgetExceeded) as caught:
+        await budgets.admit("client/a", policy, 10)
+    assert caught.value.exceeded.kind is Kind.REQUESTS_PER_MINUTE
+    await clock.advance(10.0)
+    with pytest.raises(BudgetExceeded) as caught:
+        await budgets.admit("client/a", policy, 971)  # 30 of 1000 spent today
+    assert caught.value.exceeded.kind is Kind.TOKENS_PER_DAY and caught.value.exceeded.remaining == 970
+    await budgets.admit("client/a", policy, 970)
+
+
+async def test_unlimited_tenants_never_touch_the_store():
+    class Broken(MemoryStore):
+        async def reserve(self, *a):
+            raise AssertionError("no limit: no reservation")
+
+    clock = clock_at_window_start()
+    budgets = TenantBudgets(Broken(clock), SETTINGS, clock)
+    ticket = await budgets.admit("client/a", TenantPolicy(), 10**9)
+    ticket.settle(0)
+
+
+async def test_a_failing_store_refuses_with_store_error():
+    class Down(MemoryStore):
+        async def reserve(self, *a):
+            raise OSError("connection refused")
+
+    clock = clock_at_window_start()
+    budgets = TenantBudgets(Down(clock), SETTINGS, clock)
+    with pytest.raises(StoreError, match="connection refused"):
+        await budgets.admit("client/a", TPM, 10)
+
+
+async def test_frontends_sharing_a_store_never_admit_past_the_limit_and_a_restart_loses_nothing():
+    clock = clock_at_window_start()
+    store = MemoryStore(clock)
+    fleet = [TenantBudgets(store, SETTINGS, clock) for _ in range(3)]
+    admitted = 0
+    for i in range(200):
+        try:
+            (await fleet[i % 3].admit("client/a", TPM, 70)).settle(70)
+            admitted += 70
+        except BudgetExceeded:
+            pass
+        if i == 60:  # one frontend restarts: gives back what it holds, and a new one starts empty
+            await fleet[0].close()
+            fleet[0] = TenantBudgets(store, SETTINGS, clock)
+    assert 10_000 - 3 * 1000 <= admitted <= 10_000
+
+
+async def test_closing_gives_the_unused_allowance_back():
+    clock = clock_at_window_start()
+    store = MemoryStore(clock)
+    budgets = TenantBudgets(store, SETTINGS, clock)
+    (await budgets.admit("client/a", TPM, 100)).settle(100)
+    assert next(iter(store.counters.values()))[0] == 1000
+    await budgets.close()
+    assert next(iter(store.counters.values()))[0] == 100
+
+
+# ---- etcd -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def etcd_endpoint():
+    from tests.discovery.etcd_support import running_etcd
+
+    with running_etcd() as address:
+        yield address
+
+
+async def test_etcd_frontends_racing_for_one_budget_never_pass_it(etcd_endpoint):
+    from globalrouter.budget_etcd import EtcdBudgetStore
+
+    clock = clock_at_window_start()
+    tenant = f"client/{uuid.uuid4().hex[:8]}"
+    stores = [EtcdBudgetStore(etcd_endpoint, clock) for _ in range(3)]
+    fleet = [TenantBudgets(s, SETTINGS, clock) for s in stores]
+    admitted = 0
+
+    async def client(budgets: TenantBudgets) -> None:
+        nonlocal admitted
+        for _ in range(60):
+            try:
+                (await budgets.admit(tenant, TPM, 90)).settle(90)
+                admitted += 90
+            except BudgetExceeded:
+                pass
+
+    await asyncio.gather(*(client(b) for b in fleet for _ in range(2)))
+    key = fleet[0].ledger.allowance(tenant, Kind.TOKENS_PER_MINUTE, clock.wall()).key
+    assert await stores[0].counter(key) == 10_000  # reserved exactly up to the limit, never past
+    assert 10_000 - 3 * 1000 <= admitted <= 10_000
+    # A frontend that restarts finds the counter where it was: nothing more to reserve.
+    await fleet[0].close()
+    again = TenantBudgets(EtcdBudgetStore(etcd_endpoint, clock), SETTINGS, clock)
+    before = await stores[1].counter(key)
+    with pytest.raises(BudgetExceeded):
+        for _ in range(20):
+            (await again.admit(tenant, TPM, 900)).settle(900)
+    assert await stores[1].counter(key) == 10_000
+    assert before <= 10_000
+    for b in (*fleet[1:], again):
+        await b.close()
