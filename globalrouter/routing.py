@@ -78,9 +78,11 @@ class RoutingCore:
         exclude: Collection[str] = (),
         *,
         dry_run: bool = False,
+        regions: frozenset[str] | None = None,
     ) -> Decision:
         """Filter and rank the listed pools (minus `exclude`) for this prompt; a dry run (Route)
-        sends nothing, so it does not count toward the wait SLO's price."""
+        sends nothing, so it does not count toward the wait SLO's price. `regions`: the caller's
+        allowed regions (None: any)."""
         started = time.perf_counter()
         now = self.clock.monotonic()
         pools = [p for p in self.table.pools.values() if p.listed and p.pool_id not in exclude]
@@ -94,6 +96,7 @@ class RoutingCore:
             now,
             affinity_key=affinity_key(tokens),
             observe=not dry_run,
+            regions=regions,
         )
         self.metrics.decision_latency.observe(time.perf_counter() - started)
         return decision

@@ -143,3 +143,28 @@ def test_a_reload_keeps_the_policy_in_force_when_the_new_file_is_bad(tmp_path):
     assert held.reload() is True
     assert held.current.for_identity(ALICE).priority == 6
     assert PolicyFile(None).current == Policy() and PolicyFile(None).reload()
+
+
+def test_residency_is_a_hard_filter_named_in_the_decision():
+    from globalrouter.selection import FilterReason, Selector
+    from tests.router_core.test_selection import MODEL, NOW, pool
+
+    pools = [
+        pool("eu", region="eu-west"),
+        pool("us", region="us-east"),
+        pool("x", model="other", region="us"),
+    ]
+    regions = parse(GOOD).for_identity(ALICE).regions
+    d = Selector().select(pools, MODEL, 64, 16, {}, NOW, regions=regions)
+    assert [c.pool_id for c in d.candidates] == ["eu"]
+    assert [(f.pool_id, f.reason) for f in d.filtered] == [
+        ("us", FilterReason.REGION_NOT_ALLOWED),
+        ("x", FilterReason.OTHER_MODEL),  # another model is named as such, whatever its region
+    ]
+    assert "us-east" in d.filtered[0].detail and "eu-west" in d.filtered[0].detail
+    # No pool in the allowed regions: no candidate, the residency filter named for each pool.
+    d = Selector().select(pools, MODEL, 64, 16, {}, NOW, regions=frozenset({"ap-south"}))
+    assert not d.candidates and d.model_served
+    assert {f.reason for f in d.filtered if f.pool_id != "x"} == {FilterReason.REGION_NOT_ALLOWED}
+    # No residency: every region.
+    assert len(Selector().select(pools, MODEL, 64, 16, {}, NOW).candidates) == 2
