@@ -195,3 +195,118 @@ async def test_etcd_frontends_racing_for_one_budget_never_pass_it(etcd_endpoint)
     assert before <= 10_000
     for b in (*fleet[1:], again):
         await b.close()
+
+
+# ---- the gate both fronts share ---------------------------------------------------------------
+
+
+def _gate(text: str, clock: FakeClock):
+    from globalrouter.metrics import RouterMetrics
+    from globalrouter.policy import PolicyFile, parse
+    from globalrouter.tenancy import TenantGate
+
+    held = PolicyFile(None)
+    held.current = parse(text)
+    return TenantGate(held, TenantBudgets(MemoryStore(clock), held.current.budget, clock), RouterMetrics())
+
+
+GATE_POLICY = """
+[budget]
+minute_seconds = 10
+[identity."client/alice"]
+tokens_per_minute = 1000
+requests_per_minute = 100
+models = ["llama"]
+regions = ["eu"]
+"""
+
+
+def _sample(gate, name: str, labels: dict[str, str]) -> float:
+    return gate.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_the_gate_refuses_a_model_the_policy_does_not_allow():
+    import grpc
+
+    from globalrouter.tenancy import TenantRefusal
+    from meshkit.identity import Identity, Role
+
+    gate = _gate(GATE_POLICY, clock_at_window_start())
+    alice = Identity(Role.CLIENT, "alice")
+    with pytest.raises(TenantRefusal) as caught:
+        await gate.admit(alice, "mistral", 10, 10)
+    assert (
+        caught.value.code is grpc.StatusCode.PERMISSION_DENIED and caught.value.reason == "MODEL_NOT_ALLOWED"
+    )
+    assert "mistral" in caught.value.message
+    admission = await gate.admit(alice, "llama", 10, 10)
+    assert admission.regions == frozenset({"eu"}) and admission.tenant == "client/alice"
+    # Strangers get the default (no limits, any model) and the "other" label.
+    stranger = await gate.admit(Identity(Role.CLIENT, "zed"), "mistral", 10**6, 10**6)
+    assert stranger.label == "other" and stranger.headers() == []
+    filtered = "globalrouter_tenant_filter_refusals_total"
+    assert _sample(gate, filtered, {"tenant": "client/alice", "reason": "MODEL_NOT_ALLOWED"}) == 1
+
+
+async def test_a_budget_refusal_carries_quota_failure_retry_info_and_openai_headers():
+    import grpc
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    from globalrouter.tenancy import TenantRefusal, grpc_status
+    from meshkit.identity import Identity, Role
+
+    clock = clock_at_window_start()
+    gate = _gate(GATE_POLICY, clock)
+    alice = Identity(Role.CLIENT, "alice")
+    first = await gate.admit(alice, "llama", 100, 500)
+    headers = dict(first.headers())
+    assert headers["x-ratelimit-limit-tokens"] == "1000" and headers["x-ratelimit-reset-tokens"] == "10s"
+    assert headers["x-ratelimit-limit-requests"] == "100"
+    first.finish(150)  # 450 of the 600 reserved come back
+    first.finish(150)  # counted once
+    assert _sample(gate, "globalrouter_tenant_tokens_total", {"tenant": "client/alice"}) == 150
+    await clock.advance(2.5)
+    with pytest.raises(TenantRefusal) as caught:
+        await gate.admit(alice, "llama", 100, 800)  # 900 > 850 left
+    refusal = caught.value
+    assert refusal.code is grpc.StatusCode.RESOURCE_EXHAUSTED and refusal.reason == "BUDGET_EXCEEDED"
+    assert refusal.http_type == "tokens"
+    headers = dict(refusal.headers)
+    assert headers["retry-after"] == "8" and headers["x-ratelimit-remaining-tokens"] == "850"
+    assert headers["x-ratelimit-reset-tokens"] == "8s"
+    built = grpc_status(refusal)
+    decoded = rpc_status.from_call(_FakeCall(built))  # type: ignore[arg-type]
+    kinds = {}
+    for detail in decoded.details:
+        for cls in (error_details_pb2.ErrorInfo, error_details_pb2.QuotaFailure, error_details_pb2.RetryInfo):
+            msg = cls()
+            if detail.Unpack(msg):
+                kinds[cls.__name__] = msg
+    assert kinds["ErrorInfo"].reason == "BUDGET_EXCEEDED"
+    assert kinds["QuotaFailure"].violations[0].subject == "tenant:client/alice"
+    assert kinds["RetryInfo"].retry_delay.seconds == 8
+    refused = "globalrouter_tenant_budget_refusals_total"
+    assert _sample(gate, refused, {"tenant": "client/alice", "limit": "tokens_per_minute"}) == 1
+
+
+class _FakeCall:
+    """Enough of a grpc call for rpc_status.from_call: the trailers a status travels in."""
+
+    def __init__(self, status) -> None:
+        self._status = status
+
+    def trailing_metadata(self):
+        return self._status.trailing_metadata
+
+    def code(self):
+        return self._status.code
+
+    def details(self):
+        return self._status.details
+
+
+def test_reset_text_writes_durations_as_openai_does():
+    from globalrouter.tenancy import reset_text
+
+    assert [reset_text(s) for s in (0.25, 7.0, 6.2, 90.0, 7200.0)] == ["250ms", "7s", "7s", "1m30s", "2h0m0s"]
