@@ -90,3 +90,9 @@ class RouterConfig:
     """The OpenAI-compatible HTTP front (off unless http.listen is set)."""
     openai_link: OpenAILinkConfig = field(default_factory=OpenAILinkConfig)
     """Links to pools that speak OpenAI HTTP (timeouts, connection limit)."""
+    policy: str = ""
+    """A tenant policy file (TOML, `globalrouter.policy`): per identity, priority class, weight,
+    budgets, allowed regions and models; re-read on SIGHUP. Empty: everyone may do everything."""
+    budget_etcd: str = ""
+    """etcd HOST:PORT[,HOST:PORT...] where the fleet's frontends keep the policy's budget counters,
+    so budgets hold across them; empty: counted in this process only."""

@@ -13,6 +13,7 @@ from globalrouter.pool_state import PoolState
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import FilterReason
 from globalrouter.serving import ServingLinks
+from globalrouter.tenancy import Admission, TenantGate, TenantRefusal, grpc_status
 from globalrouter.tokenizer import ModelTokenizer, Tokenizers
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit import pagination
@@ -92,8 +93,10 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         tokenizers: Tokenizers | None = None,
         authorizer: Authorizer | None = None,
         streams: Slots | None = None,
+        gate: TenantGate | None = None,
     ) -> None:
         self._core = core
+        self._gate = gate
         self._links = links
         self.config = config
         self._streams = streams or generate_streams(config, enforced=bool(authorizer and authorizer.enforced))
@@ -128,12 +131,33 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         except LimitExceeded as exc:
             await context.abort_with_status(exc.status())
         try:
-            async for response in self._generate(request, tokens, context):
-                yield response
+            admission = await self._admit(request.model, tokens, request.max_tokens, context)
+            try:
+                async for response in self._generate(request, tokens, context, admission):
+                    yield response
+            finally:
+                if admission is not None:
+                    admission.finish(0)  # never sent to a pool (else _generate settled it already)
         finally:
             self._streams.release(caller)
 
-    async def _generate(self, request: router_pb2.GenerateRequest, tokens: Sequence[int], context):
+    async def _admit(self, model: str, tokens: Sequence[int], max_tokens: int, context) -> Admission | None:
+        """The tenant gate's admission (model access, budget); refuses the call when it says no."""
+        if self._gate is None:
+            return None
+        try:
+            return await self._gate.admit(current_identity(), model, len(tokens), max_tokens)
+        except TenantRefusal as refusal:
+            await context.abort_with_status(grpc_status(refusal))
+            raise  # abort raises; never reached
+
+    async def _generate(
+        self,
+        request: router_pb2.GenerateRequest,
+        tokens: Sequence[int],
+        context,
+        admission: Admission | None = None,
+    ):
         # The id a caller gives (field, else the x-request-id header, as on the HTTP front) names
         # the request in every log line and at every pool; it is sent back as x-request-id.
         header = dict(context.invocation_metadata() or ()).get("x-request-id")
@@ -142,13 +166,18 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         # messages gets the id in the summary and in the trailing metadata instead.
         combine = request.combine_messages
         sent_back = (("x-request-id", request_id),)
+        if admission is not None:
+            sent_back += tuple(admission.headers())  # x-ratelimit-*, as over HTTP
         if not combine:
             await context.send_initial_metadata(sent_back)
         id_trailer = sent_back if combine else ()
         metrics = self._core.metrics
-        decision = self._core.decide(request.model, tokens, request.max_tokens)
+        regions = admission.regions if admission is not None else None
+        decision = self._core.decide(request.model, tokens, request.max_tokens, regions=regions)
         error = self._no_candidate_error(request.model, decision)
         if error is not None:
+            if admission is not None:
+                admission.no_pool(decision)
             # A model no pool serves is labelled as such: clients must not grow the label set.
             label = request.model if decision.model_served else "(not served)"
             metrics.labelled(metrics.requests, label, error.code.name).inc()
@@ -178,6 +207,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             raise
         finally:
             metrics.labelled(metrics.requests, request.model, outcome).inc()
+            if admission is not None:
+                # Prompt plus what was generated: the rest of the max_tokens reservation returns.
+                admission.finish(len(tokens) + len(run.record.tokens))
         context.set_trailing_metadata((*self._trailers(run), *id_trailer))
 
     @staticmethod
@@ -204,8 +236,25 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         if request.max_tokens > self.config.max_output_tokens:
             v.add("max_tokens", f"must be at most {self.config.max_output_tokens} (got {request.max_tokens})")
         await v.abort_if_any(context)
+        regions = None
+        if self._gate is not None:
+            # A dry run shows what Generate would do for this caller: its model access and its
+            # residency filter apply; its budget is not spent.
+            policy = self._gate.for_identity(current_identity())
+            if not policy.allows_model(request.model):
+                await abort_with_reason(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    Reason.MODEL_NOT_ALLOWED,
+                    f"{current_identity()} may not use model {request.model!r}",
+                )
+            regions = policy.regions
         decision = self._core.decide(
-            request.model, tokens, request.max_tokens or DEFAULT_ROUTE_MAX_TOKENS, dry_run=True
+            request.model,
+            tokens,
+            request.max_tokens or DEFAULT_ROUTE_MAX_TOKENS,
+            dry_run=True,
+            regions=regions,
         )
         if not decision.model_served:
             await abort_with_reason(
