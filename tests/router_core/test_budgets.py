@@ -197,6 +197,22 @@ async def test_etcd_frontends_racing_for_one_budget_never_pass_it(etcd_endpoint)
         await b.close()
 
 
+async def test_etcd_give_back_returns_a_stopping_frontends_unused_chunk(etcd_endpoint):
+    from globalrouter.budget_etcd import EtcdBudgetStore
+
+    clock = clock_at_window_start()
+    tenant = f"client/{uuid.uuid4().hex[:8]}"
+    store = EtcdBudgetStore(etcd_endpoint, clock)
+    budgets = TenantBudgets(store, SETTINGS, clock)
+    (await budgets.admit(tenant, TPM, 150)).settle(120)  # reserves one chunk, uses 120
+    key = budgets.ledger.allowance(tenant, Kind.TOKENS_PER_MINUTE, clock.wall()).key
+    assert await store.counter(key) == 1000
+    reader = EtcdBudgetStore(etcd_endpoint, clock)
+    await budgets.close()  # gives back 880
+    assert await reader.counter(key) == 120
+    await reader.close()
+
+
 # ---- the gate both fronts share ---------------------------------------------------------------
 
 
