@@ -184,8 +184,15 @@ def create_server(
     # One limit of concurrent generations per identity, over gRPC Generate and the HTTP front.
     streams = generate_streams(config, enforced=authorizer.enforced)
     gate = tenant_gate(config, clock, metrics)
+    # Without --policy nobody is limited: the fronts skip the gate (nothing on the request path).
     router_servicer = RouterServicer(
-        core, links, config, tokenizers, authorizer=authorizer, streams=streams, gate=gate
+        core,
+        links,
+        config,
+        tokenizers,
+        authorizer=authorizer,
+        streams=streams,
+        gate=gate if config.policy else None,
     )
     telemetry_servicer = TelemetryServicer(
         ingest, config.frontend_id, authorizer=authorizer, max_streams=config.max_telemetry_streams
