@@ -168,3 +168,29 @@ def test_residency_is_a_hard_filter_named_in_the_decision():
     assert {f.reason for f in d.filtered if f.pool_id != "x"} == {FilterReason.REGION_NOT_ALLOWED}
     # No residency: every region.
     assert len(Selector().select(pools, MODEL, 64, 16, {}, NOW).candidates) == 2
+
+
+def test_serve_refuses_a_bad_policy_file_as_a_usage_error(tmp_path, capsys):
+    from globalrouter.cli import build_parser
+    from globalrouter.serve_cli import router_config
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[identity."client/alice"]\ntokens_per_minute = -3\n')
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(["serve", "--discovery", "h:1", "--policy", str(bad)])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        "--policy" in err
+        and str(bad) in err
+        and 'identity."client/alice"' in err
+        and "tokens_per_minute" in err
+    )
+    good = tmp_path / "good.toml"
+    good.write_text(GOOD)
+    args = build_parser().parse_args(
+        ["serve", "--discovery", "h:1", "--policy", str(good), "--budget-etcd-endpoints", "127.0.0.1:2379"]
+    )
+    args.security = None
+    config = router_config(args)
+    assert (config.policy, config.budget_etcd) == (str(good), "127.0.0.1:2379")
