@@ -35,6 +35,9 @@ from meshkit.logs import get_logger
 
 log = get_logger(module="globalrouter.budgets")
 
+MAX_ALLOWANCES = 100_000
+"""Allowances (tenant x limit) kept before those of past windows are dropped."""
+
 
 class Kind(StrEnum):
     """One limit of a tenant (the names are the policy keys)."""
@@ -103,6 +106,8 @@ class Exceeded:
     limit: int
     remaining: int
     reset_seconds: float
+    too_large: bool = False
+    """The request alone is over the limit: no window will admit it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +201,21 @@ class BudgetLedger:
             if h.available > 0 and h.window == window_at(now, window_length(kind, self.settings))[0]
         ]
 
+    def excess(self, tenant: str, limits: Iterable[tuple[Kind, int]], now: float) -> list[tuple[Kind, int]]:
+        """(kind, amount) held beyond one chunk, per limit: what a refused request's reservation
+        should give back."""
+        out = []
+        for kind, limit in limits:
+            extra = self.allowance(tenant, kind, now).available - self.settings.chunk(limit)
+            if extra > 0:
+                out.append((kind, extra))
+        return out
+
+    @property
+    def size(self) -> int:
+        """Allowances held (tenants x limits)."""
+        return len(self._held)
+
     def forget_old(self, now: float) -> None:
         """Drops allowances of windows that are over (bounds memory to the tenants of current windows)."""
         for key in [k for k, h in self._held.items() if h.end <= now]:
@@ -274,6 +294,18 @@ class TenantBudgets:
         now = self.clock.wall()
         if ledger.fits(tenant, needs, now) is None:  # the fast path: no store, no await
             return self._take(tenant, needs, limits, now)
+        for kind, limit, amount in needs:
+            if amount > limit:  # can never fit: refused without reserving anything for it
+                held = ledger.allowance(tenant, kind, now)
+                raise BudgetExceeded(
+                    tenant,
+                    Exceeded(
+                        kind, limit, ledger._remaining(held, limit), max(0.0, held.end - now), too_large=True
+                    ),
+                    ledger.quotas(tenant, limits, now),
+                )
+        if ledger.size > MAX_ALLOWANCES:
+            ledger.forget_old(now)
         lock = self._locks.get(tenant)
         if lock is None:
             if len(self._locks) > 10_000:
@@ -296,6 +328,14 @@ class TenantBudgets:
             now = self.clock.wall()
             exceeded = ledger.fits(tenant, needs, now)
             if exceeded is not None:
+                # A partial grant that did not make the request fit stays here only up to one
+                # chunk: the rest goes back, so other frontends can use it this window.
+                for kind, excess in ledger.excess(tenant, [(k, limit) for k, limit, _ in needs], now):
+                    held = ledger.allowance(tenant, kind, now)
+                    with contextlib.suppress(Exception):  # not given back: it only underspends
+                        await self.store.give_back(held.key, excess)
+                        held.available -= excess
+                        held.counter -= excess
                 raise BudgetExceeded(tenant, exceeded, ledger.quotas(tenant, limits, now))
             return self._take(tenant, needs, limits, now)
 

@@ -217,10 +217,16 @@ def budget_refusal(exc: BudgetExceeded, requested: int) -> TenantRefusal:
     unit = _UNIT.get(over.kind, "requests per min (RPM)")
     asked = requested if over.kind.tokens else 1
     retry = max(1, math.ceil(over.reset_seconds))
-    message = (
-        f"Rate limit reached for {exc.tenant} on {unit}: Limit {over.limit}, Remaining {over.remaining}, "
-        f"Requested {asked}. Please try again in {reset_text(over.reset_seconds)}."
-    )
+    if over.too_large:
+        message = (
+            f"Request too large for {exc.tenant} on {unit}: Limit {over.limit}, Requested {asked}. "
+            "Send a shorter prompt or a lower max_tokens."
+        )
+    else:
+        message = (
+            f"Rate limit reached for {exc.tenant} on {unit}: Limit {over.limit}, Remaining {over.remaining}, "
+            f"Requested {asked}. Please try again in {reset_text(over.reset_seconds)}."
+        )
     quota = error_details_pb2.QuotaFailure(
         violations=[
             error_details_pb2.QuotaFailure.Violation(
@@ -237,5 +243,9 @@ def budget_refusal(exc: BudgetExceeded, requested: int) -> TenantRefusal:
         details=(quota, retry_info),
         headers=(*ratelimit_headers(exc.quotas), ("retry-after", str(retry))),
         http_type="tokens" if over.kind.tokens else "requests",
-        metadata={"limit": over.kind.value, "retry_after_seconds": str(retry)},
+        metadata={
+            "limit": over.kind.value,
+            "retry_after_seconds": str(retry),
+            "too_large": str(over.too_large).lower(),
+        },
     )

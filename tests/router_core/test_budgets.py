@@ -326,3 +326,41 @@ def test_reset_text_writes_durations_as_openai_does():
     from globalrouter.tenancy import reset_text
 
     assert [reset_text(s) for s in (0.25, 7.0, 6.2, 90.0, 7200.0)] == ["250ms", "7s", "7s", "1m30s", "2h0m0s"]
+
+
+async def test_a_request_larger_than_the_limit_is_refused_without_reserving():
+    clock = clock_at_window_start()
+    store = MemoryStore(clock)
+    budgets = TenantBudgets(store, SETTINGS, clock)
+    with pytest.raises(BudgetExceeded) as caught:
+        await budgets.admit("client/a", TPM, 10_001)
+    assert caught.value.exceeded.too_large and caught.value.exceeded.remaining == 10_000
+    assert store.counters == {}
+
+
+async def test_a_refused_request_keeps_at_most_one_chunk_of_what_it_reserved():
+    clock = clock_at_window_start()
+    store = MemoryStore(clock)
+    one, other = TenantBudgets(store, SETTINGS, clock), TenantBudgets(store, SETTINGS, clock)
+    (await other.admit("client/a", TPM, 4_500)).settle(4_500)  # other holds 5,000, spent 4,500
+    # 6,000 does not fit the 5,000 left: `one` got those 5,000, keeps one chunk, gives 4,000 back.
+    with pytest.raises(BudgetExceeded):
+        await one.admit("client/a", TPM, 6_000)
+    key = one.ledger.allowance("client/a", Kind.TOKENS_PER_MINUTE, clock.wall()).key
+    assert store.counters[key][0] == 6_000
+    assert one.ledger.allowance("client/a", Kind.TOKENS_PER_MINUTE, clock.wall()).available == 1_000
+    # What went back serves the other frontend this window.
+    (await other.admit("client/a", TPM, 3_000)).settle(3_000)
+
+
+async def test_allowances_of_past_windows_are_dropped_past_the_bound(monkeypatch):
+    from globalrouter import budgets as module
+
+    monkeypatch.setattr(module, "MAX_ALLOWANCES", 10)
+    clock = clock_at_window_start()
+    budgets = TenantBudgets(MemoryStore(clock), SETTINGS, clock)
+    for i in range(20):
+        await budgets.admit(f"client/t{i}", TPM, 10)
+    await clock.advance(10.0)
+    await budgets.admit("client/late", TPM, 10)
+    assert budgets.ledger.size <= 2
