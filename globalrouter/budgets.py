@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from globalrouter.policy import BudgetSettings, TenantPolicy
 from meshkit.clock import Clock
@@ -48,7 +49,10 @@ class Kind(StrEnum):
 
     @property
     def tokens(self) -> bool:
-        return self is not Kind.REQUESTS_PER_MINUTE
+        return self in _TOKEN_KINDS
+
+
+_TOKEN_KINDS = frozenset({Kind.TOKENS_PER_MINUTE, Kind.TOKENS_PER_DAY})
 
 
 def window_length(kind: Kind, settings: BudgetSettings) -> float:
@@ -61,9 +65,10 @@ def window_at(wall: float, length: float) -> tuple[int, float]:
     return index, (index + 1) * length
 
 
-def limits_of(policy: TenantPolicy) -> list[tuple[Kind, int]]:
-    """The limits that apply (those above 0)."""
-    return [(k, getattr(policy, k.value)) for k in Kind if getattr(policy, k.value) > 0]
+@functools.lru_cache(maxsize=4096)
+def limits_of(policy: TenantPolicy) -> tuple[tuple[Kind, int], ...]:
+    """The limits that apply (those above 0); looked up once per policy entry."""
+    return tuple((k, getattr(policy, k.value)) for k in Kind if getattr(policy, k.value) > 0)
 
 
 class BudgetStore(Protocol):
@@ -92,6 +97,7 @@ class _Allowance:
     key: str
     window: int
     end: float
+    start: float = 0.0
     available: int = 0
     """Reserved from the shared counter and not spent by this frontend."""
     counter: int = 0
@@ -110,8 +116,7 @@ class Exceeded:
     """The request alone is over the limit: no window will admit it."""
 
 
-@dataclass(frozen=True, slots=True)
-class Quota:
+class Quota(NamedTuple):
     """One limit's state for the x-ratelimit-* headers."""
 
     kind: Kind
@@ -130,11 +135,18 @@ class BudgetLedger:
     def allowance(self, tenant: str, kind: Kind, now: float) -> _Allowance:
         """The (tenant, kind) allowance of the window holding `now`; a new window starts empty
         (what was left of the last one is gone with it: its counter is another key)."""
+        held = self._held.get((tenant, kind))
+        if held is not None and held.start <= now < held.end:  # the common case, per request
+            return held
         length = window_length(kind, self.settings)
         index, end = window_at(now, length)
-        held = self._held.get((tenant, kind))
         if held is None or held.window != index:
-            held = _Allowance(key=f"{tenant}\x00{kind.value}\x00{length:g}\x00{index}", window=index, end=end)
+            held = _Allowance(
+                key=f"{tenant}\x00{kind.value}\x00{length:g}\x00{index}",
+                window=index,
+                end=end,
+                start=end - length,
+            )
             self._held[(tenant, kind)] = held
         return held
 
@@ -258,7 +270,7 @@ class Ticket:
         self.settled = True
         unused = max(0, self.reserved_tokens - used_tokens)
         for kind, window in self.windows.items():
-            if kind.tokens:
+            if kind in _TOKEN_KINDS:
                 self.budgets.ledger.refund(self.tenant, kind, window, unused)
 
 
@@ -289,7 +301,7 @@ class TenantBudgets:
         limits = limits_of(policy)
         if not limits:
             return UNLIMITED
-        needs = [(k, limit, tokens if k.tokens else 1) for k, limit in limits]
+        needs = [(k, limit, tokens if k in _TOKEN_KINDS else 1) for k, limit in limits]
         ledger = self.ledger
         now = self.clock.wall()
         if ledger.fits(tenant, needs, now) is None:  # the fast path: no store, no await
@@ -341,7 +353,7 @@ class TenantBudgets:
 
     def _take(self, tenant, needs, limits, now) -> Ticket:
         windows = self.ledger.take(tenant, needs, now)
-        tokens = next((amount for k, _l, amount in needs if k.tokens), 0)
+        tokens = next((amount for k, _l, amount in needs if k in _TOKEN_KINDS), 0)
         return Ticket(self, tenant, tokens, windows, self.ledger.quotas(tenant, limits, now))
 
     async def close(self) -> None:

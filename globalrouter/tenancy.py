@@ -23,7 +23,7 @@ from grpc_status import rpc_status
 from globalrouter.budgets import UNLIMITED, BudgetExceeded, Kind, Quota, StoreError, TenantBudgets, Ticket
 from globalrouter.metrics import RouterMetrics
 from globalrouter.migration import GenerateError
-from globalrouter.policy import PolicyFile, TenantPolicy
+from globalrouter.policy import OTHER_LABEL, PolicyFile, TenantPolicy, policy_key
 from globalrouter.selection import Decision, FilterReason
 from meshkit.errors import Reason, error_info
 from meshkit.identity import Identity
@@ -174,9 +174,12 @@ class TenantGate:
     async def admit(self, identity: Identity, model: str, prompt_tokens: int, max_tokens: int) -> Admission:
         """Lets the request in or raises TenantRefusal (counted)."""
         current = self.policy.current
-        policy = current.for_identity(identity)
-        tenant = policy.name if policy.name != "default" else str(identity)
-        label = current.label(identity)
+        key = policy_key(identity)
+        policy = current.entries.get(key)
+        if policy is None:
+            policy, tenant, label = current.default, key, OTHER_LABEL
+        else:
+            tenant = label = key
         metrics = self.metrics
         if not policy.allows_model(model):
             metrics.labelled(metrics.tenant_filter_refusals, label, Reason.MODEL_NOT_ALLOWED.value).inc()
