@@ -15,6 +15,8 @@ from collections import defaultdict
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.errors import reason_of
@@ -78,6 +80,7 @@ def test_two_frontends_sharing_a_budget_through_etcd_serve_at_most_the_limit_per
         addresses = [r.address for r in routers]
         served: dict[int, int] = defaultdict(int)  # window index -> prompt + generated tokens
         refused = [0]
+        refusals: list[grpc.RpcError] = []
         lock = threading.Lock()
         stop = threading.Event()
 
@@ -88,9 +91,9 @@ def test_two_frontends_sharing_a_budget_through_etcd_serve_at_most_the_limit_per
                     metadata, generated = _generate(address)
                 except grpc.RpcError as exc:
                     if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                        assert reason_of(exc) == "BUDGET_EXCEEDED"
                         with lock:
                             refused[0] += 1
+                            refusals.append(exc)
                         time.sleep(0.1)
                     else:  # the frontend being restarted: try again shortly
                         time.sleep(0.05)
@@ -132,6 +135,10 @@ def test_two_frontends_sharing_a_budget_through_etcd_serve_at_most_the_limit_per
             # the limit and prompt + max_tokens is reserved up front, so the limit itself holds.
             assert total <= LIMIT, full
         assert refused[0] > 0, "the clients asked for more than the budget"
+        assert {reason_of(e) for e in refusals} == {"BUDGET_EXCEEDED"}
+        quota = _detail(refusals[0], error_details_pb2.QuotaFailure)
+        assert quota.violations[0].subject == "tenant:unchecked"
+        assert 1 <= _detail(refusals[0], error_details_pb2.RetryInfo).retry_delay.seconds <= WINDOW
         # The budget is usable: a window loses at most the chunks left unused on each frontend
         # (and the restarted one's) and one request's reservation per frontend.
         for total in (full[0], full[2]):
@@ -195,6 +202,17 @@ def test_residency_and_model_access_are_hard_filters_and_sighup_reloads_the_poli
         assert "priority" in router.proc.output()
         router.proc.check_alive()
         assert reason_of(_catch(lambda: _generate(router.address, max_tokens=2))) == "NO_ELIGIBLE_POOL"
+
+
+def _detail(error: grpc.RpcError, kind):
+    """The detail of type `kind` a failed call's status carries."""
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    for detail in status.details:
+        message = kind()
+        if detail.Unpack(message):
+            return message
+    raise AssertionError(f"no {kind.__name__} in {status}")
 
 
 def _catch(call) -> grpc.RpcError:
