@@ -51,6 +51,9 @@ class RouterConfig:
     """HOST:PORT of the Prometheus endpoint; empty: off."""
     grace: float = 5.0
     """Seconds in-flight calls may run after SIGTERM before the server stops."""
+    ready_timeout: float = 30.0
+    """Seconds after the start at most that health waits for the listed pools' KV state before it
+    says SERVING anyway (the synced directory is waited for in any case); `globalrouter.readiness`."""
     stall: StallPolicy = field(default_factory=StallPolicy)
     """How long an admitted pool may stay silent before it counts as hung for the request."""
     freshness: FreshnessLimits = field(default_factory=FreshnessLimits)
@@ -86,6 +89,10 @@ class RouterConfig:
     tokenizers: tuple[tuple[str, str], ...] = ()
     """(model, directory) pairs: a Hugging Face tokenizer.json + tokenizer_config.json per model,
     for text prompts of both APIs; other models use one token per UTF-8 byte."""
+    tokenizer_threads: int = 2
+    """Threads that encode text prompts (and render chat templates), off the event loop."""
+    tokenizer_queue: int = 64
+    """Prompts that may wait for an encoding thread; one more is refused (RESOURCE_EXHAUSTED / 429)."""
     http: HttpConfig = field(default_factory=HttpConfig)
     """The OpenAI-compatible HTTP front (off unless http.listen is set)."""
     openai_link: OpenAILinkConfig = field(default_factory=OpenAILinkConfig)

@@ -75,6 +75,18 @@ class RunRecord:
     tokens: list[int] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class Output:
+    """A piece of the request's output as plain values (no front's wire format): token ids from
+    `offset` on, made by `pool_id`; `finish` (a router FinishReason number) on the last piece,
+    whose ids may then be empty."""
+
+    token_ids: list[int]
+    offset: int
+    pool_id: str
+    finish: int | None = None
+
+
 class GenerateRun:
     """Streams one request to the client as one continuous sequence, whichever pools produce it."""
 
@@ -91,7 +103,6 @@ class GenerateRun:
         admission_tries: int,
         sampling: sampling_pb2.SamplingParams | None = None,
         stall: StallPolicy | None = None,
-        combine: bool = False,
     ) -> None:
         self._core = core
         self._links = links
@@ -104,8 +115,6 @@ class GenerateRun:
         self._sampling = sampling
         self._stall = stall or StallPolicy()
         self._stalled_starts = 0
-        self._combine = combine
-        """The client accepts the summary inside the last TokenChunk (GenerateRequest.combine_messages)."""
         self.record = RunRecord()
         self._started = core.clock.monotonic()
 
@@ -114,9 +123,9 @@ class GenerateRun:
         # Bound when something is logged (a refusal, a migration), not on every request.
         return log.bind(request_id=self._request_id, model=self._model)
 
-    async def stream(self, first: Decision) -> AsyncIterator[router_pb2.GenerateResponse]:
-        """Yields TokenChunks then the GenerateSummary (inside the last TokenChunk when `combine` and
-        the pool's last tokens came with its finish); raises GenerateError on failure."""
+    async def stream(self, first: Decision) -> AsyncIterator[Output]:
+        """Yields the output in pieces, the last with its finish reason (and the pool's last tokens
+        when they came with its finish); raises GenerateError on failure."""
         rec = self.record
         decision = first
         failed_pools: set[str] = set()
@@ -127,7 +136,7 @@ class GenerateRun:
                 rec.prompt_blocks = admitted.admission.prompt_blocks
             rec.pools.append(admitted.pool_id)
             finish: pool_frontend_pb2.PoolFinish | None = None
-            last: router_pb2.TokenChunk | None = None
+            last: list[int] | None = None
             broken: StreamBroken | None = None
             silent: Silent | None = None
             read = admitted.stream.read
@@ -158,22 +167,18 @@ class GenerateRun:
                         tokens = msg.tokens
                     watch.arrived(clock.monotonic())
                     ids = list(tokens.token_ids)[: self._max_tokens - len(rec.tokens)]
-                    chunk = None
+                    if tokens.HasField("finish"):
+                        # Tokens and finish in one message: they go out with the finish, after
+                        # the pool's call is let go.
+                        finish, last = tokens.finish, ids
+                        break
                     if ids:
-                        if not rec.tokens:
+                        offset = len(rec.tokens)
+                        if not offset:
                             ttft = clock.monotonic() - self._started
                             self._core.metrics.time_to_first_token.observe(ttft)
-                        chunk = router_pb2.TokenChunk(
-                            token_ids=ids, offset=len(rec.tokens), pool_id=admitted.pool_id
-                        )
                         rec.tokens.extend(ids)
-                    if tokens.HasField("finish"):
-                        # Tokens and finish in one message: the chunk goes out after the pool's
-                        # call is let go, with the summary inside when the client accepts that.
-                        finish, last = tokens.finish, chunk
-                        break
-                    if chunk is not None:
-                        yield router_pb2.GenerateResponse(tokens=chunk)
+                        yield Output(ids, offset, admitted.pool_id)
             except StreamBroken as exc:
                 broken = exc
             except Silent as exc:
@@ -182,14 +187,11 @@ class GenerateRun:
                 await self._links.release(admitted)
             if finish is not None or len(rec.tokens) >= self._max_tokens:
                 reason = _FINISH.get(finish.reason, router_pb2.FINISH_REASON_LENGTH) if finish else None
-                summary = self._summary(reason or router_pb2.FINISH_REASON_LENGTH)
-                if last is not None and self._combine:
-                    last.summary.CopyFrom(summary)
-                    yield router_pb2.GenerateResponse(tokens=last)
-                    return
-                if last is not None:
-                    yield router_pb2.GenerateResponse(tokens=last)
-                yield router_pb2.GenerateResponse(summary=summary)
+                offset = len(rec.tokens)
+                if last and not offset:
+                    self._core.metrics.time_to_first_token.observe(clock.monotonic() - self._started)
+                rec.tokens.extend(last or ())
+                yield Output(last or [], offset, admitted.pool_id, reason or router_pb2.FINISH_REASON_LENGTH)
                 return
             pool = self._core.table.pools.get(admitted.pool_id)
             if silent is not None and not watch.started:
@@ -419,8 +421,14 @@ class GenerateRun:
             metrics.labelled(metrics.cached_blocks, pool.pool_id).inc(adm.cached_blocks)
             if adm.prompt_blocks:
                 metrics.cached_prefix_ratio.observe(adm.cached_blocks / adm.prompt_blocks)
+            q = self._core.record_admission(decision, pool.pool_id)  # available vs achieved cache
             self._event(
-                "decision", pool.pool_id, cached_blocks=adm.cached_blocks, prompt_blocks=adm.prompt_blocks
+                "decision",
+                pool.pool_id,
+                cached_blocks=adm.cached_blocks,
+                prompt_blocks=adm.prompt_blocks,
+                achieved_share=q.achieved if q else None,
+                available_share=q.available if q else None,
             )
             return admitted, watch
         tried = "; ".join(str(f) for f in failures) or "no candidate had a frontend"
@@ -453,17 +461,4 @@ class GenerateRun:
             model=self._model,
             pool_id=pool_id,
             **fields,
-        )
-
-    def _summary(self, reason: int) -> router_pb2.GenerateSummary:
-        rec = self.record
-        return router_pb2.GenerateSummary(
-            finish_reason=reason,  # type: ignore[arg-type]  # a proto enum field takes its number
-            pools=rec.pools,
-            cached_blocks=rec.cached_blocks,
-            prompt_blocks=rec.prompt_blocks,
-            migrations=rec.migrations,
-            tokens_generated=len(rec.tokens),
-            refused_by=rec.refused_by,
-            request_id=self._request_id,
         )

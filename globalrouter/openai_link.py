@@ -17,6 +17,7 @@ connection (the engine then aborts the request).
 from __future__ import annotations
 
 import json
+from array import array
 from collections import deque
 from urllib.parse import urlsplit
 
@@ -27,6 +28,7 @@ from globalrouter.config import OpenAILinkConfig
 from globalrouter.v1 import pool_frontend_pb2 as pf
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.errors import Reason
+from meshkit.limits import ByteBoundedCache
 
 PoolRequest = pf.PoolFrontendServiceGenerateRequest
 PoolResponse = pf.PoolFrontendServiceGenerateResponse
@@ -34,6 +36,8 @@ PoolResponse = pf.PoolFrontendServiceGenerateResponse
 # Bounds on what a pool's answer may hold (outside input).
 MAX_EVENT_BYTES = 64 * 1024 * 1024
 MAX_ERROR_BODY = 4096
+# Prompt ids kept JSON-encoded for the requests in flight (PromptJson), in bytes of text.
+PROMPT_JSON_CACHE_BYTES = 64 * 1024 * 1024
 
 _FINISH = {"length": pf.POOL_FINISH_REASON_LENGTH, "stop": pf.POOL_FINISH_REASON_STOP}
 
@@ -49,9 +53,12 @@ def completions_url(frontend: str) -> str:
 def request_body(request: PoolRequest) -> dict:
     """The JSON body of one completion request: greedy unless the request's sampling parameters
     say otherwise (they pass through as the engine's own fields; stop token ids as vLLM's)."""
+    return {"model": request.model, "prompt": list(request.token_ids), **_body_rest(request)}
+
+
+def _body_rest(request: PoolRequest) -> dict:
+    """request_body() but the prompt."""
     body = {
-        "model": request.model,
-        "prompt": list(request.token_ids),
         "max_tokens": request.max_tokens,
         "stream": True,
         "temperature": 0,
@@ -65,6 +72,46 @@ def request_body(request: PoolRequest) -> dict:
     if sampling.stop_token_ids:
         body["stop_token_ids"] = list(sampling.stop_token_ids)
     return body
+
+
+_COMMA = ","
+
+
+class PromptJson:
+    """The prompts' token ids as JSON text, kept per request id while it runs: a request asks
+    several pools (admission tries) and continues elsewhere after a failure (its prompt plus the
+    tokens so far), so its prompt, which may be a million ids, is encoded once, not on every try.
+    Bounded by bytes (least recently used out); an entry is used only when the ids it encodes
+    are the request's first ids (request ids come from clients and may repeat)."""
+
+    def __init__(self, max_bytes: int = PROMPT_JSON_CACHE_BYTES) -> None:
+        # The ids themselves are kept too (4 bytes each), to check a hit exactly.
+        self._cache: ByteBoundedCache[str, tuple[array, str]] = ByteBoundedCache(
+            max_bytes, lambda key, value: len(key) + len(value[1]) + value[0].itemsize * len(value[0])
+        )
+
+    def ids(self, request: PoolRequest) -> str:
+        """`request.token_ids` as the JSON list's inside ("1,2,3")."""
+        ids = request.token_ids
+        hit = self._cache.get(request.request_id)
+        if hit is not None:
+            known, text = hit
+            n = len(known)
+            if n <= len(ids) and array("I", ids[:n]) == known:
+                if n == len(ids):
+                    return text
+                more = _COMMA.join(map(str, ids[n:]))
+                text = f"{text},{more}" if text else more
+                self._cache.put(request.request_id, (array("I", ids), text))
+                return text
+        text = _COMMA.join(map(str, ids))
+        self._cache.put(request.request_id, (array("I", ids), text))
+        return text
+
+    def body(self, request: PoolRequest) -> bytes:
+        """request_body(request) as JSON bytes, the prompt's ids from the cache."""
+        rest = json.dumps({"model": request.model, **_body_rest(request)}, separators=(",", ":"))
+        return f'{{"prompt":[{self.ids(request)}],{rest[1:]}'.encode()
 
 
 class LinkError(Exception):
@@ -210,6 +257,8 @@ class OpenAIClient:
         self.config = config or OpenAILinkConfig()
         """Timeouts and the connection limit (`globalrouter serve --openai-*`)."""
         self._session: aiohttp.ClientSession | None = None
+        self.prompts = PromptJson()
+        """Each request's prompt encoded once for all its admission tries and migrations."""
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -227,8 +276,12 @@ class OpenAIClient:
         try:
             resp = await self.session().post(
                 completions_url(url),
-                json=request_body(request),
-                headers={"X-Request-Id": request.request_id, "Accept": "text/event-stream"},
+                data=self.prompts.body(request),
+                headers={
+                    "X-Request-Id": request.request_id,
+                    "Accept": "text/event-stream",
+                    "Content-Type": "application/json",
+                },
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise LinkError(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Collection, Sequence
+from operator import attrgetter
+from typing import NamedTuple
 
 from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
@@ -33,6 +35,22 @@ def affinity_key(tokens: Sequence[int]) -> int:
     head = list(tokens[:DEFAULT_BLOCK_SIZE])
     hashes = block_hashes(head, len(head)) if head else []
     return hashes[0] if hashes else 0
+
+
+class PrefixQuality(NamedTuple):
+    """One admission's cached prefix as the KV index saw it: what the admitting pool had against
+    the best any eligible pool of the same decision had ("achieved" vs "available"). A NamedTuple:
+    built once per admission, a frozen dataclass costs four times as much."""
+
+    achieved: float
+    """Cached share of the prompt's blocks at the admitting pool (0..1)."""
+    available: float
+    """Best cached share of the prompt's blocks over the decision's candidates (0..1)."""
+    forgone_tokens: int
+    """Prompt tokens the admitting pool prefills beyond what the best-cached candidate would."""
+
+
+_uncached = attrgetter("uncached_tokens")
 
 
 class RoutingCore:
@@ -101,5 +119,42 @@ class RoutingCore:
         self.metrics.decision_latency.observe(time.perf_counter() - started)
         return decision
 
+    def record_admission(self, decision: Decision, pool_id: str) -> PrefixQuality | None:
+        """Records how much of the cache the request got where it was admitted (`pool_id`, one of
+        `decision`'s candidates) against the best any candidate had; None when no candidate has a
+        full prompt block (nothing to cache) or `pool_id` is not a candidate.
 
-__all__ = ["FilterReason", "RoutingCore", "describe_filtered"]
+        Called per admission rather than in `decide`: a refusal moves the request down the ranking,
+        and what counts is the pool that took it (a Route dry run is never admitted, so it records
+        nothing). "Available" is the share at the candidate left with the fewest prompt tokens to
+        prefill (the most cached tokens, so pools of different block sizes compare)."""
+        candidates = decision.candidates
+        chosen = next((c for c in candidates if c.pool_id == pool_id), None)  # rank 1 but after refusals
+        if chosen is None:
+            return None
+        # The best cache is where the fewest prompt tokens are left to prefill (the most cached
+        # tokens, whatever the pools' block sizes): one pass in C over what the decision ranked.
+        best = min(candidates, key=_uncached)
+        available = best.cached_blocks / best.prompt_blocks if best.prompt_blocks else 0.0
+        if not chosen.prompt_blocks and not available:
+            return None  # no full block anywhere: nothing could be cached (nor forgone)
+        achieved = chosen.cached_blocks / chosen.prompt_blocks if chosen.prompt_blocks else 0.0
+        forgone = chosen.uncached_tokens - best.uncached_tokens
+        self.metrics.cached_prefix_quality.observe(achieved, available, forgone)
+        return PrefixQuality(achieved, available, forgone)
+
+    def kv_ages(self) -> list[tuple[str, float]]:
+        """(pool id, seconds since its last KV message) for each listed pool that has a KV view.
+
+        Read from the metrics endpoint's thread at scrape time: list() copies the table's values in
+        one step, and each pool's kv_at is read once."""
+        now = self.clock.monotonic()
+        out: list[tuple[str, float]] = []
+        for pool in list(self.table.pools.values()):
+            at = pool.kv_at
+            if pool.listed and at is not None:
+                out.append((pool.pool_id, max(0.0, now - at)))
+        return out
+
+
+__all__ = ["FilterReason", "PrefixQuality", "RoutingCore", "describe_filtered"]

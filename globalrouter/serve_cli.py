@@ -27,6 +27,7 @@ from meshkit.cli import (
 )
 from meshkit.discovery_endpoints import endpoints_arg
 from meshkit.logs import configure_logging, get_logger
+from meshkit.supervision import BackgroundTaskFailed
 
 log = get_logger(module="globalrouter.serve_cli")
 
@@ -146,6 +147,19 @@ def add_parser(subparsers) -> None:
         "(repeatable); other models use one token per UTF-8 byte",
     )
     p.add_argument(
+        "--tokenizer-threads",
+        type=int_at_least(1),
+        default=2,
+        help="threads that encode text prompts off the event loop (default %(default)s)",
+    )
+    p.add_argument(
+        "--tokenizer-queue",
+        type=int_at_least(0),
+        default=64,
+        help="prompts that may wait for an encoding thread; one more is refused with "
+        "RESOURCE_EXHAUSTED / HTTP 429 (default %(default)s)",
+    )
+    p.add_argument(
         "--http-max-body-bytes",
         type=int_at_least(1024),
         default=_D.http.max_body_bytes,
@@ -183,6 +197,14 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--grace", type=non_negative_number, default=_D.grace, help="seconds in-flight calls get on SIGTERM"
+    )
+    p.add_argument(
+        "--ready-timeout",
+        type=non_negative_number,
+        default=_D.ready_timeout,
+        help="seconds after the start at most that health (gRPC, /readyz) waits for the KV state of "
+        "every pool the directory lists before saying ready anyway; the synced directory is "
+        "waited for in any case (default %(default)s)",
     )
     p.add_argument(
         "--max-streams-per-client",
@@ -366,6 +388,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         metrics_listen=args.metrics_listen or "",
         wait_slo=WaitSlo(args.wait_slo, quantile=args.wait_slo_quantile) if args.wait_slo else None,
         grace=args.grace,
+        ready_timeout=args.ready_timeout,
         max_streams_per_client=args.max_streams_per_client,
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
@@ -376,6 +399,8 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         snapshot_step_blocks=args.snapshot_step_blocks,
         security=args.security,
         tokenizers=tuple(args.tokenizer),
+        tokenizer_threads=args.tokenizer_threads,
+        tokenizer_queue=args.tokenizer_queue,
         http=HttpConfig(
             listen=args.http_listen or "",
             max_body_bytes=args.http_max_body_bytes,
@@ -402,6 +427,9 @@ def _run(args: argparse.Namespace) -> int:
     config = router_config(args)
     try:
         asyncio.run(serve(config))
+    except BackgroundTaskFailed as exc:
+        log.error("stopped: a background task failed", error=str(exc), exit_code=exc.exit_code)
+        return exc.exit_code
     except RuntimeError as exc:
         log.error("cannot start", error=str(exc))
         return 1

@@ -20,6 +20,7 @@ from meshkit.clock import Clock
 from meshkit.errors import Reason, abort_with_reason
 from meshkit.limits import LimitExceeded, Slots, check_size
 from meshkit.logs import get_logger
+from meshkit.supervision import Supervisor
 from meshkit.timeconv import wall_seconds
 from meshkit.validation import Violations, check_identifier
 from poolrelay.v1 import pool_events_pb2, telemetry_pb2, telemetry_pb2_grpc
@@ -651,6 +652,8 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         self._authorizer = authorizer
         self.streams = Slots("telemetry streams", per_key=max_streams, total=max_streams)
         self._worker: asyncio.Task | None = None
+        self.supervisor: Supervisor | None = None
+        """Runs the index worker when set (meshkit.supervision)."""
         if authorizer is not None:
             authorizer.on_refusal(_METHOD, lambda refusal: self._refused(str(refusal.reason), str(refusal)))
 
@@ -675,7 +678,12 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
     def _kick(self) -> None:
         """Starts the index worker if work is queued and it is not running."""
         if self._ingest.has_work() and (self._worker is None or self._worker.done()):
-            self._worker = asyncio.get_running_loop().create_task(self._work(), name="telemetry-index-work")
+            if self.supervisor is not None:  # the frontend's: a worker that dies fails the frontend
+                self._worker = self.supervisor.spawn("telemetry-index-work", self._work, one_shot=True)
+            else:
+                self._worker = asyncio.get_running_loop().create_task(
+                    self._work(), name="telemetry-index-work"
+                )
 
     async def _work(self) -> None:
         """Queued index work, a step of about STEP_SECONDS at a time, yielding to the loop in between."""

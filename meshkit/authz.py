@@ -128,6 +128,8 @@ TABLE: Mapping[str, Rule] = {
     HTTP + "/status.json": _rule(A, C, note="the status page's data"),
     HTTP + "/metrics": _rule(A, note="operators (Prometheus scrapes with an admin certificate)"),
     HTTP + "/health": _rule(*_ALL, anonymous=True, note="liveness probes: no credentials needed"),
+    HTTP + "/livez": _rule(*_ALL, anonymous=True, note="liveness probes: no credentials needed"),
+    HTTP + "/readyz": _rule(*_ALL, anonymous=True, note="readiness probes: no credentials needed"),
     # Standard services: any authenticated peer may ask whether a server is healthy, or what it serves.
     "/grpc.health.v1.Health/": _rule(*_ALL, note="any authenticated peer"),
     "/grpc.reflection.v1alpha.ServerReflection/": _rule(*_ALL, note="any authenticated peer"),

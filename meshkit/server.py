@@ -134,8 +134,12 @@ async def serve_until_signalled(
     on_stop: Iterable[Callable[[], Awaitable[None]]] = (),
     after_stop: Iterable[Callable[[], Awaitable[None]]] = (),
     stop_event: asyncio.Event | None = None,
+    ready: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Starts `handle`, serves until SIGTERM/SIGINT (or `stop_event`), then stops gracefully.
+
+    Health turns SERVING once the server runs, or, with `ready`, once `ready()` returns (a service
+    that cannot do its job yet answers NOT_SERVING, so load balancers wait).
 
     Order on stop: health NOT_SERVING (load balancers and peers stop sending), the service's
     `on_stop` hooks (unregister, close watchers), then `server.stop(grace)` so in-flight calls
@@ -148,16 +152,31 @@ async def serve_until_signalled(
         loop.add_signal_handler(sig, stop.set)
     # SIGHUP (whose default action ends the process) is handled by every server, with TLS or not.
     loop.add_signal_handler(signal.SIGHUP, handle.reload)
+    readying: asyncio.Task[None] | None = None
+    if ready is not None:
+        # grpc's health servicer says SERVING for "" until told otherwise: not before it is ready.
+        await handle.set_serving(False)
     await handle.server.start()
-    await handle.set_serving(True)
+    if ready is None:
+        await handle.set_serving(True)
+    else:
+        readying = asyncio.create_task(_serve_when_ready(handle, ready), name="health-ready")
     await stop.wait()
     log.info("stopping", grace_s=grace)
+    if readying is not None:
+        readying.cancel()  # first: health must not turn SERVING once stopping
+        await asyncio.gather(readying, return_exceptions=True)
     await handle.set_serving(False)
     await _run_hooks(on_stop)
     await handle.server.stop(grace)
     await _run_hooks(after_stop)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.remove_signal_handler(sig)
+
+
+async def _serve_when_ready(handle: ServerHandle, ready: Callable[[], Awaitable[None]]) -> None:
+    await ready()
+    await handle.set_serving(True)
 
 
 async def _run_hooks(hooks: Iterable[Callable[[], Awaitable[None]]]) -> None:

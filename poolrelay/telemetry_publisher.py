@@ -21,6 +21,7 @@ from meshkit.channels import aio_channel, client_security, peer_identity_of, url
 from meshkit.clock import Clock
 from meshkit.identity import IdentityError, Role
 from meshkit.logs import get_logger
+from meshkit.supervision import Supervisor
 from meshkit.timeconv import duration, timestamp
 from meshkit.tls import is_loopback
 from poolrelay.pool_blocks import PoolBlocks
@@ -133,7 +134,11 @@ class Publisher:
         return len(self._deltas) + len(self._latest)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"telemetry {self.url}")
+        supervisor = self.hub.supervisor  # the relay's: a publisher that dies fails the relay
+        if supervisor is not None:
+            self._task = supervisor.spawn(f"telemetry {self.url}", self._run)
+        else:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"telemetry {self.url}")
 
     def enqueue_delta(self, sequence: int, msg: Req) -> None:
         """Queues a delta; on overflow drops every queued delta and asks for a fresh snapshot."""
@@ -290,6 +295,8 @@ class TelemetryHub:
         self._flush_handle: asyncio.TimerHandle | None = None
         self._reports: dict[str, Req] = {}
         self.deltas_published = 0
+        self.supervisor: Supervisor | None = None
+        """Runs the publishers' tasks when set (meshkit.supervision)."""
 
     # --- what every stream says -------------------------------------------------------------
 

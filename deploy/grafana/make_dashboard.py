@@ -86,6 +86,32 @@ PANELS: list[tuple[str, str, str, str, list[tuple[str, str]]]] = [
     ),
     (
         "Routing",
+        "Cached prefix: available vs achieved",
+        "percentunit",
+        "Per admission, as the frontend's KV index saw it: the mean cached share of the prompt at the pool"
+        " that admitted the request (achieved) and at the best-cached eligible pool (available). The gap is"
+        " cache given up to the load, the hotspot term or a refusal.",
+        [
+            (
+                "sum(rate(globalrouter_cached_prefix_achieved_ratio_sum[$__rate_interval])) / sum(rate(globalrouter_cached_prefix_achieved_ratio_count[$__rate_interval]))",
+                "achieved",
+            ),
+            (
+                "sum(rate(globalrouter_cached_prefix_available_ratio_sum[$__rate_interval])) / sum(rate(globalrouter_cached_prefix_available_ratio_count[$__rate_interval]))",
+                "available",
+            ),
+        ],
+    ),
+    (
+        "Routing",
+        "Cached tokens forgone",
+        "short",
+        "Prompt tokens per second the admitting pools prefilled beyond what the best-cached eligible pool"
+        " would have (cache given up to balance load, or after a refusal).",
+        [("sum(rate(globalrouter_cached_prefix_forgone_tokens_total[$__rate_interval]))", "tokens/s")],
+    ),
+    (
+        "Routing",
         "Requests per pool",
         "reqps",
         "Admission attempts sent to each pool.",
@@ -110,6 +136,14 @@ PANELS: list[tuple[str, str, str, str, list[tuple[str, str]]]] = [
         "short",
         "Pools in each frontend's directory by state (the highest count over frontends).",
         [("max by (state) (globalrouter_pools)", "{{state}}")],
+    ),
+    (
+        "Pools",
+        "KV view age",
+        "s",
+        "Seconds since each pool's last KV message (snapshot chunk, delta or heartbeat), the oldest view over"
+        " frontends; past --kv-max-age (30 s by default) the router treats the pool as caching nothing.",
+        [("max by (pool) (globalrouter_pool_kv_age_seconds)", "{{pool}}")],
     ),
     (
         "Pools",

@@ -217,6 +217,9 @@ def test_the_dashboard_has_the_panels_an_operator_looks_at_first() -> None:
         "globalrouter_time_to_first_token_seconds_bucket",  # TTFT
         "globalrouter_migrations_total",
         "globalrouter_cached_blocks_total",  # cached-prefix ratio
+        "globalrouter_cached_prefix_achieved_ratio_sum",  # available vs achieved
+        "globalrouter_cached_prefix_available_ratio_sum",
+        "globalrouter_pool_kv_age_seconds",  # KV view age per pool
         "globalrouter_pools",  # pools by state
         "globalrouter_telemetry_lag_seconds_bucket",
     ):

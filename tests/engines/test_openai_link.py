@@ -8,7 +8,14 @@ import grpc
 import pytest
 from aiohttp import web
 
-from globalrouter.openai_link import LinkError, OpenAIClient, SseParser, completions_url, request_body
+from globalrouter.openai_link import (
+    LinkError,
+    OpenAIClient,
+    PromptJson,
+    SseParser,
+    completions_url,
+    request_body,
+)
 from globalrouter.serving import StreamBroken
 from globalrouter.v1 import pool_frontend_pb2 as pf
 from meshkit.errors import Reason
@@ -165,3 +172,36 @@ def test_sampling_parameters_pass_through_to_the_engine():
     body = request_body(request)
     assert (body["temperature"], body["seed"], body["stop_token_ids"]) == (0.5, 7, [2, 3])
     assert "top_p" not in body and "presence_penalty" not in body
+
+
+def test_a_requests_prompt_is_encoded_once_for_its_tries_and_migrations(monkeypatch):
+    prompts = PromptJson()
+    encoded: list[int] = []
+    real_join = str.join
+
+    class Counting(str):
+        def join(self, parts):  # counts the ids each encoding turns into text
+            parts = list(parts)
+            encoded.append(len(parts))
+            return real_join(self, parts)
+
+    monkeypatch.setattr("globalrouter.openai_link._COMMA", Counting(","))
+    request = pf.PoolFrontendServiceGenerateRequest(
+        request_id="r1", model="m", token_ids=range(1000), max_tokens=3
+    )
+    for _ in range(3):  # three pools asked
+        assert json.loads(prompts.body(request)) == request_body(request)
+    migrated = pf.PoolFrontendServiceGenerateRequest()
+    migrated.CopyFrom(request)
+    migrated.token_ids.extend([7, 8])  # continued elsewhere after two tokens
+    assert json.loads(prompts.body(migrated)) == request_body(migrated)
+    assert encoded == [1000, 2], "the prompt once, then only the tokens generated since"
+    # Another request under the same id (ids come from clients) is encoded afresh, never mixed up.
+    other = pf.PoolFrontendServiceGenerateRequest(
+        request_id="r1", model="m", token_ids=[9, 9, 9, 9], max_tokens=1
+    )
+    assert json.loads(prompts.body(other)) == request_body(other)
+    shorter = pf.PoolFrontendServiceGenerateRequest(
+        request_id="r1", model="m", token_ids=[9, 8], max_tokens=1
+    )
+    assert json.loads(prompts.body(shorter)) == request_body(shorter)

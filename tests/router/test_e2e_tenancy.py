@@ -33,7 +33,7 @@ MAX_TOKENS = 100
 
 
 def _generate(address: str, model: str = MODEL, *, max_tokens: int = MAX_TOKENS, tokens=None):
-    """(initial metadata, generated token count) of one gRPC Generate; raises grpc.RpcError."""
+    """(trailing metadata, generated token count) of one gRPC Generate; raises grpc.RpcError."""
     prompt = tokens or [(7 * i + 3) % 5000 for i in range(PROMPT)]
     with grpc.insecure_channel(address) as channel:
         call = router_pb2_grpc.RouterServiceStub(channel).Generate(
@@ -44,9 +44,8 @@ def _generate(address: str, model: str = MODEL, *, max_tokens: int = MAX_TOKENS,
             ),
             timeout=30,
         )
-        metadata = dict(call.initial_metadata())
         count = sum(len(r.tokens.token_ids) for r in call if r.WhichOneof("payload") == "tokens")
-        return metadata, count
+        return dict(call.trailing_metadata()), count
 
 
 def _reset_seconds(text: str) -> float:
@@ -98,9 +97,10 @@ def test_two_frontends_sharing_a_budget_through_etcd_serve_at_most_the_limit_per
                     else:  # the frontend being restarted: try again shortly
                         time.sleep(0.05)
                     continue
-                # The admission's window: its end is the receive time plus the reset the frontend
-                # stated (ms precision under a second, else rounded up to the second), so the
-                # window whose end lies just at or below that sum.
+                # The admission's window: its end is at most the reset the frontend stated at
+                # admission (ms precision under a second, else rounded up to the second) after
+                # now, and at least now (the requests take well under a second): the window
+                # whose end lies at or below that sum.
                 at = time.time() + _reset_seconds(metadata["x-ratelimit-reset-tokens"])
                 window = math.floor(at / WINDOW + 1e-9) - 1
                 with lock:

@@ -18,7 +18,8 @@ def pools_metric(router) -> dict[str, float]:
     return {s.labels["state"]: s.value for s in family.samples}
 
 
-def test_pools_are_counted_by_state_and_unlisted_ones_are_not() -> None:
+async def test_pools_are_counted_by_state_and_unlisted_ones_are_not() -> None:
+    # async: create_server needs an event loop, and a sync test has none once an async test ran
     router = create_server(RouterConfig(), clock=FakeClock())
     table = router.core.table
     assert pools_metric(router) == {"ready": 0, "not-ready": 0, "draining": 0, "stale": 0}
