@@ -221,3 +221,61 @@ def _catch(call) -> grpc.RpcError:
     except grpc.RpcError as exc:
         return exc
     raise AssertionError("the call succeeded")
+
+
+def _post(port: int, body: dict) -> tuple[int, dict[str, str], dict]:
+    """(status, headers, JSON body) of a POST /v1/completions to the HTTP front."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, {k.lower(): v for k, v in reply.headers.items()}, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, json.loads(exc.read())
+
+
+def test_the_http_front_applies_the_same_policy_403_and_429_in_openai_shape(tmp_path):
+    from meshlaunch import free_port
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        f'[identity.unchecked]\nrequests_per_minute = 3\ntokens_per_minute = 100000\nmodels = ["{MODEL}"]\n'
+    )
+    with process_group(tmp_path) as group:
+        m = Mesh(group)
+        m.start_discovery()
+        m.start_pool("pool-a", "eu", "--speedup", "50")
+        port = free_port()
+        router = m.start_router("--policy", str(policy), "--http-listen", f"127.0.0.1:{port}")
+        m.wait_routable(router, m.pools)
+        status, headers, body = _post(port, {"model": "another-model", "prompt": "hi", "max_tokens": 2})
+        assert status == 403 and body["error"]["code"] == "MODEL_NOT_ALLOWED", body
+        for left in (2, 1, 0):
+            status, headers, body = _post(port, {"model": MODEL, "prompt": "hello", "max_tokens": 3})
+            assert status == 200, body
+            assert headers["x-ratelimit-limit-requests"] == "3"
+            assert headers["x-ratelimit-remaining-requests"] == str(left)
+            assert headers["x-ratelimit-limit-tokens"] == "100000"
+            assert "x-ratelimit-reset-tokens" in headers and "x-ratelimit-reset-requests" in headers
+        status, headers, body = _post(port, {"model": MODEL, "prompt": "hello", "max_tokens": 3})
+        assert status == 429, body
+        assert body["error"]["type"] == "requests" and body["error"]["code"] == "BUDGET_EXCEEDED"
+        assert (
+            "Rate limit reached for unchecked on requests per min (RPM): Limit 3" in body["error"]["message"]
+        )
+        assert 1 <= int(headers["retry-after"]) <= 60
+        assert headers["x-ratelimit-remaining-requests"] == "0"
+        assert (
+            router.metric(
+                "globalrouter_tenant_budget_refusals_total", tenant="unchecked", limit="requests_per_minute"
+            )
+            == 1
+        )
+        assert router.metric("globalrouter_tenant_tokens_total", tenant="unchecked") > 0
