@@ -364,3 +364,31 @@ async def test_allowances_of_past_windows_are_dropped_past_the_bound(monkeypatch
     await clock.advance(10.0)
     await budgets.admit("client/late", TPM, 10)
     assert budgets.ledger.size <= 2
+
+
+async def test_the_request_path_refunds_a_request_no_pool_takes():
+    from globalrouter.kv_index import KvIndex
+    from globalrouter.migration import GenerateError
+    from globalrouter.pool_directory import PoolTable
+    from globalrouter.request_path import RequestPath
+    from globalrouter.routing import RoutingCore
+    from globalrouter.selection import Selector
+    from globalrouter.stall import StallPolicy
+    from globalrouter.tenancy import TenantRefusal
+    from meshkit.identity import Identity, Role
+
+    clock = clock_at_window_start()
+    gate = _gate(GATE_POLICY, clock)
+    core = RoutingCore(PoolTable(), KvIndex(), Selector(), clock, gate.metrics)
+    path = RequestPath(core, None, migration_limit=1, admission_tries=1, stall=StallPolicy(), gate=gate)  # type: ignore[arg-type]
+    alice = Identity(Role.CLIENT, "alice")
+    for _ in range(5):  # 5 x 300 reserved would pass the 1,000 limit if nothing came back
+        with pytest.raises(GenerateError) as caught:
+            await path.start(
+                request_id="r", model="llama", prompt=list(range(100)), max_tokens=200, identity=alice
+            )
+        assert caught.value.reason == "NO_POOL_FOR_MODEL"
+    held = gate.budgets.ledger.allowance("client/alice", Kind.TOKENS_PER_MINUTE, clock.wall())
+    assert held.available == held.counter == 300  # one reservation, given back each time
+    with pytest.raises(TenantRefusal):  # the gate comes first: no decision for a refused model
+        await path.start(request_id="r", model="mistral", prompt=[1], max_tokens=1, identity=alice)
