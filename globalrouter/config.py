@@ -97,6 +97,9 @@ class RouterConfig:
     """The OpenAI-compatible HTTP front (off unless http.listen is set)."""
     openai_link: OpenAILinkConfig = field(default_factory=OpenAILinkConfig)
     """Links to pools that speak OpenAI HTTP (timeouts, connection limit)."""
+    aliases: str = ""
+    """A TOML file of model aliases and traffic splits (globalrouter.aliases), re-read on SIGHUP;
+    empty: no aliases."""
     policy: str = ""
     """A tenant policy file (TOML, `globalrouter.policy`): per identity, priority class, weight,
     budgets, allowed regions and models; re-read on SIGHUP. Empty: everyone may do everything."""

@@ -103,11 +103,14 @@ class GenerateRun:
         admission_tries: int,
         sampling: sampling_pb2.SamplingParams | None = None,
         stall: StallPolicy | None = None,
+        adapter: str = "",
     ) -> None:
         self._core = core
         self._links = links
         self._request_id = request_id
         self._model = model
+        self._adapter = adapter
+        """The LoRA adapter of the model ("" for none): its pools only, its own cached blocks."""
         self._prompt = prompt  # not copied: a request's repeated field copies natively into the pool's
         self._max_tokens = max_tokens
         self._migration_limit = migration_limit
@@ -233,6 +236,7 @@ class GenerateRun:
                 [*self._prompt, *rec.tokens],
                 self._max_tokens - sent,
                 exclude=failed_pools,
+                adapter=self._adapter,
             )
             if not decision.candidates:
                 why = describe_filtered(decision) or "no other pool serves the model"
@@ -274,7 +278,11 @@ class GenerateRun:
         self._log.info("refused", pool_id=pool_id, reason=str(reason), detail=detail)
         sent = len(rec.tokens)
         decision = self._core.decide(
-            self._model, [*self._prompt, *rec.tokens], self._max_tokens - sent, exclude=failed_pools
+            self._model,
+            [*self._prompt, *rec.tokens],
+            self._max_tokens - sent,
+            exclude=failed_pools,
+            adapter=self._adapter,
         )
         if self._stalled_starts >= self._admission_tries or not decision.candidates:
             why = describe_filtered(decision) or "no other pool serves the model"
@@ -346,6 +354,7 @@ class GenerateRun:
         request = PoolRequest(
             request_id=self._request_id,
             model=self._model,
+            adapter=self._adapter,
             token_ids=prompt,
             max_tokens=remaining,
             sampling=self._sampling,

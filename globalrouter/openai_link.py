@@ -53,7 +53,13 @@ def completions_url(frontend: str) -> str:
 def request_body(request: PoolRequest) -> dict:
     """The JSON body of one completion request: greedy unless the request's sampling parameters
     say otherwise (they pass through as the engine's own fields; stop token ids as vLLM's)."""
-    return {"model": request.model, "prompt": list(request.token_ids), **_body_rest(request)}
+    return {"model": served_name(request), "prompt": list(request.token_ids), **_body_rest(request)}
+
+
+def served_name(request: PoolRequest) -> str:
+    """The model name the pool knows: vLLM serves a LoRA adapter under its own name (its
+    /v1/models entry), else the model's."""
+    return request.adapter or request.model
 
 
 def _body_rest(request: PoolRequest) -> dict:
@@ -110,7 +116,7 @@ class PromptJson:
 
     def body(self, request: PoolRequest) -> bytes:
         """request_body(request) as JSON bytes, the prompt's ids from the cache."""
-        rest = json.dumps({"model": request.model, **_body_rest(request)}, separators=(",", ":"))
+        rest = json.dumps({"model": served_name(request), **_body_rest(request)}, separators=(",", ":"))
         return f'{{"prompt":[{self.ids(request)}],{rest[1:]}'.encode()
 
 

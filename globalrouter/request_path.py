@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator, Sequence
 
 import grpc
 
+from globalrouter.aliases import Resolved, Target
 from globalrouter.config import RouterConfig
 from globalrouter.migration import GenerateError, GenerateRun, Output, RunRecord
 from globalrouter.routing import RoutingCore, describe_filtered
@@ -60,6 +61,13 @@ class RequestPath:
             gate=gate,
         )
 
+    def resolve(self, name: str, request_id: str) -> Resolved:
+        """The model (and LoRA adapter) a request's model name stands for: an alias (its split
+        picked by the request id), a model, model:adapter or an adapter's name (globalrouter.aliases).
+        Called before the prompt is tokenized (an alias's model has its own tokenizer); raises
+        ResolveError for an adapter name served on several models."""
+        return self.core.resolve(name, request_id)
+
     async def start(
         self,
         *,
@@ -68,19 +76,22 @@ class RequestPath:
         prompt: Sequence[int],
         max_tokens: int,
         sampling: sampling_pb2.SamplingParams | None = None,
+        adapter: str = "",
         identity: Identity = UNCHECKED,
     ) -> PathRun:
-        """Lets `identity` in (tenancy.TenantRefusal: PERMISSION_DENIED MODEL_NOT_ALLOWED,
+        """Lets `identity` use `model` (the resolved model: the policy names models, not aliases)
+        under its budget (tenancy.TenantRefusal: PERMISSION_DENIED MODEL_NOT_ALLOWED,
         RESOURCE_EXHAUSTED BUDGET_EXCEEDED, counted in the tenant metrics), then decides where the
-        request goes within its allowed regions; raises GenerateError (NOT_FOUND
-        NO_POOL_FOR_MODEL, UNAVAILABLE NO_ELIGIBLE_POOL), counted, when no pool can take it.
-        Nothing is sent to a pool until the returned run's outputs() is iterated."""
+        request goes (with its `adapter`, "" for none) within the identity's allowed regions;
+        raises GenerateError (NOT_FOUND NO_POOL_FOR_MODEL, UNAVAILABLE NO_ELIGIBLE_POOL), counted,
+        when no pool can take it. Nothing is sent to a pool until the returned run's outputs() is
+        iterated."""
         admission = None
         if self.gate is not None:
             # Prompt + max_tokens reserved now; the run's end gives back what was not generated.
             admission = await self.gate.admit(identity, model, len(prompt), max_tokens)
         try:
-            return self._start(request_id, model, prompt, max_tokens, sampling, admission)
+            return self._start(request_id, model, prompt, max_tokens, sampling, adapter, admission)
         except BaseException:
             if admission is not None:
                 admission.finish(0)  # nothing was sent to a pool
@@ -93,13 +104,13 @@ class RequestPath:
         prompt: Sequence[int],
         max_tokens: int,
         sampling: sampling_pb2.SamplingParams | None,
+        adapter: str,
         admission: Admission | None,
     ) -> PathRun:
         core = self.core
-        decision = core.decide(
-            model, prompt, max_tokens, regions=admission.regions if admission is not None else None
-        )
-        error = _no_candidate_error(model, decision)
+        regions = admission.regions if admission is not None else None
+        decision = core.decide(model, prompt, max_tokens, adapter=adapter, regions=regions)
+        error = _no_candidate_error(str(Target(model, adapter)), decision)
         if error is not None:
             metrics = core.metrics
             label = model if decision.model_served else NOT_SERVED_LABEL
@@ -118,6 +129,7 @@ class RequestPath:
             admission_tries=self.admission_tries,
             sampling=sampling,
             stall=self.stall,
+            adapter=adapter,
         )
         return PathRun(core, run, decision, model, admission, len(prompt))
 

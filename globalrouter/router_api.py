@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from globalrouter.aliases import Resolved, ResolveError, Target
 from globalrouter.config import RouterConfig
 from globalrouter.encoding import Encoder, EncoderBusy
 from globalrouter.migration import GenerateError, RunRecord
@@ -112,9 +113,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     async def _model_prompt(
         self, v: Violations, model: str, prompt: router_pb2.Prompt, context: grpc.aio.ServicerContext
     ) -> Sequence[int]:
-        """Checks a request's model name and prompt (text through that model's tokenizer, in the
+        """Checks a request's prompt (text through its resolved model's tokenizer, in the
         encoder's threads); its tokens. A full encoder ends the call with RESOURCE_EXHAUSTED."""
-        check_identifier(v, "model", model)
         encoded = None
         if prompt.WhichOneof("content") == "text" and prompt.text:
             tokenizer = self._tokenizers.for_model(model)
@@ -129,10 +129,25 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             v.add(f"prompt.token_ids.ids[{unknown[0]}]", unknown[1])  # known with --tokenizer only
         return tokens
 
+    def _resolve(self, v: Violations, name: str, request_id: str) -> Resolved:
+        """Checks a request's model name; the model (and adapter) it stands for (globalrouter.aliases)."""
+        check_identifier(v, "model", name)
+        try:
+            return self.path.resolve(name, request_id)
+        except ResolveError as exc:
+            v.add("model", str(exc))
+            return Resolved(name)
+
     # ---- Generate ---------------------------------------------------------------------------
     async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         v = Violations()
-        tokens = await self._model_prompt(v, request.model, request.prompt, context)
+        # The id a caller gives (field, else the x-request-id header, as on the HTTP front) names
+        # the request in every log line and at every pool, picks an alias's split, and is sent
+        # back as x-request-id.
+        header = dict(context.invocation_metadata() or ()).get("x-request-id")
+        request_id = request.request_id or request_id_from(header if isinstance(header, str) else None)
+        target = self._resolve(v, request.model, request_id)
+        tokens = await self._model_prompt(v, target.model, request.prompt, context)
         cap = self.config.max_output_tokens
         if request.max_tokens == 0 or request.max_tokens > cap:
             v.add("max_tokens", f"must be 1 to {cap} (got {request.max_tokens})")
@@ -146,16 +161,19 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         except LimitExceeded as exc:
             await context.abort_with_status(exc.status())
         try:
-            async for response in self._generate(request, tokens, context):
+            async for response in self._generate(request, request_id, target, tokens, context):
                 yield response
         finally:
             self._streams.release(caller)
 
-    async def _generate(self, request: router_pb2.GenerateRequest, tokens: Sequence[int], context):
-        # The id a caller gives (field, else the x-request-id header, as on the HTTP front) names
-        # the request in every log line and at every pool; it is sent back as x-request-id.
-        header = dict(context.invocation_metadata() or ()).get("x-request-id")
-        request_id = request.request_id or request_id_from(header if isinstance(header, str) else None)
+    async def _generate(
+        self,
+        request: router_pb2.GenerateRequest,
+        request_id: str,
+        target: Resolved,
+        tokens: Sequence[int],
+        context,
+    ):
         # A header sent on its own is one more write per request; a client that asked for combined
         # messages gets the id in the summary and in the trailing metadata instead.
         combine = request.combine_messages
@@ -166,10 +184,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         try:
             run = await self.path.start(
                 request_id=request_id,
-                model=request.model,
+                model=target.model,
                 prompt=tokens,
                 max_tokens=request.max_tokens,
                 sampling=request.sampling if request.HasField("sampling") else None,
+                adapter=target.adapter,
                 identity=current_identity(),
             )
         except GenerateError as exc:
@@ -208,7 +227,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     # ---- Route ------------------------------------------------------------------------------
     async def Route(self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext):
         v = Violations()
-        tokens = await self._model_prompt(v, request.model, request.prompt, context)
+        target = self._resolve(v, request.model, "")
+        tokens = await self._model_prompt(v, target.model, request.prompt, context)
         if request.max_tokens > self.config.max_output_tokens:
             v.add("max_tokens", f"must be at most {self.config.max_output_tokens} (got {request.max_tokens})")
         await v.abort_if_any(context)
@@ -217,19 +237,20 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             # A dry run shows what Generate would do for this caller: its model access and its
             # residency filter apply; its budget is not spent.
             policy = self.path.gate.for_identity(current_identity())
-            if not policy.allows_model(request.model):
+            if not policy.allows_model(target.model):  # the resolved model, as Generate checks
                 await abort_with_reason(
                     context,
                     grpc.StatusCode.PERMISSION_DENIED,
                     Reason.MODEL_NOT_ALLOWED,
-                    f"{current_identity()} may not use model {request.model!r}",
+                    f"{current_identity()} may not use model {target.model!r}",
                 )
             regions = policy.regions
         decision = self._core.decide(
-            request.model,
+            target.model,
             tokens,
             request.max_tokens or DEFAULT_ROUTE_MAX_TOKENS,
             dry_run=True,
+            adapter=target.adapter,
             regions=regions,
         )
         if not decision.model_served:
@@ -237,7 +258,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 context,
                 grpc.StatusCode.NOT_FOUND,
                 Reason.NO_POOL_FOR_MODEL,
-                f"no listed pool serves model {request.model!r}",
+                f"no listed pool serves model {str(Target(target.model, target.adapter))!r}",
             )
         return router_pb2.RouteResponse(
             candidates=[

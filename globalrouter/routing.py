@@ -8,13 +8,14 @@ from collections.abc import Collection, Sequence
 from operator import attrgetter
 from typing import NamedTuple
 
+from globalrouter.aliases import ModelResolver, Resolved
 from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import PoolState
 from globalrouter.recent_events import RecentEvents
 from globalrouter.selection import Decision, FilterReason, Selector, pool_overlaps
-from meshkit.blocks import DEFAULT_BLOCK_SIZE, block_hashes
+from meshkit.blocks import DEFAULT_BLOCK_SIZE, adapter_seed, block_hashes
 from meshkit.clock import Clock
 
 
@@ -26,15 +27,15 @@ def describe_filtered(decision: Decision) -> str:
     )
 
 
-def affinity_key(tokens: Sequence[int]) -> int:
+def affinity_key(tokens: Sequence[int], seed: int = 0) -> int:
     """The prompt's tie-break key: the hash of its first block (or of all of it when shorter).
 
     Equal costs (idle pools, a prefix nobody caches) then spread new prefixes over the pools by
     rendezvous hashing, and every frontend breaks the tie the same way, so a prefix's first
     requests land together instead of all on the first pool in the table."""
     head = list(tokens[:DEFAULT_BLOCK_SIZE])
-    hashes = block_hashes(head, len(head)) if head else []
-    return hashes[0] if hashes else 0
+    hashes = block_hashes(head, len(head), seed) if head else []
+    return hashes[0] if hashes else seed
 
 
 class PrefixQuality(NamedTuple):
@@ -66,9 +67,19 @@ class RoutingCore:
         self.metrics = metrics
         self.events = RecentEvents()
         """Recent decisions, migrations and refusals (bounded), for the status page."""
+        self.resolver = ModelResolver()
+        """Aliases and adapter names (globalrouter.aliases); replaced by the server's own."""
 
-    def overlaps(self, pools: Sequence[PoolState], tokens: Sequence[int], now: float) -> dict[str, int]:
-        """Cached leading blocks per pool; the prompt is hashed once per distinct block size."""
+    def resolve(self, name: str, request_id: str) -> Resolved:
+        """What a request's model name stands for (alias, model, model:adapter or adapter), over
+        the listed pools; raises ResolveError for an adapter name served on several models."""
+        return self.resolver.resolve(name, request_id, self.table.pools.values())
+
+    def overlaps(
+        self, pools: Sequence[PoolState], tokens: Sequence[int], now: float, seed: int = 0
+    ) -> dict[str, int]:
+        """Cached leading blocks per pool; the prompt is hashed once per distinct block size, from
+        `seed` (a LoRA adapter's, meshkit.blocks.adapter_seed; 0 for the base model)."""
         by_size: dict[int, list[PoolState]] = defaultdict(list)
         for pool in pools:
             if pool.block_size > 0 and pool.kv_sources:
@@ -78,10 +89,10 @@ class RoutingCore:
         for size, group in by_size.items():
             # Hashing a long prompt costs more than the rest of the decision: look at its first
             # block alone first, and hash the rest only when some pool holds that block.
-            first = block_hashes(tokens[:size], size)
+            first = block_hashes(tokens[:size], size, seed)
             if not first or not self.index.holds(first[0]):
                 continue
-            cached.update(pool_overlaps(self.index, group, block_hashes(tokens, size), now, limits))
+            cached.update(pool_overlaps(self.index, group, block_hashes(tokens, size, seed), now, limits))
         return cached
 
     @property
@@ -97,14 +108,16 @@ class RoutingCore:
         *,
         dry_run: bool = False,
         regions: frozenset[str] | None = None,
+        adapter: str = "",
     ) -> Decision:
-        """Filter and rank the listed pools (minus `exclude`) for this prompt; a dry run (Route)
-        sends nothing, so it does not count toward the wait SLO's price. `regions`: the caller's
-        allowed regions (None: any)."""
+        """Filter and rank the listed pools (minus `exclude`) for this prompt under `adapter` (a
+        LoRA adapter of `model`, "" for none); a dry run (Route) sends nothing, so it does not
+        count toward the wait SLO's price. `regions`: the caller's allowed regions (None: any)."""
         started = time.perf_counter()
         now = self.clock.monotonic()
         pools = [p for p in self.table.pools.values() if p.listed and p.pool_id not in exclude]
-        cached = self.overlaps(pools, tokens, now)
+        seed = adapter_seed(adapter)
+        cached = self.overlaps(pools, tokens, now, seed)
         decision = self.selector.select(
             pools,
             model,
@@ -112,9 +125,10 @@ class RoutingCore:
             max_tokens,
             cached,
             now,
-            affinity_key=affinity_key(tokens),
+            affinity_key=affinity_key(tokens, seed),
             observe=not dry_run,
             regions=regions,
+            adapter=adapter,
         )
         self.metrics.decision_latency.observe(time.perf_counter() - started)
         return decision

@@ -36,6 +36,7 @@ class FilterReason(enum.Enum):
     NO_FRONTEND = 4
     LINK_BACKOFF = 5
     REGION_NOT_ALLOWED = 6
+    ADAPTER_NOT_SERVED = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +187,18 @@ def _filter_reason(
     return None
 
 
+def _adapter_filter(pool: PoolState, model: str, adapter: str) -> FilteredPool | None:
+    served = pool.adapters.get(model)
+    if served is not None and adapter in served:
+        return None
+    listed = f"it lists {', '.join(sorted(served))}" if served else "it lists none"
+    return FilteredPool(
+        pool.pool_id,
+        FilterReason.ADAPTER_NOT_SERVED,
+        f"does not serve adapter {adapter!r} of {model!r} ({listed})",
+    )
+
+
 class Selector:
     """Filter then rank, per request; stateless apart from its configuration and, with a wait
     SLO, the price of waiting beyond it (every `select` is one observation)."""
@@ -253,6 +266,7 @@ class Selector:
         affinity_key: int = 0,
         observe: bool = True,
         regions: frozenset[str] | None = None,
+        adapter: str = "",
     ) -> Decision:
         """Filters the listed pools and ranks the eligible ones, best first.
 
@@ -261,6 +275,7 @@ class Selector:
         so new prefixes spread evenly over the pools while the same prefix ties the same way
         on every frontend. `observe` False (a dry run) leaves the wait SLO's price as it is.
         `regions`, when set, are the only regions the caller may use (residency, a hard filter).
+        `adapter` (a LoRA adapter of `model`) keeps only the pools that serve it.
         """
         cfg = self.config
         limits = cfg.freshness
@@ -280,11 +295,13 @@ class Selector:
         for pool in pools:
             if not pool.listed:
                 continue
-            if pool.model == model:
+            if pool.model == model and (not adapter or adapter in pool.adapters.get(model, ())):
                 model_served = True
             if not first_block_size:
                 first_block_size = pool.block_size
             reason = _filter_reason(pool, model, now, limits, regions)
+            if reason is None and adapter:
+                reason = _adapter_filter(pool, model, adapter)
             if reason is not None:
                 filtered.append(reason)
                 continue

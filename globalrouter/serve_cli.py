@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 from globalrouter import policy, stall
+from globalrouter.aliases import AliasError, load_aliases
 from globalrouter.config import OpenAILinkConfig, RouterConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
@@ -34,6 +35,18 @@ log = get_logger(module="globalrouter.serve_cli")
 # The one set of defaults: every flag's default is read from the config dataclasses.
 _D = RouterConfig()
 ENV_PREFIX = "GLOBALROUTER"
+
+
+def aliases_file(value: str) -> str:
+    """argparse type: a readable aliases TOML file (globalrouter.aliases) with no error in it
+    ("" is no file: argparse passes a string default through here too)."""
+    if not value:
+        return value
+    try:
+        load_aliases(value)
+    except AliasError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def tokenizer_spec(value: str) -> tuple[str, str]:
@@ -158,6 +171,14 @@ def add_parser(subparsers) -> None:
         default=64,
         help="prompts that may wait for an encoding thread; one more is refused with "
         "RESOURCE_EXHAUSTED / HTTP 429 (default %(default)s)",
+    )
+    p.add_argument(
+        "--aliases",
+        type=aliases_file,
+        default=_D.aliases,
+        metavar="FILE",
+        help='a TOML file of public model names: [aliases] NAME = "MODEL" or "MODEL:ADAPTER", or '
+        "NAME = { MODEL = WEIGHT, ... } to split traffic (by request id); re-read on SIGHUP",
     )
     p.add_argument(
         "--http-max-body-bytes",
@@ -401,6 +422,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         tokenizers=tuple(args.tokenizer),
         tokenizer_threads=args.tokenizer_threads,
         tokenizer_queue=args.tokenizer_queue,
+        aliases=args.aliases or "",
         http=HttpConfig(
             listen=args.http_listen or "",
             max_body_bytes=args.http_max_body_bytes,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import grpc
 
+from globalrouter.aliases import AliasError, ModelResolver
 from globalrouter.budgets import BudgetStore, MemoryStore, TenantBudgets
 from globalrouter.config import RouterConfig
 from globalrouter.encoding import Encoder
@@ -218,6 +219,10 @@ def create_server(
     selector = Selector(SelectionConfig(freshness=config.freshness, wait_slo=config.wait_slo))
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
+    try:
+        core.resolver = ModelResolver.from_file(config.aliases)
+    except AliasError as exc:
+        raise RuntimeError(str(exc)) from exc
     links = ServingLinks(config.link_backoff_initial, config.link_backoff_max, config.openai_link)
     ingest = TelemetryIngest(
         table,
@@ -260,10 +265,10 @@ def create_server(
         ]
 
     handle = create_grpc_server(config.listen, register, security=config.security, authorizer=authorizer)
+    if config.aliases:
+        handle.reload_hooks.append(("aliases", core.resolver.reload))
     if config.policy:
-        handle.on_reload.append(
-            lambda: "policy" if gate.reload() else "policy (file refused, policy in force kept)"
-        )
+        handle.reload_hooks.append(("policy", gate.reload))
     # The frontend id and advertised URL may depend on the bound port: fill them in now.
     final = _advertised(config, handle.port)
     telemetry_servicer.frontend_id = final.frontend_id

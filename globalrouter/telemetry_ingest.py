@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -22,7 +22,7 @@ from meshkit.limits import LimitExceeded, Slots, check_size
 from meshkit.logs import get_logger
 from meshkit.supervision import Supervisor
 from meshkit.timeconv import wall_seconds
-from meshkit.validation import Violations, check_identifier
+from meshkit.validation import MAX_ID_LENGTH, Violations, check_identifier
 from poolrelay.v1 import pool_events_pb2, telemetry_pb2, telemetry_pb2_grpc
 
 log = get_logger(module="globalrouter.telemetry_ingest")
@@ -66,6 +66,21 @@ def validate_hello(hello: telemetry_pb2.TelemetryHello) -> Violations:
     return v
 
 
+MAX_ADAPTERS_PER_MODEL = 256
+"""LoRA adapters taken per model from a readiness report (outside input: a relay's report is bounded)."""
+
+
+def reported_adapters(models: Iterable[pool_events_pb2.ModelStatus]) -> dict[str, frozenset[str]]:
+    """Model -> LoRA adapters of a readiness report; names past the id length limit, and past
+    MAX_ADAPTERS_PER_MODEL of one model, are left out."""
+    out: dict[str, frozenset[str]] = {}
+    for m in models:
+        if m.adapters:
+            names = [a for a in m.adapters[:MAX_ADAPTERS_PER_MODEL] if 0 < len(a) <= MAX_ID_LENGTH]
+            out[m.model] = frozenset(names)
+    return out
+
+
 def load_signal(load: pool_events_pb2.PoolLoad) -> LoadSignal:
     """The selection's view of a relay's load report."""
     return LoadSignal(
@@ -106,6 +121,8 @@ class StreamState:
     kv_applied: bool = False
     models_ready: dict[str, bool] | None = None
     """This stream's last readiness report (None: none yet). The pool's view combines its streams'."""
+    adapters: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Model -> LoRA adapters, from this stream's last readiness report."""
     draining: bool = False
     """This stream's last drain report."""
     building: _Build | None = None
@@ -503,6 +520,7 @@ class TelemetryIngest:
             stream.models_ready = {
                 m.model: m.state == pool_events_pb2.MODEL_STATE_READY for m in msg.readiness.models
             }
+            stream.adapters = reported_adapters(msg.readiness.models)
             self._combine_state(pool)
             pool.state_at = now
         elif kind == "drain":
@@ -530,6 +548,11 @@ class TelemetryIngest:
             for model, is_ready in (s.models_ready or {}).items():
                 ready[model] = ready.get(model, False) or is_ready
         pool.models_ready = ready
+        adapters: dict[str, frozenset[str]] = {}
+        for s in streams:
+            for model, names in s.adapters.items():
+                adapters[model] = adapters.get(model, frozenset()) | names
+        pool.adapters = adapters
         pool.telemetry_draining = any(s.draining for s in streams)
 
     def _lag(self, sent_wall: float) -> None:

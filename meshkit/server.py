@@ -40,8 +40,8 @@ class ServerHandle:
     """Who may call what on this server (enforcing only when TLS or API keys are configured)."""
     certificates: ServerCertificates | None = None
     """The server certificate, re-read on change or SIGHUP (None without TLS)."""
-    on_reload: list[Callable[[], str]] = field(default_factory=list)
-    """The service's own SIGHUP reloads (a policy file): each re-reads and says what, for the log."""
+    reload_hooks: list[tuple[str, Callable[[], bool]]] = field(default_factory=list)
+    """(what, re-read it) run on SIGHUP too; each returns False when it kept what was in force."""
 
     def reload(self) -> None:
         """SIGHUP: re-read what can be re-read (the certificate before the next handshake, the API
@@ -55,8 +55,8 @@ class ServerHandle:
             if self.authorizer is not None and self.authorizer.api_keys_path:
                 kept = not self.authorizer.reload_api_keys()
                 reloading.append("api keys (file refused, current keys kept)" if kept else "api keys")
-            for hook in self.on_reload:
-                reloading.append(hook())
+            for what, hook in self.reload_hooks:
+                reloading.append(what if hook() else f"{what} (refused, kept what was in force)")
         except Exception as exc:  # a reload that fails keeps what is in force
             log.error("SIGHUP reload failed; serving on with what was in force", error=repr(exc))
             return

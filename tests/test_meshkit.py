@@ -244,3 +244,17 @@ def test_an_error_naming_many_bad_fields_stays_within_grpcs_metadata_limit() -> 
             return status.message
 
     assert bad_request_fields(Err()) == [f"frontends[{i}]" for i in range(MAX_LISTED_VIOLATIONS)]
+
+
+def test_an_adapters_blocks_never_match_the_base_models_or_another_adapters():
+    from meshkit.blocks import adapter_seed, block_hashes
+
+    tokens = list(range(64))
+    base = block_hashes(tokens, 16)
+    assert adapter_seed("") == 0 and block_hashes(tokens, 16, adapter_seed("")) == base
+    seeds = {adapter_seed(name) for name in ("sql", "chat", "sql-lora", "SQL")}
+    assert len(seeds) == 4 and 0 not in seeds and adapter_seed("sql") == adapter_seed("sql")
+    sql, chat = block_hashes(tokens, 16, adapter_seed("sql")), block_hashes(tokens, 16, adapter_seed("chat"))
+    assert not set(sql) & set(base) and not set(sql) & set(chat) and not set(chat) & set(base)
+    # Still a chain: a prefix under the adapter hashes to the prefix of the whole.
+    assert block_hashes(tokens[:32], 16, adapter_seed("sql")) == sql[:2]

@@ -54,8 +54,12 @@ async def test_a_task_meant_to_run_until_the_stop_that_returns_is_a_failure():
 
 async def test_cancellation_by_the_owner_or_stop_is_not_a_failure():
     sup, failures = supervisor()
-    task = sup.spawn("publisher", asyncio.Event().wait)
-    sup.spawn("watch", asyncio.Event().wait)
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    task = sup.spawn("publisher", forever)
+    sup.spawn("watch", forever)
     await asyncio.sleep(0)
     task.cancel()
     await asyncio.sleep(0.01)

@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from globalrouter.aliases import Resolved, ResolveError, model_cards
 from globalrouter.detokenizer import TextStream
 from globalrouter.encoding import Encoder, EncoderBusy
 from globalrouter.http_api.config import HttpConfig
@@ -246,15 +247,9 @@ class OpenAIFront:
         return Response(generate_latest(self.core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def models(self, request: Request) -> Response:
-        served = sorted({p.model for p in self.core.table.pools.values() if p.listed and p.model})
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {"id": m, "object": "model", "created": 0, "owned_by": "globalrouter"} for m in served
-                ],
-            }
-        )
+        # Models, the LoRA adapters served on them and the aliases, as vLLM lists them.
+        cards = model_cards(self.core.table.pools.values(), self.core.resolver.aliases, "globalrouter")
+        return JSONResponse({"object": "list", "data": cards})
 
     async def _not_found(self, request: Request, exc: Exception) -> Response:
         return _error_response(ApiError(404, f"no route {request.url.path}", code="not_found"))
@@ -297,8 +292,13 @@ class OpenAIFront:
             check_streamable(request.scope, req.stream)
             if req.user:
                 structlog.contextvars.bind_contextvars(user=req.user)  # the end user, in every log line
-            tokenizer = self.tokenizers.for_model(req.model)
-            prompt = await self._prompt(req, tokenizer)
+            # The model name resolved once (alias, model:adapter, adapter), before tokenizing.
+            try:
+                target = self.path.resolve(req.model, request_id)
+            except ResolveError as exc:
+                raise InvalidField("model", f"model: {exc}") from None
+            tokenizer = self.tokenizers.for_model(target.model)
+            prompt = await self._prompt(req, tokenizer, target.model)
             self._check_max_tokens(req)
             caller = str(request.scope.get("state", {}).get("identity", UNCHECKED))
             try:
@@ -306,7 +306,7 @@ class OpenAIFront:
             except LimitExceeded as exc:
                 raise ApiError(429, str(exc), type="rate_limit_error", code="LIMIT_EXCEEDED") from None
             try:
-                response = await self._generate(request, request_id, kind, req, tokenizer, prompt)
+                response = await self._generate(request, request_id, kind, req, target, tokenizer, prompt)
             except BaseException:
                 self.streams.release(caller)
                 raise
@@ -351,7 +351,7 @@ class OpenAIFront:
         return b"".join(chunks)
 
     async def _prompt(
-        self, req: CompletionRequest | ChatCompletionRequest, tokenizer: ModelTokenizer
+        self, req: CompletionRequest | ChatCompletionRequest, tokenizer: ModelTokenizer, model: str
     ) -> list[int]:
         """The prompt as token ids: chat messages through the model's chat template, text encoded."""
         if isinstance(req, ChatCompletionRequest):
@@ -369,7 +369,7 @@ class OpenAIFront:
             else:
                 # Token ids: ints, range-checked by the schema, in a list of this request's own.
                 ids = cast("list[int]", prompt)
-                if (unknown := self.tokenizers.unknown_token(req.model, ids)) is not None:
+                if (unknown := self.tokenizers.unknown_token(model, ids)) is not None:
                     raise InvalidField("prompt", f"prompt[{unknown[0]}]: {unknown[1]}")
         if not ids:
             raise InvalidField("prompt", "prompt: encodes to no token")
@@ -399,6 +399,7 @@ class OpenAIFront:
         request_id: str,
         kind: str,
         req: CompletionRequest | ChatCompletionRequest,
+        target: Resolved,
         tokenizer: ModelTokenizer,
         prompt: list[int],
     ) -> Response:
@@ -410,10 +411,11 @@ class OpenAIFront:
         try:
             run = await self.path.start(
                 request_id=request_id,
-                model=req.model,
+                model=target.model,
                 prompt=prompt,
                 max_tokens=max_tokens,
                 sampling=_sampling(req),
+                adapter=target.adapter,
                 identity=request.scope.get("state", {}).get("identity", UNCHECKED),
             )
         except GenerateError as exc:

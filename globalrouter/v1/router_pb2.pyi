@@ -26,6 +26,7 @@ class FilterReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FILTER_REASON_NO_FRONTEND: _ClassVar[FilterReason]
     FILTER_REASON_LINK_BACKOFF: _ClassVar[FilterReason]
     FILTER_REASON_REGION_NOT_ALLOWED: _ClassVar[FilterReason]
+    FILTER_REASON_ADAPTER_NOT_SERVED: _ClassVar[FilterReason]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_STOP: FinishReason
@@ -36,6 +37,7 @@ FILTER_REASON_DRAINING: FilterReason
 FILTER_REASON_NO_FRONTEND: FilterReason
 FILTER_REASON_LINK_BACKOFF: FilterReason
 FILTER_REASON_REGION_NOT_ALLOWED: FilterReason
+FILTER_REASON_ADAPTER_NOT_SERVED: FilterReason
 
 class Prompt(_message.Message):
     __slots__ = ("token_ids", "text")

@@ -346,7 +346,7 @@ async def test_a_telemetry_publisher_that_dies_stops_the_relay(mesh):
     async def broken(call) -> None:
         raise Fault("injected fault")
 
-    publisher._send_snapshot = broken  # type: ignore[method-assign]
+    publisher._send_snapshot = broken
     publisher.request_snapshot()
     await wait_for(relay.stop_requested.is_set)
     assert relay.supervisor.failure is not None

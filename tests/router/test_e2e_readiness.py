@@ -63,11 +63,18 @@ def test_a_frontend_is_not_ready_until_its_listed_pools_kv_state_arrived():
             )
             first = wait_until(lambda: health(address), 30, message="the frontend answers health")
             assert first == NOT_SERVING, "SERVING before it can route"
-            status, body = wait_until(
-                lambda: (r := get(f"http://{http}/readyz"))[1].get("directory_synced") and r,
+
+            def synced() -> tuple[int, dict] | None:
+                reply = get(f"http://{http}/readyz")
+                return reply if reply[1].get("directory_synced") else None
+
+            reply = wait_until(
+                synced,
                 30,
                 message="the directory synced",
             )
+            assert reply is not None
+            status, body = reply
             assert status == 503 and body["pools_without_kv"] == 1 and body["status"] == "not ready"
             assert get(f"http://{http}/livez") == (200, {"status": "ok"}), "alive meanwhile"
             for _ in range(10):  # held while the relay cannot stream (well inside --ready-timeout)

@@ -207,7 +207,7 @@ async def test_link_pruning_is_folded_into_one_pass_and_restarted_when_it_fails(
         if error is not None:
             raise error
 
-    router.links.prune = prune  # type: ignore[method-assign]
+    router.links.prune = prune  # type: ignore[method-assign,assignment]
     router.core.table.apply_listed(pool_msg("p1", "http://a:1"))
     router._directory_changed()
     router._directory_changed()
