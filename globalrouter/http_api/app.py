@@ -102,7 +102,7 @@ class RequestIdMiddleware:
 
 
 def _error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=dict(error.headers) or None)
 
 
 def _sampling(req: CompletionRequest | ChatCompletionRequest) -> sampling_pb2.SamplingParams:
@@ -409,20 +409,29 @@ class OpenAIFront:
             or min(self.config.default_max_tokens, self.max_output_tokens)
         )
         try:
-            run = self.path.start(
+            run = await self.path.start(
                 request_id=request_id,
                 model=target.model,
                 prompt=prompt,
                 max_tokens=max_tokens,
                 sampling=_sampling(req),
                 adapter=target.adapter,
+                identity=request.scope.get("state", {}).get("identity", UNCHECKED),
             )
         except GenerateError as exc:
             if exc.reason == Reason.NO_POOL_FOR_MODEL:
                 raise ApiError(
                     404, f"the model {req.model!r} does not exist", param="model", code="model_not_found"
                 ) from None
-            raise from_grpc(exc.code, exc.message, exc.reason) from None
+            # A tenant refusal (tenancy.TenantRefusal) brings its x-ratelimit-*, Retry-After and
+            # OpenAI error type ("tokens", "requests").
+            raise from_grpc(
+                exc.code,
+                exc.message,
+                exc.reason,
+                headers=getattr(exc, "headers", ()),
+                type=getattr(exc, "http_type", ""),
+            ) from None
         text = TextStream(
             tokenizer,
             prompt_context(prompt),
@@ -444,13 +453,18 @@ class OpenAIFront:
         if req.stream:
             return EventStreamResponse(
                 generation.sse(),
-                headers={},
+                headers=dict(run.ratelimit_headers()),  # x-ratelimit-* under --policy budgets
                 write_timeout=self.config.write_timeout,
                 on_slow_client=self.metrics.slow_clients.inc,
             )  # type: ignore[return-value]
         rec = run.record
         return JSONResponse(
-            body, headers={"x-pools": ",".join(rec.pools), "x-migrations": str(rec.migrations)}
+            body,
+            headers={
+                "x-pools": ",".join(rec.pools),
+                "x-migrations": str(rec.migrations),
+                **dict(run.ratelimit_headers()),
+            },
         )
 
 

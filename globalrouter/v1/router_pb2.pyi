@@ -25,6 +25,7 @@ class FilterReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FILTER_REASON_DRAINING: _ClassVar[FilterReason]
     FILTER_REASON_NO_FRONTEND: _ClassVar[FilterReason]
     FILTER_REASON_LINK_BACKOFF: _ClassVar[FilterReason]
+    FILTER_REASON_REGION_NOT_ALLOWED: _ClassVar[FilterReason]
     FILTER_REASON_ADAPTER_NOT_SERVED: _ClassVar[FilterReason]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -35,6 +36,7 @@ FILTER_REASON_NOT_READY: FilterReason
 FILTER_REASON_DRAINING: FilterReason
 FILTER_REASON_NO_FRONTEND: FilterReason
 FILTER_REASON_LINK_BACKOFF: FilterReason
+FILTER_REASON_REGION_NOT_ALLOWED: FilterReason
 FILTER_REASON_ADAPTER_NOT_SERVED: FilterReason
 
 class Prompt(_message.Message):
