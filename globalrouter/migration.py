@@ -73,6 +73,23 @@ class RunRecord:
     cached_blocks: int = 0
     prompt_blocks: int = 0
     tokens: list[int] = field(default_factory=list)
+    pool_states_cache: bool = False
+    """Whether cached_blocks is the first pool's own word (a mesh pool's admission states it)."""
+    pool_cached_tokens: int | None = None
+    """Cached prompt tokens the first pool reported with its finish (an OpenAI-HTTP pool's usage);
+    None when it reported none. A migrated request keeps the first pool's figures: the prompt was
+    prefilled there, later pools prefill it plus the tokens so far."""
+    estimated_cached_blocks: int = 0
+    """The frontend's estimate: the routing decision's cached blocks at the first pool."""
+
+    def cached_tokens(self, prompt_tokens: int, block_size: int) -> tuple[int, str]:
+        """Prompt tokens found cached at the first pool (at most `prompt_tokens`), and the source:
+        "pool" when the pool stated it, else "estimate" (blocks of `block_size` tokens)."""
+        if self.pool_cached_tokens is not None:
+            return min(prompt_tokens, self.pool_cached_tokens), "pool"
+        if self.pool_states_cache:
+            return min(prompt_tokens, self.cached_blocks * block_size), "pool"
+        return min(prompt_tokens, self.estimated_cached_blocks * block_size), "estimate"
 
 
 @dataclass(slots=True)
@@ -119,6 +136,7 @@ class GenerateRun:
         self._stall = stall or StallPolicy()
         self._stalled_starts = 0
         self.record = RunRecord()
+        self._estimated = 0  # the decision's cached blocks at the pool _admit() chose
         self._started = core.clock.monotonic()
 
     @property
@@ -137,6 +155,7 @@ class GenerateRun:
             if not rec.pools:
                 rec.cached_blocks = admitted.admission.cached_blocks
                 rec.prompt_blocks = admitted.admission.prompt_blocks
+                rec.pool_states_cache, rec.estimated_cached_blocks = admitted.states_cache, self._estimated
             rec.pools.append(admitted.pool_id)
             finish: pool_frontend_pb2.PoolFinish | None = None
             last: list[int] | None = None
@@ -188,6 +207,8 @@ class GenerateRun:
                 silent = exc
             finally:
                 await self._links.release(admitted)
+            if finish is not None and finish.HasField("cached_tokens") and len(rec.pools) == 1:
+                rec.pool_cached_tokens = finish.cached_tokens
             if finish is not None or len(rec.tokens) >= self._max_tokens:
                 reason = _FINISH.get(finish.reason, router_pb2.FINISH_REASON_LENGTH) if finish else None
                 offset = len(rec.tokens)
@@ -425,6 +446,7 @@ class GenerateRun:
                     self._links.link_failed(pool, self._core.clock.monotonic())
                 continue
             self._links.link_ok(pool)
+            self._estimated = candidate.cached_blocks
             adm = admitted.admission
             metrics.labelled(metrics.prompt_blocks, pool.pool_id).inc(adm.prompt_blocks)
             metrics.labelled(metrics.cached_blocks, pool.pool_id).inc(adm.cached_blocks)

@@ -20,7 +20,7 @@ from globalrouter.tokenizer import ModelTokenizer, Tokenizers
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit import pagination
 from meshkit.authz import Authorizer, current_identity
-from meshkit.blocks import text_to_tokens
+from meshkit.blocks import DEFAULT_BLOCK_SIZE, text_to_tokens
 from meshkit.errors import Reason, abort_with_reason
 from meshkit.ids import request_id_from
 from meshkit.limits import LimitExceeded, Slots
@@ -166,6 +166,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         finally:
             self._streams.release(caller)
 
+    def _cached_tokens(self, summary: router_pb2.GenerateSummary, rec: RunRecord, prompt: int) -> None:
+        """Sets the summary's cached prompt tokens (at the first pool's block size) and their source."""
+        pool = self._core.table.pools.get(rec.pools[0]) if rec.pools else None
+        block = pool.block_size if pool is not None and pool.block_size > 0 else DEFAULT_BLOCK_SIZE
+        cached, source = rec.cached_tokens(prompt, block)
+        summary.cached_tokens = cached
+        summary.cached_tokens_source = _SOURCES[source]
+
     async def _generate(
         self,
         request: router_pb2.GenerateRequest,
@@ -207,6 +215,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                         )
                         continue
                     summary = _summary(run.record, out.finish, request_id)
+                    self._cached_tokens(summary, run.record, len(tokens))
                     if ids:
                         chunk = router_pb2.TokenChunk(token_ids=ids, offset=out.offset, pool_id=out.pool_id)
                         if combine:  # the summary rides in the last chunk
@@ -343,6 +352,12 @@ async def _abort(
         await context.abort(error.code, error.message, trailers)
     status = grpc_status(error)  # the ErrorInfo, and a tenant refusal's QuotaFailure and RetryInfo
     await context.abort(status.code, status.details, (*status.trailing_metadata, *trailers))
+
+
+_SOURCES = {
+    "pool": router_pb2.CACHED_TOKENS_SOURCE_POOL,
+    "estimate": router_pb2.CACHED_TOKENS_SOURCE_ESTIMATE,
+}
 
 
 def _summary(rec: RunRecord, reason: int, request_id: str) -> router_pb2.GenerateSummary:

@@ -101,6 +101,12 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
 
 
+CACHED_SOURCE_HEADER = "x-cached-tokens-source"
+"""Says where usage.prompt_tokens_details.cached_tokens comes from: "pool" (the pool reported what
+it reused) or "estimate" (the frontend's routing estimate); a streamed response says it in an SSE
+comment before its usage chunk."""
+
+
 def _error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=dict(error.headers) or None)
 
@@ -464,6 +470,7 @@ class OpenAIFront:
                 "x-pools": ",".join(rec.pools),
                 "x-migrations": str(rec.migrations),
                 **dict(run.ratelimit_headers()),
+                CACHED_SOURCE_HEADER: generation.cached_tokens()[1],
             },
         )
 
@@ -545,13 +552,17 @@ class Generation:
         finally:
             await self.run.end(error)
 
-    def usage(self) -> dict[str, Any]:
+    def cached_tokens(self) -> tuple[int, str]:
+        """The prompt tokens found cached at the first pool and who says so ("pool" or "estimate")."""
         rec = self.run.record
-        cached = 0
-        if rec.pools:
-            pool = self.front.core.table.pools.get(rec.pools[0])
-            block = pool.block_size if pool is not None and pool.block_size > 0 else DEFAULT_BLOCK_SIZE
-            cached = min(self.prompt_tokens, rec.cached_blocks * block)
+        if not rec.pools:
+            return 0, "estimate"
+        pool = self.front.core.table.pools.get(rec.pools[0])
+        block = pool.block_size if pool is not None and pool.block_size > 0 else DEFAULT_BLOCK_SIZE
+        return rec.cached_tokens(self.prompt_tokens, block)
+
+    def usage(self) -> dict[str, Any]:
+        cached, _ = self.cached_tokens()
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
@@ -643,6 +654,8 @@ class Generation:
             await texts.aclose()  # type: ignore[attr-defined]
         yield event(self._chunk(None if self.kind == "chat" else "", self.finish_reason))
         if self._include_usage:
+            # Headers are long gone: an SSE comment (ignored by clients) names the figure's source.
+            yield f": {CACHED_SOURCE_HEADER}: {self.cached_tokens()[1]}\n\n"
             yield event(
                 {
                     "id": self.id,
