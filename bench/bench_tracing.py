@@ -68,9 +68,9 @@ def prompt(i: int) -> list[int]:
     return [i % 30_000, i // 30_000] + [(i * 7919 + k * 31) % 30_000 for k in range(2, 128)]
 
 
-async def one(path, i: int) -> float:
+async def one(path: RequestPath, i: int) -> float:
     started = time.perf_counter()
-    run = path.start(request_id=f"b{i}", model="m", prompt=prompt(i), max_tokens=OUTPUT_TOKENS)
+    run = await path.start(request_id=f"b{i}", model="m", prompt=prompt(i), max_tokens=OUTPUT_TOKENS)
     got = 0
     async with run as outputs:
         async for out in outputs:
@@ -79,7 +79,7 @@ async def one(path, i: int) -> float:
     return time.perf_counter() - started
 
 
-async def run_round(path, start: int, n: int, endpoint: str | None) -> tuple[list[float], float]:
+async def run_round(path: RequestPath, start: int, n: int, endpoint: str | None) -> tuple[list[float], float]:
     """(wall seconds per request, CPU seconds of the whole round)."""
     cpu = time.process_time()
     if endpoint:

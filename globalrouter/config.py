@@ -103,3 +103,9 @@ class RouterConfig:
     aliases: str = ""
     """A TOML file of model aliases and traffic splits (globalrouter.aliases), re-read on SIGHUP;
     empty: no aliases."""
+    policy: str = ""
+    """A tenant policy file (TOML, `globalrouter.policy`): per identity, priority class, weight,
+    budgets, allowed regions and models; re-read on SIGHUP. Empty: everyone may do everything."""
+    budget_etcd: str = ""
+    """etcd HOST:PORT[,HOST:PORT...] where the fleet's frontends keep the policy's budget counters,
+    so budgets hold across them; empty: counted in this process only."""

@@ -108,6 +108,27 @@ class RouterMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
             registry=r,
         )
+        # Per tenant: the label is the identity's policy key when --policy names it, else
+        # "other", so callers cannot grow the label set.
+        self.tenant_tokens = Counter(
+            "globalrouter_tenant_tokens",
+            "Tokens (prompt + generated) of finished requests, per tenant",
+            ["tenant"],
+            registry=r,
+        )
+        self.tenant_budget_refusals = Counter(
+            "globalrouter_tenant_budget_refusals",
+            "Requests refused over a tenant budget (429 / RESOURCE_EXHAUSTED BUDGET_EXCEEDED), per limit",
+            ["tenant", "limit"],
+            registry=r,
+        )
+        self.tenant_filter_refusals = Counter(
+            "globalrouter_tenant_filter_refusals",
+            "Requests refused by the tenant policy: MODEL_NOT_ALLOWED, or REGION_NOT_ALLOWED (no pool in "
+            "the allowed regions)",
+            ["tenant", "reason"],
+            registry=r,
+        )
         self._children: dict[tuple[object, tuple[str, ...]], object] = {}
 
     def pools_by_state(self, count: Callable[[], Mapping[str, int]]) -> None:

@@ -91,6 +91,23 @@ class RunRecord:
     cached_blocks: int = 0
     prompt_blocks: int = 0
     tokens: list[int] = field(default_factory=list)
+    pool_states_cache: bool = False
+    """Whether cached_blocks is the first pool's own word (a mesh pool's admission states it)."""
+    pool_cached_tokens: int | None = None
+    """Cached prompt tokens the first pool reported with its finish (an OpenAI-HTTP pool's usage);
+    None when it reported none. A migrated request keeps the first pool's figures: the prompt was
+    prefilled there, later pools prefill it plus the tokens so far."""
+    estimated_cached_blocks: int = 0
+    """The frontend's estimate: the routing decision's cached blocks at the first pool."""
+
+    def cached_tokens(self, prompt_tokens: int, block_size: int) -> tuple[int, str]:
+        """Prompt tokens found cached at the first pool (at most `prompt_tokens`), and the source:
+        "pool" when the pool stated it, else "estimate" (blocks of `block_size` tokens)."""
+        if self.pool_cached_tokens is not None:
+            return min(prompt_tokens, self.pool_cached_tokens), "pool"
+        if self.pool_states_cache:
+            return min(prompt_tokens, self.cached_blocks * block_size), "pool"
+        return min(prompt_tokens, self.estimated_cached_blocks * block_size), "estimate"
 
 
 @dataclass(slots=True)
@@ -137,6 +154,7 @@ class GenerateRun:
         self._stall = stall or StallPolicy()
         self._stalled_starts = 0
         self.record = RunRecord()
+        self._estimated = 0  # the decision's cached blocks at the pool _admit() chose
         self._started = core.clock.monotonic()
         self.trace: Span | None = None
         """The request's span (tracing on): admission attempts, pool streams and migrations are its children."""
@@ -157,6 +175,7 @@ class GenerateRun:
             if not rec.pools:
                 rec.cached_blocks = admitted.admission.cached_blocks
                 rec.prompt_blocks = admitted.admission.prompt_blocks
+                rec.pool_states_cache, rec.estimated_cached_blocks = admitted.states_cache, self._estimated
             rec.pools.append(admitted.pool_id)
             span = None
             if self.trace is not None:
@@ -228,6 +247,8 @@ class GenerateRun:
                             "stream.finished": finish is not None,
                         },
                     )
+            if finish is not None and finish.HasField("cached_tokens") and len(rec.pools) == 1:
+                rec.pool_cached_tokens = finish.cached_tokens
             if finish is not None or len(rec.tokens) >= self._max_tokens:
                 reason = _FINISH.get(finish.reason, router_pb2.FINISH_REASON_LENGTH) if finish else None
                 offset = len(rec.tokens)
@@ -502,6 +523,7 @@ class GenerateRun:
                 tracing.end_span(attempt, exc)
                 raise
             self._links.link_ok(pool)
+            self._estimated = candidate.cached_blocks
             adm = admitted.admission
             if attempt is not None:
                 tracing.end_span(

@@ -3,10 +3,12 @@
 The request goes out as token ids (`prompt` is a list of ids, `return_token_ids` makes every
 server-sent event carry the ids it adds), greedy (`temperature: 0`), with the usage chunk at the
 end, so the answer is token ids like on the mesh's gRPC link and a migrated request continues
-exactly. The link maps HTTP onto the same Admitted / PoolStream the gRPC link gives, so one request
-loop serves both: an answer other than 200 before the stream starts is an admission failure (429
-and 503 are the pool's own 'no', 404 means it does not serve the model), a connection that cannot
-be made is an unreachable pool, and a stream that ends without a finish is StreamBroken.
+exactly; the usage chunk's `prompt_tokens_details.cached_tokens` (what the engine found in its
+prefix cache) rides on the PoolFinish. The link maps HTTP onto the same Admitted / PoolStream
+the gRPC link gives, so one request loop serves both: an answer other than 200 before the
+stream starts is an admission failure (429 and 503 are the pool's own 'no', 404 means it does not
+serve the model), a connection that cannot be made is an unreachable pool, and a stream that ends
+without a finish is StreamBroken.
 
 The client is aiohttp: asyncio-native, well kept, one ClientSession whose TCPConnector pools
 keep-alive connections per host (so a request does not pay a TCP/TLS handshake), reads a response
@@ -180,6 +182,11 @@ class OpenAIPoolStream:
         self._pending: deque[PoolResponse] = deque()
         self._generated = 0
         self._done = False
+        """The pool gave its finish reason."""
+        self._reason = pf.POOL_FINISH_REASON_UNSPECIFIED
+        self._finish_sent = False
+        """The PoolFinish is queued: it waits, after the finish reason, for the usage chunk that
+        follows (its cached prompt tokens), [DONE] or the stream's end, whichever comes first."""
         self._error: Exception | None = None
         """A failure seen after tokens that are still to be read: raised once they are."""
 
@@ -191,6 +198,7 @@ class OpenAIPoolStream:
         if data == b"[DONE]":
             if not self._done:
                 raise self._fail("the stream ended ([DONE]) without a finish reason")
+            self._send_finish(None)
             return
         try:
             chunk = json.loads(data)
@@ -215,11 +223,23 @@ class OpenAIPoolStream:
                 if reason not in _FINISH:
                     raise self._fail(f"the pool ended the request with finish_reason {str(reason)[:64]!r}")
                 self._done = True
-                self._pending.append(
-                    PoolResponse(
-                        finish=pf.PoolFinish(reason=_FINISH[reason], tokens_generated=self._generated)
-                    )
-                )
+                self._reason = _FINISH[reason]
+        if self._done and not self._finish_sent:
+            cached = cached_tokens(chunk.get("usage"))
+            if cached is not None:
+                self._send_finish(cached)
+
+    def _send_finish(self, cached: int | None) -> bool:
+        """Queues the PoolFinish (once) with the pool's cached prompt tokens when it stated them;
+        whether it did now."""
+        if self._finish_sent or not self._done:
+            return False
+        self._finish_sent = True
+        finish = pf.PoolFinish(reason=self._reason, tokens_generated=self._generated)
+        if cached is not None:
+            finish.cached_tokens = cached
+        self._pending.append(PoolResponse(finish=finish))
+        return True
 
     async def read(self) -> PoolResponse | None:
         """The next message; None after the finish. Raises the link's StreamBroken on a failure."""
@@ -227,14 +247,21 @@ class OpenAIPoolStream:
             if self._error is not None:
                 raise self._error
             if self._resp.closed and self._done:
+                if self._send_finish(None):
+                    break
                 return None
             try:
                 chunk = await self._resp.content.readany()
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                if self._send_finish(None):  # the request was over: only its usage is lost
+                    self.cancel()
+                    break
                 raise self._fail(f"the stream broke: {exc!r}") from None
             if not chunk:
                 self._resp.release()
                 if self._done:
+                    if self._send_finish(None):
+                        break
                     return None
                 raise self._fail("the pool closed the stream before a finish")
             try:
@@ -307,6 +334,21 @@ class OpenAIClient:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def cached_tokens(usage: object) -> int | None:
+    """The prompt tokens a pool's usage says it found cached (`prompt_tokens_details.cached_tokens`,
+    which vLLM sends when started with --enable-prompt-tokens-details); None when it says nothing
+    or what it says is not a token count (outside input: a malformed figure is not reported)."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    if not isinstance(details, dict):
+        return None
+    cached = details.get("cached_tokens")
+    if isinstance(cached, int) and not isinstance(cached, bool) and 0 <= cached < 2**32:
+        return cached
+    return None
 
 
 def admission(request: PoolRequest) -> pf.PoolAdmission:

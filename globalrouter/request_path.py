@@ -1,5 +1,6 @@
-"""The one request path both fronts (gRPC Generate, OpenAI HTTP) call: decide, refuse with a
-reason, run (admit, stream, migrate under the configured stall policy), count the outcome."""
+"""The one request path both fronts (gRPC Generate, OpenAI HTTP) call: pass the tenant gate
+(model access, budget, residency), decide, refuse with a reason, run (admit, stream, migrate
+under the configured stall policy), count the outcome, settle the budget."""
 
 from __future__ import annotations
 
@@ -16,12 +17,16 @@ from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import Decision
 from globalrouter.serving import ServingLinks
 from globalrouter.stall import StallPolicy
+from globalrouter.tenancy import Admission, TenantGate
 from globalrouter.v1 import sampling_pb2
 from meshkit import tracing
+from meshkit.authz import UNCHECKED
 from meshkit.errors import Reason
+from meshkit.identity import Identity
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
+    from opentelemetry.trace import Span
 
 NOT_SERVED_LABEL = "(not served)"
 """The metric's model label of a model no pool serves: clients must not grow the label set."""
@@ -39,21 +44,27 @@ class RequestPath:
         migration_limit: int,
         admission_tries: int,
         stall: StallPolicy,
+        gate: TenantGate | None = None,
     ) -> None:
         self.core = core
         self.links = links
         self.migration_limit = migration_limit
         self.admission_tries = admission_tries
         self.stall = stall
+        self.gate = gate
+        """The tenant policy (--policy): model access, budgets, residency; None lets everyone in."""
 
     @classmethod
-    def of(cls, core: RoutingCore, links: ServingLinks, config: RouterConfig) -> RequestPath:
+    def of(
+        cls, core: RoutingCore, links: ServingLinks, config: RouterConfig, *, gate: TenantGate | None = None
+    ) -> RequestPath:
         return cls(
             core,
             links,
             migration_limit=config.migration_limit,
             admission_tries=config.admission_tries,
             stall=config.stall,
+            gate=gate,
         )
 
     def resolve(self, name: str, request_id: str) -> Resolved:
@@ -63,7 +74,7 @@ class RequestPath:
         ResolveError for an adapter name served on several models."""
         return self.core.resolve(name, request_id)
 
-    def start(
+    async def start(
         self,
         *,
         request_id: str,
@@ -72,14 +83,17 @@ class RequestPath:
         max_tokens: int,
         sampling: sampling_pb2.SamplingParams | None = None,
         adapter: str = "",
+        identity: Identity = UNCHECKED,
         trace_context: Context | None = None,
     ) -> PathRun:
-        """Decides where the request goes (`model` resolved, with its `adapter`, "" for none);
+        """Lets `identity` use `model` (the resolved model: the policy names models, not aliases)
+        under its budget (tenancy.TenantRefusal: PERMISSION_DENIED MODEL_NOT_ALLOWED,
+        RESOURCE_EXHAUSTED BUDGET_EXCEEDED, counted in the tenant metrics), then decides where the
+        request goes (with its `adapter`, "" for none) within the identity's allowed regions;
         raises GenerateError (NOT_FOUND NO_POOL_FOR_MODEL, UNAVAILABLE NO_ELIGIBLE_POOL), counted,
         when no pool can take it. Nothing is sent to a pool until the returned run's outputs() is
         iterated. `trace_context`: the caller's (a front extracts it); with tracing on, the
         request's span continues it (or starts a trace)."""
-        core = self.core
         span = None
         if tracing.enabled():
             span = tracing.start_span(
@@ -94,16 +108,47 @@ class RequestPath:
                 },
                 server=True,
             )
-            decide_span = tracing.start_span("globalrouter.decide", span)
-        decision = core.decide(model, prompt, max_tokens, adapter=adapter)
-        if span is not None:
+        admission = None
+        try:
+            if self.gate is not None:
+                # Prompt + max_tokens reserved now; the run's end gives back what was not generated.
+                admission = await self.gate.admit(identity, model, len(prompt), max_tokens)
+            return self._start(request_id, model, prompt, max_tokens, sampling, adapter, admission, span)
+        except BaseException as exc:
+            if admission is not None:
+                admission.finish(0)  # nothing was sent to a pool
+            if span is not None:
+                if isinstance(exc, GenerateError):  # a tenant refusal too
+                    outcome = exc.code.name
+                else:
+                    outcome = "CANCELLED" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
+                tracing.end_span(span, exc, **{"request.outcome": outcome})
+            raise
+
+    def _start(
+        self,
+        request_id: str,
+        model: str,
+        prompt: Sequence[int],
+        max_tokens: int,
+        sampling: sampling_pb2.SamplingParams | None,
+        adapter: str,
+        admission: Admission | None,
+        span: Span | None,
+    ) -> PathRun:
+        core = self.core
+        regions = admission.regions if admission is not None else None
+        decide_span = tracing.start_span("globalrouter.decide", span) if span is not None else None
+        decision = core.decide(model, prompt, max_tokens, adapter=adapter, regions=regions)
+        if decide_span is not None:
             tracing.end_span_with(decide_span, lambda: decision_attributes(decision))
         error = _no_candidate_error(str(Target(model, adapter)), decision)
         if error is not None:
             metrics = core.metrics
             label = model if decision.model_served else NOT_SERVED_LABEL
             metrics.labelled(metrics.requests, label, error.code.name).inc()
-            tracing.end_span(span, error, **{"request.outcome": error.code.name})
+            if admission is not None:
+                admission.no_pool(decision)
             raise error
         run = GenerateRun(
             core,
@@ -119,7 +164,7 @@ class RequestPath:
             adapter=adapter,
         )
         run.trace = span
-        return PathRun(core, run, decision, model)
+        return PathRun(core, run, decision, model, admission, len(prompt))
 
 
 class PathRun:
@@ -130,12 +175,22 @@ class PathRun:
     and end(): either way the run's stream is closed and the request counted exactly once. (A
     context rather than a wrapping generator: no extra layer on every output of the hot path.)"""
 
-    __slots__ = ("_core", "_ended", "_model", "_run", "outputs")
+    __slots__ = ("_admission", "_core", "_ended", "_model", "_prompt_tokens", "_run", "outputs")
 
-    def __init__(self, core: RoutingCore, run: GenerateRun, decision: Decision, model: str) -> None:
+    def __init__(
+        self,
+        core: RoutingCore,
+        run: GenerateRun,
+        decision: Decision,
+        model: str,
+        admission: Admission | None = None,
+        prompt_tokens: int = 0,
+    ) -> None:
         self._core = core
         self._run = run
         self._model = model
+        self._admission = admission
+        self._prompt_tokens = prompt_tokens
         self._ended = False
         self.outputs: AsyncGenerator[Output, None] = run.stream(decision)  # type: ignore[assignment]
         """The run's outputs (the last carries the finish); raises GenerateError on failure."""
@@ -144,6 +199,10 @@ class PathRun:
     def record(self) -> RunRecord:
         """What happened so far: pools, migrations, refusals, cached blocks, tokens."""
         return self._run.record
+
+    def ratelimit_headers(self) -> list[tuple[str, str]]:
+        """OpenAI's x-ratelimit-* headers after this request's admission ([] without a budget)."""
+        return self._admission.headers() if self._admission is not None else []
 
     async def __aenter__(self) -> AsyncGenerator[Output, None]:
         return self.outputs
@@ -174,6 +233,9 @@ class PathRun:
                     outcome = "CANCELLED"
             metrics = self._core.metrics
             metrics.labelled(metrics.requests, self._model, outcome).inc()
+            if self._admission is not None:
+                # Prompt plus what was generated: the rest of the max_tokens reservation returns.
+                self._admission.finish(self._prompt_tokens + len(self._run.record.tokens))
             span = self._run.trace
             if span is not None:
                 rec = self._run.record

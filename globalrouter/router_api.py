@@ -15,12 +15,13 @@ from globalrouter.request_path import RequestPath
 from globalrouter.routing import RoutingCore
 from globalrouter.selection import FilterReason
 from globalrouter.serving import ServingLinks
+from globalrouter.tenancy import grpc_status
 from globalrouter.tokenizer import ModelTokenizer, Tokenizers
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit import pagination, tracing
 from meshkit.authz import Authorizer, current_identity
-from meshkit.blocks import text_to_tokens
-from meshkit.errors import Reason, abort_with_reason, grpc_status_for
+from meshkit.blocks import DEFAULT_BLOCK_SIZE, text_to_tokens
+from meshkit.errors import Reason, abort_with_reason
 from meshkit.ids import request_id_from
 from meshkit.limits import LimitExceeded, Slots
 from meshkit.logs import get_logger
@@ -165,6 +166,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         finally:
             self._streams.release(caller)
 
+    def _cached_tokens(self, summary: router_pb2.GenerateSummary, rec: RunRecord, prompt: int) -> None:
+        """Sets the summary's cached prompt tokens (at the first pool's block size) and their source."""
+        pool = self._core.table.pools.get(rec.pools[0]) if rec.pools else None
+        block = pool.block_size if pool is not None and pool.block_size > 0 else DEFAULT_BLOCK_SIZE
+        cached, source = rec.cached_tokens(prompt, block)
+        summary.cached_tokens = cached
+        summary.cached_tokens_source = _SOURCES[source]
+
     async def _generate(
         self,
         request: router_pb2.GenerateRequest,
@@ -181,13 +190,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             await context.send_initial_metadata(sent_back)
         id_trailer = sent_back if combine else ()
         try:
-            run = self.path.start(
+            run = await self.path.start(
                 request_id=request_id,
                 model=target.model,
                 prompt=tokens,
                 max_tokens=request.max_tokens,
                 sampling=request.sampling if request.HasField("sampling") else None,
                 adapter=target.adapter,
+                identity=current_identity(),
                 trace_context=(
                     tracing.extract_metadata(context.invocation_metadata()) if tracing.enabled() else None
                 ),
@@ -208,6 +218,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                         )
                         continue
                     summary = _summary(run.record, out.finish, request_id)
+                    self._cached_tokens(summary, run.record, len(tokens))
                     if ids:
                         chunk = router_pb2.TokenChunk(token_ids=ids, offset=out.offset, pool_id=out.pool_id)
                         if combine:  # the summary rides in the last chunk
@@ -218,7 +229,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                     yield router_pb2.GenerateResponse(summary=summary)
         except GenerateError as exc:
             await _abort(context, exc, (*self._trailers(run.record), *id_trailer))
-        context.set_trailing_metadata((*self._trailers(run.record), *id_trailer))
+        # x-ratelimit-* (with --policy budgets), as the HTTP front sends them.
+        context.set_trailing_metadata((*self._trailers(run.record), *id_trailer, *run.ratelimit_headers()))
 
     @staticmethod
     def _trailers(record: RunRecord) -> tuple[tuple[str, str], ...]:
@@ -232,12 +244,26 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         if request.max_tokens > self.config.max_output_tokens:
             v.add("max_tokens", f"must be at most {self.config.max_output_tokens} (got {request.max_tokens})")
         await v.abort_if_any(context)
+        regions = None
+        if self.path.gate is not None:
+            # A dry run shows what Generate would do for this caller: its model access and its
+            # residency filter apply; its budget is not spent.
+            policy = self.path.gate.for_identity(current_identity())
+            if not policy.allows_model(target.model):  # the resolved model, as Generate checks
+                await abort_with_reason(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    Reason.MODEL_NOT_ALLOWED,
+                    f"{current_identity()} may not use model {target.model!r}",
+                )
+            regions = policy.regions
         decision = self._core.decide(
             target.model,
             tokens,
             request.max_tokens or DEFAULT_ROUTE_MAX_TOKENS,
             dry_run=True,
             adapter=target.adapter,
+            regions=regions,
         )
         if not decision.model_served:
             await abort_with_reason(
@@ -327,8 +353,14 @@ async def _abort(
     (abort's own trailing metadata would replace any set before)."""
     if error.reason is None:
         await context.abort(error.code, error.message, trailers)
-    status = grpc_status_for(error.code, error.reason, error.message, error.metadata)
+    status = grpc_status(error)  # the ErrorInfo, and a tenant refusal's QuotaFailure and RetryInfo
     await context.abort(status.code, status.details, (*status.trailing_metadata, *trailers))
+
+
+_SOURCES = {
+    "pool": router_pb2.CACHED_TOKENS_SOURCE_POOL,
+    "estimate": router_pb2.CACHED_TOKENS_SOURCE_ESTIMATE,
+}
 
 
 def _summary(rec: RunRecord, reason: int, request_id: str) -> router_pb2.GenerateSummary:

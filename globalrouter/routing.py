@@ -107,11 +107,12 @@ class RoutingCore:
         exclude: Collection[str] = (),
         *,
         dry_run: bool = False,
+        regions: frozenset[str] | None = None,
         adapter: str = "",
     ) -> Decision:
         """Filter and rank the listed pools (minus `exclude`) for this prompt under `adapter` (a
         LoRA adapter of `model`, "" for none); a dry run (Route) sends nothing, so it does not
-        count toward the wait SLO's price."""
+        count toward the wait SLO's price. `regions`: the caller's allowed regions (None: any)."""
         started = time.perf_counter()
         now = self.clock.monotonic()
         pools = [p for p in self.table.pools.values() if p.listed and p.pool_id not in exclude]
@@ -126,6 +127,7 @@ class RoutingCore:
             now,
             affinity_key=affinity_key(tokens, seed),
             observe=not dry_run,
+            regions=regions,
             adapter=adapter,
         )
         self.metrics.decision_latency.observe(time.perf_counter() - started)

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from globalrouter import stall
+from globalrouter import policy, stall
 from globalrouter.aliases import AliasError, load_aliases
 from globalrouter.config import OpenAILinkConfig, RouterConfig
 from globalrouter.http_api.config import HttpConfig
@@ -57,6 +57,15 @@ def tokenizer_spec(value: str) -> tuple[str, str]:
     if not (Path(directory) / "tokenizer.json").is_file():
         raise argparse.ArgumentTypeError(f"{directory!r} has no tokenizer.json")
     return model.strip(), directory
+
+
+def policy_file(value: str) -> str:
+    """argparse type: a policy file that parses (refused with the file, entry and key named)."""
+    try:
+        policy.load(value)
+    except policy.PolicyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def add_parser(subparsers) -> None:
@@ -351,6 +360,23 @@ def add_parser(subparsers) -> None:
         help="most snapshot blocks applied (or a leaving stream's blocks removed) per step of the serving "
         "loop (fewer when a step takes over 2 ms)",
     )
+    p.add_argument(
+        "--policy",
+        type=policy_file,
+        default=None,
+        metavar="FILE",
+        help="tenant policy (TOML): per identity, priority class, weight, token and request budgets, "
+        "allowed regions and models; re-read on SIGHUP, a bad file refused and the policy in force kept "
+        "(default: none, everyone may use everything)",
+    )
+    p.add_argument(
+        "--budget-etcd-endpoints",
+        type=endpoints_arg,
+        default=None,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="etcd where the fleet's frontends share the policy's budget counters, so a budget holds "
+        "across them (default: counted in this process only)",
+    )
     add_log_level_flag(p)
     add_security_flags(p)
     tracing.add_tracing_flags(p)
@@ -415,6 +441,8 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
             read_timeout=args.openai_read_timeout,
             max_connections=args.openai_max_connections,
         ),
+        policy=args.policy or "",
+        budget_etcd=args.budget_etcd_endpoints or "",
     )
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 import grpc
 
 from globalrouter.aliases import AliasError, ModelResolver
+from globalrouter.budgets import BudgetStore, MemoryStore, TenantBudgets
 from globalrouter.config import RouterConfig
 from globalrouter.encoding import Encoder
 from globalrouter.frontend_lease import FrontendRegistration
@@ -18,6 +19,7 @@ from globalrouter.http_api.status_page import pool_states
 from globalrouter.kv_index import KvIndex
 from globalrouter.loop_lag import sample_loop_lag
 from globalrouter.metrics import RouterMetrics
+from globalrouter.policy import PolicyError, PolicyFile
 from globalrouter.pool_directory import DirectoryWatcher, PoolTable
 from globalrouter.readiness import Readiness
 from globalrouter.request_path import RequestPath
@@ -26,6 +28,7 @@ from globalrouter.routing import RoutingCore
 from globalrouter.selection import SelectionConfig, Selector
 from globalrouter.serving import ServingLinks
 from globalrouter.telemetry_ingest import TelemetryIngest, TelemetryServicer
+from globalrouter.tenancy import TenantGate
 from globalrouter.tokenizer import TokenizerError, Tokenizers
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit import discovery_endpoints
@@ -58,6 +61,8 @@ class Router:
     metrics: RouterMetrics
     clock: Clock
     readiness: Readiness
+    gate: TenantGate
+    """The tenant policy, budgets and model access both fronts apply (through the request path)."""
     watcher: DirectoryWatcher | None = None
     registration: FrontendRegistration | None = None
     metrics_port: int = 0
@@ -186,6 +191,7 @@ class Router:
         if self._discovery_channel is not None:
             await self._discovery_channel.close()
         await self.links.close()
+        await self.gate.close()  # unused budget reservations go back to the shared counters
         self.metrics.close()
 
 
@@ -238,8 +244,10 @@ def create_server(
         raise RuntimeError(str(exc)) from exc
     # One limit of concurrent generations per identity, over gRPC Generate and the HTTP front.
     streams = generate_streams(config, enforced=authorizer.enforced)
-    # One request path (decide, run, migrate, count) and one prompt encoder for both fronts.
-    path = RequestPath.of(core, links, config)
+    gate = tenant_gate(config, clock, metrics)
+    # One request path (tenant gate, decide, run, migrate, count) and one prompt encoder for both
+    # fronts. Without --policy nobody is limited: the path skips the gate.
+    path = RequestPath.of(core, links, config, gate=gate if config.policy else None)
     encoder = Encoder(config.tokenizer_threads, config.tokenizer_queue)
     router_servicer = RouterServicer(
         core, links, config, tokenizers, authorizer=authorizer, streams=streams, path=path, encoder=encoder
@@ -259,6 +267,8 @@ def create_server(
     handle = create_grpc_server(config.listen, register, security=config.security, authorizer=authorizer)
     if config.aliases:
         handle.reload_hooks.append(("aliases", core.resolver.reload))
+    if config.policy:
+        handle.reload_hooks.append(("policy", gate.reload))
     # The frontend id and advertised URL may depend on the bound port: fill them in now.
     final = _advertised(config, handle.port)
     telemetry_servicer.frontend_id = final.frontend_id
@@ -299,8 +309,33 @@ def create_server(
         metrics=metrics,
         clock=clock,
         readiness=readiness,
+        gate=gate,
         http=http,
     )
+
+
+def tenant_gate(config: RouterConfig, clock: Clock, metrics: RouterMetrics) -> TenantGate:
+    """The policy file (--policy) and the budget counters: in etcd when --budget-etcd-endpoints
+    names one (shared by the fleet), else in this process."""
+    try:
+        policy = PolicyFile(config.policy or None)
+    except PolicyError as exc:
+        raise RuntimeError(str(exc)) from exc
+    store: BudgetStore
+    if config.budget_etcd:
+        from globalrouter.budget_etcd import EtcdBudgetStore  # aetcd only where etcd is used
+
+        store = EtcdBudgetStore(config.budget_etcd, clock)
+    else:
+        store = MemoryStore(clock)
+    if config.policy:
+        log.info(
+            "tenant policy",
+            path=config.policy,
+            identities=len(policy.current.entries),
+            budget_store="etcd" if config.budget_etcd else "memory",
+        )
+    return TenantGate(policy, TenantBudgets(store, policy.current.budget, clock), metrics)
 
 
 async def serve(config: RouterConfig) -> None:

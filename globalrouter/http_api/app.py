@@ -102,8 +102,14 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
 
 
+CACHED_SOURCE_HEADER = "x-cached-tokens-source"
+"""Says where usage.prompt_tokens_details.cached_tokens comes from: "pool" (the pool reported what
+it reused) or "estimate" (the frontend's routing estimate); a streamed response says it in an SSE
+comment before its usage chunk."""
+
+
 def _error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=dict(error.headers) or None)
 
 
 def _sampling(req: CompletionRequest | ChatCompletionRequest) -> sampling_pb2.SamplingParams:
@@ -410,13 +416,14 @@ class OpenAIFront:
             or min(self.config.default_max_tokens, self.max_output_tokens)
         )
         try:
-            run = self.path.start(
+            run = await self.path.start(
                 request_id=request_id,
                 model=target.model,
                 prompt=prompt,
                 max_tokens=max_tokens,
                 sampling=_sampling(req),
                 adapter=target.adapter,
+                identity=request.scope.get("state", {}).get("identity", UNCHECKED),
                 trace_context=tracing.extract_headers(request.headers) if tracing.enabled() else None,
             )
         except GenerateError as exc:
@@ -424,7 +431,15 @@ class OpenAIFront:
                 raise ApiError(
                     404, f"the model {req.model!r} does not exist", param="model", code="model_not_found"
                 ) from None
-            raise from_grpc(exc.code, exc.message, exc.reason) from None
+            # A tenant refusal (tenancy.TenantRefusal) brings its x-ratelimit-*, Retry-After and
+            # OpenAI error type ("tokens", "requests").
+            raise from_grpc(
+                exc.code,
+                exc.message,
+                exc.reason,
+                headers=getattr(exc, "headers", ()),
+                type=getattr(exc, "http_type", ""),
+            ) from None
         text = TextStream(
             tokenizer,
             prompt_context(prompt),
@@ -446,13 +461,19 @@ class OpenAIFront:
         if req.stream:
             return EventStreamResponse(
                 generation.sse(),
-                headers={},
+                headers=dict(run.ratelimit_headers()),  # x-ratelimit-* under --policy budgets
                 write_timeout=self.config.write_timeout,
                 on_slow_client=self.metrics.slow_clients.inc,
             )  # type: ignore[return-value]
         rec = run.record
         return JSONResponse(
-            body, headers={"x-pools": ",".join(rec.pools), "x-migrations": str(rec.migrations)}
+            body,
+            headers={
+                "x-pools": ",".join(rec.pools),
+                "x-migrations": str(rec.migrations),
+                **dict(run.ratelimit_headers()),
+                CACHED_SOURCE_HEADER: generation.cached_tokens()[1],
+            },
         )
 
 
@@ -533,13 +554,17 @@ class Generation:
         finally:
             await self.run.end(error)
 
-    def usage(self) -> dict[str, Any]:
+    def cached_tokens(self) -> tuple[int, str]:
+        """The prompt tokens found cached at the first pool and who says so ("pool" or "estimate")."""
         rec = self.run.record
-        cached = 0
-        if rec.pools:
-            pool = self.front.core.table.pools.get(rec.pools[0])
-            block = pool.block_size if pool is not None and pool.block_size > 0 else DEFAULT_BLOCK_SIZE
-            cached = min(self.prompt_tokens, rec.cached_blocks * block)
+        if not rec.pools:
+            return 0, "estimate"
+        pool = self.front.core.table.pools.get(rec.pools[0])
+        block = pool.block_size if pool is not None and pool.block_size > 0 else DEFAULT_BLOCK_SIZE
+        return rec.cached_tokens(self.prompt_tokens, block)
+
+    def usage(self) -> dict[str, Any]:
+        cached, _ = self.cached_tokens()
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
@@ -631,6 +656,8 @@ class Generation:
             await texts.aclose()  # type: ignore[attr-defined]
         yield event(self._chunk(None if self.kind == "chat" else "", self.finish_reason))
         if self._include_usage:
+            # Headers are long gone: an SSE comment (ignored by clients) names the figure's source.
+            yield f": {CACHED_SOURCE_HEADER}: {self.cached_tokens()[1]}\n\n"
             yield event(
                 {
                     "id": self.id,

@@ -64,12 +64,14 @@ class PoolQueued(_message.Message):
     def __init__(self, position: _Optional[int] = ...) -> None: ...
 
 class PoolFinish(_message.Message):
-    __slots__ = ("reason", "tokens_generated")
+    __slots__ = ("reason", "tokens_generated", "cached_tokens")
     REASON_FIELD_NUMBER: _ClassVar[int]
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     reason: PoolFinishReason
     tokens_generated: int
-    def __init__(self, reason: _Optional[_Union[PoolFinishReason, str]] = ..., tokens_generated: _Optional[int] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, reason: _Optional[_Union[PoolFinishReason, str]] = ..., tokens_generated: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class PoolFrontendServiceGenerateResponse(_message.Message):
     __slots__ = ("admission", "tokens", "finish", "queued")
