@@ -94,3 +94,36 @@ async def test_a_request_no_pool_serves_ends_its_span_with_the_outcome(traced):
         "p3: OTHER_MODEL",
     ]
     assert not any(s.name == "globalrouter.admission" for s in spans)
+
+
+async def test_a_tenant_refusal_ends_the_request_span_before_any_decision(traced):
+    from globalrouter.budgets import MemoryStore, TenantBudgets
+    from globalrouter.metrics import RouterMetrics
+    from globalrouter.policy import PolicyFile, parse
+    from globalrouter.request_path import RequestPath
+    from globalrouter.stall import StallPolicy
+    from globalrouter.tenancy import TenantGate, TenantRefusal
+    from meshkit.clock import FakeClock
+    from meshkit.identity import Identity, Role
+
+    router, _stub, _pools, receiver = traced
+    held = PolicyFile(None)
+    held.current = parse('[identity."client/alice"]\nmodels = ["llama"]\n')
+    clock = FakeClock()
+    gate = TenantGate(held, TenantBudgets(MemoryStore(clock), held.current.budget, clock), RouterMetrics())
+    path = RequestPath(
+        router.core, router.links, migration_limit=1, admission_tries=1, stall=StallPolicy(), gate=gate
+    )
+    trace_id = secrets.token_hex(16)
+    with pytest.raises(TenantRefusal):
+        await path.start(
+            request_id="r1",
+            model="m",
+            prompt=PROMPT,
+            max_tokens=4,
+            identity=Identity(Role.CLIENT, "alice"),
+            trace_context=tracing.extract_metadata(traced_call(trace_id)),
+        )
+    spans = of(receiver, trace_id)
+    assert [s.name for s in spans] == ["globalrouter.request"]
+    assert spans[0].error and spans[0].attributes["request.outcome"] == "PERMISSION_DENIED"
