@@ -216,6 +216,10 @@ def start_span(
     from opentelemetry import trace
 
     if parent is not None and not isinstance(parent, dict):
+        if isinstance(parent, trace.NonRecordingSpan):
+            # A trace sampled out: its children would be sampled out too. The parent stands in for
+            # them (its end() does nothing; its context, unsampled, is what goes to the pool).
+            return parent
         parent = trace.set_span_in_context(parent)
     kind = trace.SpanKind.SERVER if server else trace.SpanKind.INTERNAL
     return tracer.start_span(name, context=parent, kind=kind, attributes=attributes)

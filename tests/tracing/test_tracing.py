@@ -208,3 +208,18 @@ def test_a_collector_that_is_down_does_not_hold_the_exit():
     tracing.shutdown(timeout=0.5)
     assert time.monotonic() - started < 2.0
     assert not tracing.enabled()
+
+
+def test_a_trace_sampled_out_makes_no_child_spans_and_tells_the_next_hop(receiver):
+    assert tracing.setup("svc", TracingConfig(otlp_endpoint=receiver.endpoint, sample_ratio=0.0))
+    root = tracing.start_span("request")
+    assert root is not None and not root.is_recording()
+    child = tracing.start_span("admission", root)
+    assert child is root  # no span object per child of a trace nobody records
+    with tracing.current(child):
+        traceparent = dict(tracing.outgoing_metadata() or ())["traceparent"]
+    assert int(traceparent.rsplit("-", 1)[1], 16) & 1 == 0  # sampled flag off: the pool follows
+    tracing.end_span(child)
+    tracing.end_span(root)
+    tracing.shutdown()
+    assert receiver.spans() == []
