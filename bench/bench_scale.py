@@ -93,6 +93,8 @@ class Config:
     ramp_per_pool: float
     quick: bool
     log_dir: Path
+    frontend_flags: tuple[str, ...]
+    """Extra `globalrouter serve` flags of the measured frontend (e.g. --kv-state summary)."""
     command: str
     out: str
     """Where SCALE.md goes ('' writes no file)."""
@@ -265,7 +267,7 @@ class Sims:
 def start_frontend(mesh: Mesh, cfg: Config, pools: int) -> tuple[str, Proc, int, list[str]]:
     """A global frontend allowing every simulated stream; (address, proc, metrics port, extra flags)."""
     streams = max(1024, pools * cfg.relays + 256)
-    extra = ["--max-telemetry-streams", str(streams)]
+    extra = ["--max-telemetry-streams", str(streams), *cfg.frontend_flags]
     router = mesh.start_router(*extra)
     return router.address, router.proc, router.metrics_port, extra
 
@@ -1412,6 +1414,14 @@ def parse(argv: list[str] | None) -> Config:
     p.add_argument("--out", default=None, help="SCALE.md path (default: SCALE.md, or none with --quick)")
     p.add_argument("--log-dir", default=None)
     p.add_argument(
+        "--frontend-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="an extra flag of the measured frontend, repeatable, e.g. --frontend-flag=--kv-state "
+        "--frontend-flag=summary",
+    )
+    p.add_argument(
         "--render", default=None, help="rewrite SCALE.md and the plot from a run's JSON (--render=FILE)"
     )
     a = p.parse_args(argv)
@@ -1458,6 +1468,7 @@ def parse(argv: list[str] | None) -> Config:
         ramp_per_pool=a.ramp_per_pool,
         quick=quick,
         log_dir=log_dir,
+        frontend_flags=tuple(a.frontend_flag),
         command=cmd.strip(),
         out=a.out if a.out is not None else ("" if quick else str(SCALE_MD)),
     )
