@@ -9,18 +9,24 @@ import pytest
 from globalrouter import serve_cli
 from globalrouter.cli import build_parser
 from globalrouter.config import RouterConfig
+from globalrouter.http_api.status_page import status
 from globalrouter.kv_summary import KvSummary
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.server import create_server
 from globalrouter.telemetry_ingest import TelemetryIngest
+from globalrouter.v1 import router_pb2
 from meshkit import settings
+from meshkit.blocks import block_hashes
 from meshkit.clock import FakeClock
 from poolrelay.v1 import pool_events_pb2
 from poolrelay.v1 import telemetry_pb2 as tm
+from tests.router.fakes import FakeRelay, eventually, pool_msg, start_router
 from tests.router.test_telemetry_budgets import chunk, delta, hello
 
 pytestmark = pytest.mark.timeout(30)
+PROMPT = list(range(100, 164))  # four blocks of 16
+HASHES = block_hashes(PROMPT, 16)
 
 
 def make(**kw) -> tuple[TelemetryIngest, PoolTable, KvSummary]:
@@ -160,3 +166,28 @@ def test_kv_state_is_a_serve_flag_and_checked():
     with pytest.raises(ValueError, match="kv_state must be one of"):
         create_server(RouterConfig(kv_state="bloom"))
     assert isinstance(create_server(RouterConfig(kv_state="summary")).core.index, KvSummary)
+
+
+async def test_route_list_pools_and_the_status_page_read_the_summary():
+    router, stub, channel = await start_router(kv_state="summary")
+    try:
+        router.core.table.apply_listed(pool_msg("p1", "http://127.0.0.1:1"))
+        relay = FakeRelay(f"127.0.0.1:{router.port}")
+        await relay.open("p1")
+        await relay.send(kv_snapshot=tm.KvSnapshot(snapshot_id=1, last=True, block_hashes=HASHES))
+        await relay.send(load=tm.LoadReport(load=pool_events_pb2.PoolLoad(max_running_requests=4)))
+        await eventually(
+            lambda: router.core.table.pools["p1"].kv_sources and router.core.table.pools["p1"].load
+        )
+        reply = await stub.Route(
+            router_pb2.RouteRequest(model="m", prompt=router_pb2.Prompt(token_ids={"ids": PROMPT}))
+        )
+        assert reply.candidates[0].pool_id == "p1" and reply.candidates[0].cached_blocks == 4
+        (view,) = (await stub.ListPools(router_pb2.ListPoolsRequest())).pools
+        assert view.indexed_blocks == 4 and view.telemetry_streams == 1
+        (row,) = [p for region in status(router.core, "f")["regions"] for p in region["pools"]]
+        assert row["indexed_blocks"] == 4
+        await relay.close()
+    finally:
+        await channel.close()
+        await router.handle.server.stop(0)
