@@ -318,19 +318,12 @@ class KvSummary:
 
     def expect_pool(self, pool: str, blocks: int) -> None:
         """Sets the pool's table size floor to hold `blocks` (its KV capacity, from its load
-        reports), and doubles a smaller table it has now. Cheap when the capacity is unchanged
-        (every load report calls it)."""
+        reports): its next table (a snapshot's, or the first deltas') is never smaller. A table it
+        has now is left as it is: doubling it now would cost a pass over it on the caller's loop
+        and a fingerprint bit, which deltas that overfill it pay anyway, and only then. O(1)."""
         if blocks < 0:
             raise ValueError(f"expected blocks must be >= 0, got {blocks}")
-        p = self._pool_named(pool)
-        want = self._buckets_for(blocks)
-        if want == self._floor[p]:
-            return
-        self._floor[p] = want
-        if 0 < int(self._nb[p]) < want:
-            self._fold()
-            while 0 < int(self._nb[p]) < want and int(self._lost[p]) < MAX_LOST:
-                self._double(p)
+        self._floor[self._pool_named(pool)] = self._buckets_for(blocks)
 
     # ---- snapshots built a step at a time (the live frontend's telemetry ingest) ---------------
     def begin_snapshot(self, source: str, blocks: int, pool: str | None = None) -> None:

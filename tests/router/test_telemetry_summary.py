@@ -130,6 +130,17 @@ def test_load_reports_size_the_pools_table_before_deltas_fill_it():
     assert summary.table_bytes() <= 2 * ingest.max_snapshot_blocks * 2
 
 
+def test_a_capacity_learnt_after_the_snapshot_sizes_the_next_table_not_the_current_one():
+    ingest, _table, summary = make()
+    s = ingest.open(hello())
+    ingest.receive(s, chunk(range(1, 11), last=True))
+    before = summary.table_bytes()
+    ingest.receive(s, load(50_000))  # no pass over the table on the serving loop
+    assert summary.table_bytes() == before and summary.stats().doublings == 0
+    ingest.receive(s, chunk(range(1, 11), last=True, sequence=5))
+    assert summary.table_bytes() >= 50_000 * 2 and summary.block_count(s.source) == 10
+
+
 def test_an_ending_stream_during_its_build_frees_the_build_table():
     ingest, _table, summary = make(step_blocks=100)
     s = ingest.open(hello())
