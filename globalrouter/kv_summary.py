@@ -42,6 +42,11 @@ deltas of its feeding source (the one whose snapshot came last; when it leaves, 
 source of the pool). Other replicas' deltas are counted and skipped (they carry the same set).
 The pool's set is dropped when its last source leaves. Deltas are logged and folded into the
 tables vectorised (all pools at once) when the log holds PENDING blocks or before any read.
+
+The live frontend (`globalrouter serve --kv-state summary`) applies a snapshot in bounded steps:
+begin_snapshot gives it a table of its own (a hidden table id, never searched), add_blocks fills
+it a slice at a time, commit_snapshot makes it the pool's in one swap (until then the pool's old
+set answers). remove_blocks is a no-op: a leaving source's blocks are its pool's.
 """
 
 from __future__ import annotations
