@@ -165,7 +165,7 @@ def test_summary_build_calls_are_checked():
     assert summary.pools() == ["p/with/slashes"] and summary.pool_block_count("p/with/slashes") == 10
 
 
-def test_kv_state_is_a_serve_flag_and_checked():
+async def test_kv_state_is_a_serve_flag_and_checked():
     args = settings.parse_args(
         build_parser(), ["serve", "--discovery", "127.0.0.1:1"], environ={"GLOBALROUTER_KV_STATE": "summary"}
     )
