@@ -299,7 +299,7 @@ async def list_pools(address: str, limit: float) -> dict[str, router_pb2.PoolVie
 READY_SHARE = 0.999
 """A pool counts as ready holding this share of its blocks: under `--kv-state summary` a pool's
 indexed_blocks is its table's entries, and a stored block whose fingerprint collides with a held
-one's adds none (about 2 in 10,000 stores), so the count drifts a little below the pool's. The
+one's adds none (a probe's false positive, 2 x 8 x load / 2^15), so the count drifts a little below the pool's. The
 exact index swaps a whole snapshot in at once: 0, then all."""
 
 
