@@ -24,6 +24,10 @@ class OpenAILinkConfig:
     """Connections open at once to all OpenAI pools together (keep-alive pooled); more wait for one."""
 
 
+KV_STATES = ("exact", "summary")
+"""RouterConfig.kv_state's choices."""
+
+
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     """Everything a global frontend needs to run; built from flags or directly by tests."""
@@ -85,6 +89,11 @@ class RouterConfig:
     snapshot_step_blocks: int = 8192
     """Most blocks of snapshot application or stream removal done per step of the serving loop,
     which yields in between; fewer when a step takes over 2 ms (a big table: cache misses)."""
+    kv_state: str = "exact"
+    """How the frontend holds the pools' KV blocks: "exact" (KvIndex, one mask bit per relay stream
+    per block: exact, fastest for small fleets) or "summary" (KvSummary, one fingerprint table per
+    pool, about 2.4 bytes per (pool, block) whatever the relays: for fleets of hundreds of pools;
+    rarely lossy, see BENCHMARKS.md "KV summary at fleet scale")."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     """OpenTelemetry export (--otlp-endpoint; empty: off)."""

@@ -42,6 +42,11 @@ deltas of its feeding source (the one whose snapshot came last; when it leaves, 
 source of the pool). Other replicas' deltas are counted and skipped (they carry the same set).
 The pool's set is dropped when its last source leaves. Deltas are logged and folded into the
 tables vectorised (all pools at once) when the log holds PENDING blocks or before any read.
+
+The live frontend (`globalrouter serve --kv-state summary`) applies a snapshot in bounded steps:
+begin_snapshot gives it a table of its own (a hidden table id, never searched), add_blocks fills
+it a slice at a time, commit_snapshot makes it the pool's in one swap (until then the pool's old
+set answers). remove_blocks is a no-op: a leaving source's blocks are its pool's.
 """
 
 from __future__ import annotations
@@ -166,6 +171,7 @@ class KvSummary:
         "_feeder",
         "_floor",
         "_garbage",
+        "_hidden",
         "_log_keys",
         "_log_runs",
         "_lost",
@@ -177,6 +183,8 @@ class KvSummary:
         "_skipped",
         "_slots",
         "_source_pool",
+        "_spare",
+        "_staged",
         "_top",
         "verify_top",
     )
@@ -225,6 +233,12 @@ class KvSummary:
         self._skipped = 0
         self._dropped = 0
         self._doublings = 0
+        self._hidden = np.zeros(0, bool)
+        """Per table id: a snapshot being built (begin_snapshot), not a pool: never searched."""
+        self._staged: dict[str, tuple[int, int]] = {}
+        """Source being built -> (its build table's id, its pool's id)."""
+        self._spare: list[int] = []
+        """Build table ids free for the next begin_snapshot."""
 
     # ---- sizing and the arena --------------------------------------------------------------------
     @staticmethod
@@ -268,20 +282,29 @@ class KvSummary:
         p = self._source_pool.get(source)
         if p is not None:
             return p
-        name = self._pool_of(source)
-        p = self._pool_ids.get(name)
-        if p is None:
-            p = self._pool_ids[name] = len(self._pool_names)
-            self._pool_names.append(name)
-            self._pool_sources.append(set())
-            self._feeder.append(None)
-            self._floor.append(MIN_BUCKETS)
-            self._base = np.append(self._base, 0)
-            self._nb = np.append(self._nb, 0)
-            self._lost = np.append(self._lost, 0)
-            self._count = np.append(self._count, 0)
+        p = self._pool_named(self._pool_of(source))
         self._source_pool[source] = p
         self._pool_sources[p].add(source)
+        return p
+
+    def _pool_named(self, name: str) -> int:
+        p = self._pool_ids.get(name)
+        if p is None:
+            p = self._pool_ids[name] = self._new_table(name)
+        return p
+
+    def _new_table(self, name: str) -> int:
+        """A new table id (a pool's, or a build's when `name` is empty) with no rows yet."""
+        p = len(self._pool_names)
+        self._pool_names.append(name)
+        self._pool_sources.append(set())
+        self._feeder.append(None)
+        self._floor.append(MIN_BUCKETS)
+        self._base = np.append(self._base, 0)
+        self._nb = np.append(self._nb, 0)
+        self._lost = np.append(self._lost, 0)
+        self._count = np.append(self._count, 0)
+        self._hidden = np.append(self._hidden, not name)
         return p
 
     def expect(self, source: str, blocks: int) -> None:
@@ -297,6 +320,88 @@ class KvSummary:
         if self._nb[p] == 0:
             self._base[p] = self._alloc(want)
             self._nb[p] = want
+
+    def expect_pool(self, pool: str, blocks: int) -> None:
+        """Sets the pool's table size floor to hold `blocks` (its KV capacity, from its load
+        reports): its next table (a snapshot's, or the first deltas') is never smaller. A table it
+        has now is left as it is: doubling it now would cost a pass over it on the caller's loop
+        and a fingerprint bit, which deltas that overfill it pay anyway, and only then. O(1)."""
+        if blocks < 0:
+            raise ValueError(f"expected blocks must be >= 0, got {blocks}")
+        self._floor[self._pool_named(pool)] = self._buckets_for(blocks)
+
+    # ---- snapshots built a step at a time (the live frontend's telemetry ingest) ---------------
+    def begin_snapshot(self, source: str, blocks: int, pool: str | None = None) -> None:
+        """Starts building a snapshot of `blocks` blocks under `source` (a key of its own, not yet
+        a source of its pool, which is `pool` or else what pool_of names): add_blocks fills a
+        table of its own, which commit_snapshot makes the pool's. Until then the pool's current
+        table answers."""
+        if blocks < 0:
+            raise ValueError(f"snapshot blocks must be >= 0, got {blocks}")
+        self._drop_build(source)
+        p = self._pool_named(self._pool_of(source) if pool is None else pool)
+        s = self._spare.pop() if self._spare else self._new_table("")
+        want = max(self._buckets_for(blocks), self._floor[p])
+        self._base[s] = self._alloc(want)
+        self._nb[s] = want
+        self._lost[s] = 0
+        self._count[s] = 0
+        self._staged[source] = (s, p)
+
+    def add_blocks(self, source: str, keys: np.ndarray) -> None:
+        """Adds packed block hashes to the snapshot being built under `source` (one bounded step;
+        begun with the pool's floor size if begin_snapshot was not called), or, for a source of a
+        pool, stores them in the pool's set like a delta."""
+        if source in self._source_pool:
+            self.apply_delta(source, _as_keys(keys).tolist(), ())
+            return
+        if source not in self._staged:
+            self.begin_snapshot(source, 0)
+        s = self._staged[source][0]
+        h = mix(_as_keys(keys))
+        if not h.size:
+            return
+        # A snapshot's blocks are distinct (a relay's set), so no probe for those already placed:
+        # two blocks sharing a fingerprint and a row get an entry each, as in apply_snapshot.
+        h = np.unique(h)
+        while (
+            int(self._count[s]) + h.size > MAX_LOAD * SLOTS * int(self._nb[s])
+            and int(self._lost[s]) < MAX_LOST
+        ):
+            self._double(s)
+        b1, b2, v = self._locate(s, h)
+        if self._count[s]:
+            self._place(np.full(h.size, s, np.int64), b1, b2, v)
+        else:
+            self._bulk(s, b1, b2, v)
+
+    def remove_blocks(self, source: str, keys: np.ndarray) -> None:
+        """Nothing: a source's blocks are its pool's, which keeps them while another source of the
+        pool is live and drops them all at once with the last one (drop_source, O(table))."""
+
+    def commit_snapshot(self, source: str) -> None:
+        """The snapshot built under `source` replaces its pool's set; `source` becomes a source of
+        the pool and its feeder (its deltas change the set from now on)."""
+        staged = self._staged.pop(source, None)
+        if staged is None:
+            raise ValueError(f"no snapshot is being built under {source!r}")
+        s, p = staged
+        self._fold()  # logged deltas were for the table being replaced
+        if self._nb[p]:
+            self._release(p)
+        self._base[p], self._nb[p] = self._base[s], self._nb[s]
+        self._lost[p], self._count[p] = self._lost[s], self._count[s]
+        self._nb[s] = self._count[s] = self._lost[s] = 0  # its rows are the pool's now
+        self._spare.append(s)
+        self._source_pool[source] = p
+        self._pool_sources[p].add(source)
+        self._feeder[p] = source
+
+    def _drop_build(self, source: str) -> None:
+        staged = self._staged.pop(source, None)
+        if staged is not None:
+            self._release(staged[0])
+            self._spare.append(staged[0])
 
     # ---- hashing -------------------------------------------------------------------------------
     def _locate(self, p: np.ndarray | int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -543,7 +648,9 @@ class KvSummary:
 
     def drop_source(self, source: str) -> None:
         """Forgets one source (its stream ended). The pool keeps its set while another of its
-        sources is live (replicas carry the same set), which then feeds it; else the set goes."""
+        sources is live (replicas carry the same set), which then feeds it; else the set goes.
+        A snapshot being built under `source` goes too."""
+        self._drop_build(source)
         p = self._source_pool.pop(source, None)
         if p is None:
             return
@@ -628,7 +735,7 @@ class KvSummary:
         """(pool, block) entries over all pools (not distinct blocks, unlike KvIndex: a block two
         pools hold counts twice)."""
         self._fold()
-        return int(self._count.sum())
+        return int(self._count[~self._hidden].sum())
 
     def memory_bytes(self) -> int:
         """Bytes of the arena (every pool's table, plus room not yet used or given up)."""
@@ -641,8 +748,8 @@ class KvSummary:
     def stats(self) -> SummaryStats:
         self._fold()
         return SummaryStats(
-            pools=int(np.count_nonzero(self._nb)),
-            entries=int(self._count.sum()),
+            pools=int(np.count_nonzero(self._nb[~self._hidden])),
+            entries=int(self._count[~self._hidden].sum()),
             table_bytes=self.table_bytes(),
             arena_bytes=self.memory_bytes(),
             skipped_deltas=self._skipped,
@@ -651,7 +758,7 @@ class KvSummary:
         )
 
     def _active(self) -> np.ndarray:
-        out: np.ndarray = np.flatnonzero(self._count > 0)
+        out: np.ndarray = np.flatnonzero((self._count > 0) & ~self._hidden)
         return out
 
     def holds(self, block_hash: int) -> bool:

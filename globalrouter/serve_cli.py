@@ -8,7 +8,7 @@ from pathlib import Path
 
 from globalrouter import policy, stall
 from globalrouter.aliases import AliasError, load_aliases
-from globalrouter.config import OpenAILinkConfig, RouterConfig
+from globalrouter.config import KV_STATES, OpenAILinkConfig, RouterConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
 from globalrouter.server import serve
@@ -377,6 +377,13 @@ def add_parser(subparsers) -> None:
         help="etcd where the fleet's frontends share the policy's budget counters, so a budget holds "
         "across them (default: counted in this process only)",
     )
+    p.add_argument(
+        "--kv-state",
+        choices=KV_STATES,
+        default=_D.kv_state,
+        help="how the pools' KV blocks are held: exact (per relay stream, exact; small fleets) or summary "
+        "(a fingerprint table per pool, about 2.4 bytes per pool-block; hundreds of pools)",
+    )
     add_log_level_flag(p)
     add_security_flags(p)
     tracing.add_tracing_flags(p)
@@ -419,6 +426,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         max_snapshot_blocks_per_relay=args.max_snapshot_blocks_per_relay,
         max_snapshot_blocks_total=args.max_snapshot_blocks_total,
         snapshot_step_blocks=args.snapshot_step_blocks,
+        kv_state=args.kv_state,
         security=args.security,
         tracing=tracing.tracing_config(args),
         tokenizers=tuple(args.tokenizer),

@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import grpc
 
 from globalrouter.aliases import AliasError, ModelResolver
 from globalrouter.budgets import BudgetStore, MemoryStore, TenantBudgets
-from globalrouter.config import RouterConfig
+from globalrouter.config import KV_STATES, RouterConfig
 from globalrouter.encoding import Encoder
 from globalrouter.frontend_lease import FrontendRegistration
 from globalrouter.http_api.app import OpenAIFront
 from globalrouter.http_api.server import HttpServer
 from globalrouter.http_api.status_page import pool_states
 from globalrouter.kv_index import KvIndex
+from globalrouter.kv_summary import KvSummary
 from globalrouter.loop_lag import sample_loop_lag
 from globalrouter.metrics import RouterMetrics
 from globalrouter.policy import PolicyError, PolicyFile
@@ -215,7 +217,11 @@ def create_server(
     clock = clock or SystemClock()
     metrics = RouterMetrics()
     table = PoolTable()
-    index = index if index is not None else KvIndex()
+    if index is None:
+        if config.kv_state not in KV_STATES:
+            raise ValueError(f"kv_state must be one of {KV_STATES}, got {config.kv_state!r}")
+        # The summary answers the index's calls (and the ingest's build/commit ones; see TelemetryIngest).
+        index = cast(KvIndex, KvSummary()) if config.kv_state == "summary" else KvIndex()
     selector = Selector(SelectionConfig(freshness=config.freshness, wait_slo=config.wait_slo))
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from globalrouter.kv_summary import KvSummary
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal
@@ -206,6 +207,11 @@ class TelemetryIngest:
         self.step_blocks = step_blocks
         self._table = table
         self._index = index
+        self._summary = index if isinstance(index, KvSummary) else None
+        """The KV state as per-pool tables (`--kv-state summary`): a snapshot is built in a table
+        of its own and swapped in (begin/commit), a pool's table is sized from its load reports'
+        kv_blocks_total, and streams keep no block logs (a pool's table goes with its last source
+        at once, not block by block)."""
         self._clock = clock
         self._metrics = metrics
         self._ids = itertools.count(1)
@@ -425,7 +431,8 @@ class TelemetryIngest:
             return used, True
         stream = job.stream
         if job.parts:
-            used = self._index_slice(job.parts, job, budget, self._index.add_blocks, job.source, job.done)
+            done = job.done if self._summary is None else None
+            used = self._index_slice(job.parts, job, budget, self._index.add_blocks, job.source, done)
             self._unhold(stream, used)
             job.blocks -= used
             if job.parts:
@@ -455,11 +462,13 @@ class TelemetryIngest:
         stream = job.stream
         stream.building = None
         pool = self._table.get(stream.pool_id)
+        if self._summary is not None:
+            self._summary.commit_snapshot(job.source)  # before the old source leaves: the pool keeps a set
         if stream.source:
             pool.kv_sources.discard(stream.source)
             self._drop(stream.source, stream)
         stream.source = job.source
-        stream.log = job.done
+        stream.log = job.done if self._summary is None else None
         stream.log_tail = []
         stream.log_blocks = sum(int(p.size) for p in job.done)
         stream.kv_applied = True
@@ -514,6 +523,12 @@ class TelemetryIngest:
             return answer
         if kind == "load":
             pool.record_load(load_signal(msg.load.load), now)
+            if self._summary is not None and msg.load.load.kv_blocks_total:
+                # Sized before deltas fill it: a table that doubles loses a fingerprint bit.
+                # No snapshot may pass max_snapshot_blocks: neither may a table's size.
+                self._summary.expect_pool(
+                    stream.pool_id, min(msg.load.load.kv_blocks_total, self.max_snapshot_blocks)
+                )
             if msg.load.HasField("observe_time"):
                 self._lag(wall_seconds(msg.load.observe_time))
         elif kind == "readiness":
@@ -612,6 +627,8 @@ class TelemetryIngest:
             self._unhold(stream, len(stored) + len(removed))
         stream.backlog = []
         stream.building = job
+        if self._summary is not None:
+            self._summary.begin_snapshot(job.source, job.blocks, stream.pool_id)
         self._work.append(job)
         stream.next_sequence = stream.snapshot_sequence + 1
         return None

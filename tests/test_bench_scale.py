@@ -115,3 +115,19 @@ def test_simulated_relays_are_accepted_by_a_real_frontend(tmp_path):
         assert c["deltas"] > 0 and c["delta_events"] > 0
         assert c["snapshot_requests"] == 0 and c["stream_errors"] == 0, c["last_error"]
         assert router.metric("globalrouter_telemetry_snapshot_requests_total") == 0
+
+
+def test_a_pool_is_ready_holding_nearly_all_its_blocks_as_the_summary_counts_them():
+    from globalrouter.v1 import router_pb2
+
+    def view(indexed: int) -> router_pb2.PoolView:
+        return router_pb2.PoolView(
+            pool_id="scale-0000",
+            listed=True,
+            kv_freshness=router_pb2.SignalFreshness(fresh=True),
+            indexed_blocks=indexed,
+        )
+
+    assert bench_scale.ready_count({"scale-0000": view(99_999)}, 1, 100_000) == 1  # a collision or two
+    assert bench_scale.ready_count({"scale-0000": view(99_000)}, 1, 100_000) == 0
+    assert bench_scale.ready_count({"scale-0000": view(0)}, 1, 100_000) == 0
