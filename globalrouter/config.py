@@ -9,6 +9,7 @@ from globalrouter.pool_state import FreshnessLimits
 from globalrouter.stall import StallPolicy
 from globalrouter.wait_slo import WaitSlo
 from meshkit.tls import SecurityConfig
+from meshkit.tracing import TracingConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,8 @@ class RouterConfig:
     pool, about 2.4 bytes per (pool, block) whatever the relays: for fleets of hundreds of pools;
     rarely lossy, see BENCHMARKS.md "KV summary at fleet scale")."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    """OpenTelemetry export (--otlp-endpoint; empty: off)."""
     """TLS, identities and API keys (the shared security flags)."""
     tokenizers: tuple[tuple[str, str], ...] = ()
     """(model, directory) pairs: a Hugging Face tokenizer.json + tokenizer_config.json per model,

@@ -6,6 +6,7 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -22,8 +23,12 @@ from globalrouter.serving import (
 )
 from globalrouter.stall import FirstTokenWait, Silent, StallPolicy, StallWatch, TurnTooLong, within
 from globalrouter.v1 import pool_frontend_pb2, router_pb2, sampling_pb2
+from meshkit import tracing
 from meshkit.errors import Reason
 from meshkit.logs import get_logger
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = get_logger(module="globalrouter.migration")
 
@@ -31,6 +36,19 @@ _FINISH = {
     pool_frontend_pb2.POOL_FINISH_REASON_LENGTH: router_pb2.FINISH_REASON_LENGTH,
     pool_frontend_pb2.POOL_FINISH_REASON_STOP: router_pb2.FINISH_REASON_STOP,
 }
+
+
+def decision_attributes(decision: Decision) -> dict[str, object]:
+    """A decision as span attributes: pools considered, the chosen one and its cached blocks, and
+    why the others were filtered out (built only when tracing is on)."""
+    best = decision.candidates[0] if decision.candidates else None
+    return {
+        "decision.pools_considered": [c.pool_id for c in decision.candidates],
+        "decision.pools_filtered": [f"{f.pool_id}: {f.reason.name}" for f in decision.filtered],
+        "decision.chosen_pool": best.pool_id if best else None,
+        "decision.cached_blocks": best.cached_blocks if best else None,
+        "decision.prompt_blocks": decision.prompt_blocks,
+    }
 
 
 def known_busy(pool: PoolState, now: float, limits: FreshnessLimits) -> bool:
@@ -138,6 +156,8 @@ class GenerateRun:
         self.record = RunRecord()
         self._estimated = 0  # the decision's cached blocks at the pool _admit() chose
         self._started = core.clock.monotonic()
+        self.trace: Span | None = None
+        """The request's span (tracing on): admission attempts, pool streams and migrations are its children."""
 
     @property
     def _log(self):
@@ -157,6 +177,17 @@ class GenerateRun:
                 rec.prompt_blocks = admitted.admission.prompt_blocks
                 rec.pool_states_cache, rec.estimated_cached_blocks = admitted.states_cache, self._estimated
             rec.pools.append(admitted.pool_id)
+            span = None
+            if self.trace is not None:
+                span = tracing.start_span(
+                    "globalrouter.pool_stream",
+                    self.trace,
+                    {
+                        "pool.id": admitted.pool_id,
+                        "pool.frontend": admitted.url,
+                        "tokens.before": len(rec.tokens),
+                    },
+                )
             finish: pool_frontend_pb2.PoolFinish | None = None
             last: list[int] | None = None
             broken: StreamBroken | None = None
@@ -207,6 +238,15 @@ class GenerateRun:
                 silent = exc
             finally:
                 await self._links.release(admitted)
+                if span is not None:
+                    tracing.end_span(
+                        span,
+                        broken or silent,
+                        **{
+                            "tokens.after": len(rec.tokens) + len(last or ()),
+                            "stream.finished": finish is not None,
+                        },
+                    )
             if finish is not None and finish.HasField("cached_tokens") and len(rec.pools) == 1:
                 rec.pool_cached_tokens = finish.cached_tokens
             if finish is not None or len(rec.tokens) >= self._max_tokens:
@@ -242,6 +282,18 @@ class GenerateRun:
                     self._error_metadata(),
                 )
             rec.migrations += 1
+            span = None
+            if self.trace is not None:
+                span = tracing.start_span(
+                    "globalrouter.migration",
+                    self.trace,
+                    {
+                        "migration.from_pool": admitted.pool_id,
+                        "migration.reason": detail,
+                        "migration.tokens_so_far": sent,
+                        "migration.number": rec.migrations,
+                    },
+                )
             metrics = self._core.metrics
             metrics.labelled(metrics.migrations, admitted.pool_id).inc()
             self._event("migration", admitted.pool_id, detail=detail)
@@ -259,6 +311,8 @@ class GenerateRun:
                 exclude=failed_pools,
                 adapter=self._adapter,
             )
+            if span is not None:
+                tracing.end_span_with(span, functools.partial(decision_attributes, decision))
             if not decision.candidates:
                 why = describe_filtered(decision) or "no other pool serves the model"
                 raise GenerateError(
@@ -399,11 +453,21 @@ class GenerateRun:
                 prefill_rate=pool.capacity.prefill_tokens_per_second,
                 begun=clock.monotonic(),
             )
+            attempt = None
+            if self.trace is not None:
+                attempt = tracing.start_span(
+                    "globalrouter.admission",
+                    self.trace,
+                    {"pool.id": pool.pool_id, "admission.uncached_tokens": candidate.uncached_tokens},
+                )
             try:
                 try:
-                    admitted = await within(
-                        clock, functools.partial(self._links.admit, pool, request), watch.first_allowance
-                    )
+                    admit = functools.partial(self._links.admit, pool, request)
+                    if attempt is None:
+                        admitted = await within(clock, admit, watch.first_allowance)
+                    else:
+                        with tracing.current(attempt):  # the pool call carries this span's context
+                            admitted = await within(clock, admit, watch.first_allowance)
                 except Silent as silent:
                     # A pool that does not even admit in time (hung, stopped) is no better than one
                     # that says no: the next candidate is asked, and its link backs off, unless the
@@ -427,6 +491,16 @@ class GenerateRun:
                     ) from None
             except AdmissionFailed as exc:
                 failures.append(exc)
+                if attempt is not None:
+                    tracing.end_span(
+                        attempt,
+                        exc,
+                        **{
+                            "admission.code": exc.code.name,
+                            "admission.reason": str(exc.reason) if exc.reason else None,
+                            "admission.refused": exc.refused,
+                        },
+                    )
                 if exc.refused:
                     rec.refused_by.append(exc.pool_id)
                     metrics.labelled(metrics.refusals, exc.pool_id, exc.code.name).inc()
@@ -445,9 +519,21 @@ class GenerateRun:
                 else:
                     self._links.link_failed(pool, self._core.clock.monotonic())
                 continue
+            except BaseException as exc:
+                tracing.end_span(attempt, exc)
+                raise
             self._links.link_ok(pool)
             self._estimated = candidate.cached_blocks
             adm = admitted.admission
+            if attempt is not None:
+                tracing.end_span(
+                    attempt,
+                    **{
+                        "admission.code": "OK",
+                        "admission.cached_blocks": adm.cached_blocks,
+                        "admission.prompt_blocks": adm.prompt_blocks,
+                    },
+                )
             metrics.labelled(metrics.prompt_blocks, pool.pool_id).inc(adm.prompt_blocks)
             metrics.labelled(metrics.cached_blocks, pool.pool_id).inc(adm.cached_blocks)
             if adm.prompt_blocks:

@@ -28,6 +28,7 @@ import grpc
 
 from globalrouter.config import OpenAILinkConfig
 from globalrouter.v1 import pool_frontend_pb2 as pf
+from meshkit import tracing
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.errors import Reason
 from meshkit.limits import ByteBoundedCache
@@ -306,15 +307,16 @@ class OpenAIClient:
 
     async def open(self, url: str, request: PoolRequest, broken: type[Exception]) -> OpenAIPoolStream:
         """Starts the request on `url`; raises LinkError when the pool does not take it."""
+        headers = {
+            "X-Request-Id": request.request_id,
+            "Accept": "text/event-stream",
+            "Content-Type": "application/json",
+        }
+        # The admission attempt's span context (tracing on): the engine's own spans join the trace.
+        tracing.inject_headers(headers)
         try:
             resp = await self.session().post(
-                completions_url(url),
-                data=self.prompts.body(request),
-                headers={
-                    "X-Request-Id": request.request_id,
-                    "Accept": "text/event-stream",
-                    "Content-Type": "application/json",
-                },
+                completions_url(url), data=self.prompts.body(request), headers=headers
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise LinkError(

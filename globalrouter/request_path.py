@@ -6,21 +6,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 
 from globalrouter.aliases import Resolved, Target
 from globalrouter.config import RouterConfig
-from globalrouter.migration import GenerateError, GenerateRun, Output, RunRecord
+from globalrouter.migration import GenerateError, GenerateRun, Output, RunRecord, decision_attributes
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import Decision
 from globalrouter.serving import ServingLinks
 from globalrouter.stall import StallPolicy
 from globalrouter.tenancy import Admission, TenantGate
 from globalrouter.v1 import sampling_pb2
+from meshkit import tracing
 from meshkit.authz import UNCHECKED
 from meshkit.errors import Reason
 from meshkit.identity import Identity
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span
 
 NOT_SERVED_LABEL = "(not served)"
 """The metric's model label of a model no pool serves: clients must not grow the label set."""
@@ -78,6 +84,7 @@ class RequestPath:
         sampling: sampling_pb2.SamplingParams | None = None,
         adapter: str = "",
         identity: Identity = UNCHECKED,
+        trace_context: Context | None = None,
     ) -> PathRun:
         """Lets `identity` use `model` (the resolved model: the policy names models, not aliases)
         under its budget (tenancy.TenantRefusal: PERMISSION_DENIED MODEL_NOT_ALLOWED,
@@ -85,16 +92,37 @@ class RequestPath:
         request goes (with its `adapter`, "" for none) within the identity's allowed regions;
         raises GenerateError (NOT_FOUND NO_POOL_FOR_MODEL, UNAVAILABLE NO_ELIGIBLE_POOL), counted,
         when no pool can take it. Nothing is sent to a pool until the returned run's outputs() is
-        iterated."""
+        iterated. `trace_context`: the caller's (a front extracts it); with tracing on, the
+        request's span continues it (or starts a trace)."""
+        span = None
+        if tracing.enabled():
+            span = tracing.start_span(
+                "globalrouter.request",
+                trace_context,
+                {
+                    "request.id": request_id,
+                    "request.model": model,
+                    "request.adapter": adapter or None,
+                    "request.prompt_tokens": len(prompt),
+                    "request.max_tokens": max_tokens,
+                },
+                server=True,
+            )
         admission = None
-        if self.gate is not None:
-            # Prompt + max_tokens reserved now; the run's end gives back what was not generated.
-            admission = await self.gate.admit(identity, model, len(prompt), max_tokens)
         try:
-            return self._start(request_id, model, prompt, max_tokens, sampling, adapter, admission)
-        except BaseException:
+            if self.gate is not None:
+                # Prompt + max_tokens reserved now; the run's end gives back what was not generated.
+                admission = await self.gate.admit(identity, model, len(prompt), max_tokens)
+            return self._start(request_id, model, prompt, max_tokens, sampling, adapter, admission, span)
+        except BaseException as exc:
             if admission is not None:
                 admission.finish(0)  # nothing was sent to a pool
+            if span is not None:
+                if isinstance(exc, GenerateError):  # a tenant refusal too
+                    outcome = exc.code.name
+                else:
+                    outcome = "CANCELLED" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
+                tracing.end_span(span, exc, **{"request.outcome": outcome})
             raise
 
     def _start(
@@ -106,10 +134,14 @@ class RequestPath:
         sampling: sampling_pb2.SamplingParams | None,
         adapter: str,
         admission: Admission | None,
+        span: Span | None,
     ) -> PathRun:
         core = self.core
         regions = admission.regions if admission is not None else None
+        decide_span = tracing.start_span("globalrouter.decide", span) if span is not None else None
         decision = core.decide(model, prompt, max_tokens, adapter=adapter, regions=regions)
+        if decide_span is not None:
+            tracing.end_span_with(decide_span, lambda: decision_attributes(decision))
         error = _no_candidate_error(str(Target(model, adapter)), decision)
         if error is not None:
             metrics = core.metrics
@@ -131,6 +163,7 @@ class RequestPath:
             stall=self.stall,
             adapter=adapter,
         )
+        run.trace = span
         return PathRun(core, run, decision, model, admission, len(prompt))
 
 
@@ -203,6 +236,20 @@ class PathRun:
             if self._admission is not None:
                 # Prompt plus what was generated: the rest of the max_tokens reservation returns.
                 self._admission.finish(self._prompt_tokens + len(self._run.record.tokens))
+            span = self._run.trace
+            if span is not None:
+                rec = self._run.record
+                tracing.end_span(
+                    span,
+                    error if isinstance(error, GenerateError) else None,
+                    **{
+                        "request.outcome": outcome,
+                        "request.pools": rec.pools,
+                        "request.migrations": rec.migrations,
+                        "request.tokens": len(rec.tokens),
+                        "request.cached_blocks": rec.cached_blocks,
+                    },
+                )
 
 
 def _no_candidate_error(model: str, decision: Decision) -> GenerateError | None:

@@ -18,7 +18,7 @@ from globalrouter.serving import ServingLinks
 from globalrouter.tenancy import grpc_status
 from globalrouter.tokenizer import ModelTokenizer, Tokenizers
 from globalrouter.v1 import router_pb2, router_pb2_grpc
-from meshkit import pagination
+from meshkit import pagination, tracing
 from meshkit.authz import Authorizer, current_identity
 from meshkit.blocks import DEFAULT_BLOCK_SIZE, text_to_tokens
 from meshkit.errors import Reason, abort_with_reason
@@ -198,6 +198,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 sampling=request.sampling if request.HasField("sampling") else None,
                 adapter=target.adapter,
                 identity=current_identity(),
+                trace_context=(
+                    tracing.extract_metadata(context.invocation_metadata()) if tracing.enabled() else None
+                ),
             )
         except GenerateError as exc:
             await _abort(context, exc, id_trailer)

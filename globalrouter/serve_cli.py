@@ -13,7 +13,7 @@ from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
 from globalrouter.server import serve
 from globalrouter.wait_slo import WaitSlo
-from meshkit import settings
+from meshkit import settings, tracing
 from meshkit.cli import (
     add_log_level_flag,
     add_security_flags,
@@ -386,6 +386,7 @@ def add_parser(subparsers) -> None:
     )
     add_log_level_flag(p)
     add_security_flags(p)
+    tracing.add_tracing_flags(p)
     settings.enable(p, ENV_PREFIX)
     p.set_defaults(func=_run)
 
@@ -427,6 +428,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         snapshot_step_blocks=args.snapshot_step_blocks,
         kv_state=args.kv_state,
         security=args.security,
+        tracing=tracing.tracing_config(args),
         tokenizers=tuple(args.tokenizer),
         tokenizer_threads=args.tokenizer_threads,
         tokenizer_queue=args.tokenizer_queue,
@@ -455,6 +457,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
 def _run(args: argparse.Namespace) -> int:
     configure_logging("globalrouter", args.log_level)
     config = router_config(args)
+    tracing.setup("globalrouter", config.tracing, config.security, instance=config.frontend_id)
     try:
         asyncio.run(serve(config))
     except BackgroundTaskFailed as exc:
@@ -463,4 +466,6 @@ def _run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         log.error("cannot start", error=str(exc))
         return 1
+    finally:
+        tracing.shutdown()  # the spans still queued go out before the process ends
     return 0

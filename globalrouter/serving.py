@@ -13,6 +13,7 @@ from globalrouter.openai_link import LinkError, OpenAIClient
 from globalrouter.openai_link import admission as openai_admission
 from globalrouter.pool_state import PoolState
 from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc
+from meshkit import tracing
 from meshkit.channels import aio_channel
 from meshkit.errors import Reason, reason_of
 from meshkit.logs import get_logger
@@ -209,7 +210,8 @@ class ServingLinks:
         url = self.next_frontend(pool)
         if pool.openai_http:
             return await self._admit_openai(pool, url, request)
-        call = self.stub(url).Generate(request)
+        # The admission attempt's span context in the call's metadata (None when tracing is off).
+        call = self.stub(url).Generate(request, metadata=tracing.outgoing_metadata())
         self._in_flight[url] = self._in_flight.get(url, 0) + 1
         try:
             first = await call.read()

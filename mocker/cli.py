@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from meshkit import settings
+from meshkit import settings, tracing
 from meshkit.cli import (
     add_log_level_flag,
     add_security_flags,
@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_log_level_flag(s)
     add_security_flags(s)
+    tracing.add_tracing_flags(s)
     settings.enable(s, ENV_PREFIX)
     return parser
 
@@ -164,6 +165,7 @@ def parse_serve(argv: list[str] | None) -> tuple[argparse.Namespace, PoolConfig,
         kv_subscriber_queue=args.kv_subscriber_queue,
         queue_report_interval=args.queue_report_interval,
         adapters=tuple(args.adapter),
+        tracing=tracing.tracing_config(args),
     )
     faults = Faults(
         fail_after_tokens=args.fail_after_tokens,
@@ -179,9 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("mocker", args.log_level)
     from mocker.server import serve  # imported late: `--help` and flag errors need no gRPC
 
+    tracing.setup("mocker", config.tracing, args.security, instance=config.pool_id)
     try:
         asyncio.run(serve(args.listen, config, faults, security=args.security))
     except RuntimeError as exc:
         print(f"mocker: {exc}", file=sys.stderr)
         return 1
+    finally:
+        tracing.shutdown()  # the spans still queued go out before the process ends
     return 0

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
+from meshkit.tracing import TracingConfig
 from mocker.tokens import VOCAB_SIZE
 
 
@@ -62,6 +63,8 @@ class PoolConfig:
     adapters: tuple[str, ...] = ()
     """LoRA adapters served on the first model (a request may name one; its KV blocks are hashed
     from meshkit.blocks.adapter_seed, apart from the base model's)."""
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    """OpenTelemetry export (--otlp-endpoint; empty: off): each Generate continues its caller's trace."""
 
     @property
     def pool_prefill_tokens_per_second(self) -> float:

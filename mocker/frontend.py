@@ -11,6 +11,7 @@ import grpc
 
 from globalrouter.v1 import pool_frontend_pb2 as pf
 from globalrouter.v1 import pool_frontend_pb2_grpc as pf_grpc
+from meshkit import tracing
 from meshkit.errors import Reason, abort_with_reason
 from meshkit.logs import get_logger
 from meshkit.sampling import check_sampling
@@ -64,6 +65,23 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
         self.exit_process = exit_process
 
     async def Generate(  # type: ignore[override]  # writes with context.write instead of yielding
+        self, request: pf.PoolFrontendServiceGenerateRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        if not tracing.enabled():
+            await self._generate(request, context)
+            return
+        # The caller's trace (its traceparent metadata) continues with this pool's span.
+        attributes = {
+            "pool.id": self.pool.config.pool_id,
+            "request.id": request.request_id,
+            "request.model": request.model,
+            "request.prompt_tokens": len(request.token_ids),
+            "request.max_tokens": request.max_tokens,
+        }
+        with tracing.server_span("mocker.generate", context.invocation_metadata(), attributes):
+            await self._generate(request, context)
+
+    async def _generate(
         self, request: pf.PoolFrontendServiceGenerateRequest, context: grpc.aio.ServicerContext
     ) -> None:
         await validate_generate(request).abort_if_any(context)

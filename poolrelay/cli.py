@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import grpc
 from google.protobuf import json_format
 
-from meshkit import settings
+from meshkit import settings, tracing
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.channels import sync_channel
 from meshkit.cli import (
@@ -119,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_log_level_flag(serve)
     add_security_flags(serve)
+    tracing.add_tracing_flags(serve)
     settings.enable(serve, ENV_PREFIX)
 
     status = sub.add_parser("status", help="show a running relay's status")
@@ -184,6 +185,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             engine=engine,
             unregister_on_exit=args.unregister_on_exit,
             metrics_listen=args.metrics_listen or "",
+            tracing=tracing.tracing_config(args),
         )
     except RelayConfigError as exc:
         named = "; ".join(f"{_FLAGS.get(f.split('[')[0], f)}: {d}" for f, d in exc.violations.items)
@@ -275,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         return show_status(args.relay, args.json)
     config = config_from_args(parser, args)
     configure_logging("poolrelay", args.log_level)
+    tracing.setup("poolrelay", config.tracing, security, instance=config.relay_id)
     try:
         asyncio.run(serve(config, args.status_listen, security))
     except BackgroundTaskFailed as exc:
@@ -283,4 +286,6 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"poolrelay: {exc}", file=sys.stderr)
         return 1
+    finally:
+        tracing.shutdown()  # the spans still queued go out before the process ends
     return 0

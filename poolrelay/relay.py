@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
 from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
-from meshkit import discovery_endpoints
+from meshkit import discovery_endpoints, tracing
 from meshkit.clock import Clock, SystemClock
 from meshkit.logs import get_logger
 from meshkit.supervision import Supervisor, TaskFailure
 from meshkit.timeconv import seconds, timestamp, wall_seconds
+from meshkit.tracing import TracingConfig
 from meshkit.validation import Violations, check_frontends, check_identifier, check_url, host_port_problem
 from poolrelay.engine.config import EngineConfig
 from poolrelay.engine.source import EngineSource
@@ -62,6 +63,8 @@ class RelayConfig:
     """Unregister at a graceful stop, so the pool leaves at once; by default (PR #18077) the relay
     only stops renewing and the pool leaves one lease later, so a relay restart keeps it routed."""
     metrics_listen: str = ""
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    """OpenTelemetry export (--otlp-endpoint; empty: off): registration and telemetry stream spans."""
     """HOST:PORT of the Prometheus /metrics endpoint (--metrics-listen); empty: none."""
 
     def __post_init__(self) -> None:
@@ -271,7 +274,24 @@ class Relay:
 
     async def _register(self, want: Wanted) -> Renewal:
         timeout = min(self.heartbeat.schedule.interval, RENEWAL_TIMEOUT_S)
-        reply = await self.keepalive.register(self._request(want), timeout)
+        span = None
+        if tracing.enabled():
+            span = tracing.start_span(
+                "poolrelay.register",
+                attributes={
+                    "pool.id": self.config.pool_id,
+                    "relay.id": self.config.relay_id,
+                    "pool.model": want.model,
+                    "registration.first": self.lease_expire_wall is None,
+                },
+            )
+        try:
+            reply = await self.keepalive.register(self._request(want), timeout)
+        except BaseException as exc:
+            tracing.end_span(span, exc)
+            raise
+        if span is not None:
+            tracing.end_span(span, **{"lease.duration_s": seconds(reply.lease_duration)})
         if self.registered_model != want.model:
             log.info("registered", pool=self.config.pool_id, model=want.model)
         self.registered_model = want.model

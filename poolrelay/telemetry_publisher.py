@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 from tenacity import RetryCallState
 
+from meshkit import tracing
 from meshkit.channels import aio_channel, client_security, peer_identity_of, url_to_target
 from meshkit.clock import Clock
 from meshkit.identity import IdentityError, Role
@@ -231,9 +232,17 @@ class Publisher:
             raise NotAFrontend(f"{self.url} has no mesh identity ({exc}); no telemetry sent") from exc
         if peer is not None and peer.role is not Role.FRONTEND:
             raise NotAFrontend(f"{self.url} is {peer}, not a global frontend; no telemetry sent")
+        span = None
+        if tracing.enabled():
+            span = tracing.start_span(
+                "poolrelay.telemetry_stream",
+                attributes={"pool.id": self.hub.config.pool_id, "frontend.url": self.url},
+            )
+        sent_before, snapshots_before = self.messages_sent, self.snapshots_sent
         call = self._stub.PublishPoolTelemetry(metadata=bearer_metadata(self.url))
         reader = asyncio.ensure_future(self._read(call))
         productive = False
+        failure: BaseException | None = None
         try:
             await self._write(call, Req(hello=self.hub.hello()))
             self._resync = True
@@ -263,6 +272,7 @@ class Publisher:
             if reader.done() and (failure := reader.exception()) is not None:
                 raise failure
         except Exception as exc:
+            failure = exc
             error = describe_error(exc)
             if _refused(exc) and error != self.last_error:
                 # Not a broken link: the frontend routes without this pool's KV and load until
@@ -277,6 +287,15 @@ class Publisher:
             call.cancel()
             if productive:
                 self.state = State.TELEMETRY_STREAM_STATE_BACKING_OFF
+            if span is not None:
+                tracing.end_span(
+                    span,
+                    failure,
+                    **{
+                        "telemetry.messages_sent": self.messages_sent - sent_before,
+                        "telemetry.snapshots_sent": self.snapshots_sent - snapshots_before,
+                    },
+                )
 
 
 class TelemetryHub:

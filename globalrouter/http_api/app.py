@@ -43,6 +43,7 @@ from globalrouter.router_api import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS
 from globalrouter.routing import RoutingCore
 from globalrouter.tokenizer import ModelTokenizer, TokenizerError, Tokenizers, prompt_context
 from globalrouter.v1 import router_pb2, sampling_pb2
+from meshkit import tracing
 from meshkit.authz import UNCHECKED, Authorizer
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.errors import Reason
@@ -423,6 +424,7 @@ class OpenAIFront:
                 sampling=_sampling(req),
                 adapter=target.adapter,
                 identity=request.scope.get("state", {}).get("identity", UNCHECKED),
+                trace_context=tracing.extract_headers(request.headers) if tracing.enabled() else None,
             )
         except GenerateError as exc:
             if exc.reason == Reason.NO_POOL_FOR_MODEL:
