@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections import OrderedDict, deque
@@ -25,13 +26,15 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from globalrouter.dispatch import DispatchConfig, Dispatched, DispatchQueue, DispatchRequest, Outcome
 from globalrouter.kv_index import KvIndex
 from globalrouter.policies import POLICIES, FrontendView, Policy, make_policy
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
-from globalrouter.selection import SelectionConfig
+from globalrouter.selection import SelectionConfig, Selector
 from globalrouter.trace import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
 from globalrouter.wait_slo import WaitSlo
 from meshkit.cli import fraction, int_at_least, positive_number
+from meshkit.clock import FakeClock
 
 DECODE_WORK_PER_TOKEN = 4
 """Work tokens per output token in the pool model (fixed by the issue)."""
@@ -77,6 +80,10 @@ class SimResult:
     """Wall time the simulation took."""
     placements: list[tuple[float, int, float]] = field(default_factory=list)
     """(arrival, pool index, work tokens) of each request (only with SimConfig.timeline)."""
+    shed: int = 0
+    """Requests the late-binding queue shed (not in the hit and wait figures)."""
+    queue_p99: float = 0.0
+    """p99 of the time spent in the frontend's dispatch queue (late binding; part of the wait)."""
 
 
 class LruCache:
@@ -144,14 +151,15 @@ class SimPool:
         self.work = 0.0
         self.requests = 0
 
-    def admit(self, request: TraceRequest) -> tuple[int, float, float]:
-        """Serves a request arriving now; returns (hit blocks, wait seconds, work tokens)."""
+    def admit(self, request: TraceRequest, now: float | None = None) -> tuple[int, float, float]:
+        """Serves a request sent to the pool at `now` (its arrival when None); returns (hit
+        blocks, wait seconds from its arrival, work tokens)."""
         hit = self.cache.prefix_hit(request.hash_ids)
         self.cache.insert(request.hash_ids)
         work = max(0, request.input_length - TRACE_BLOCK_SIZE * hit) + (
             DECODE_WORK_PER_TOKEN * request.output_length
         )
-        start = max(request.arrival, self.free_at)
+        start = max(request.arrival if now is None else now, self.free_at)
         self.free_at = start + work / self.rate
         self.jobs.append(_Job(self.free_at, start, work, request.output_length))
         self.work += work
@@ -214,11 +222,16 @@ def simulate(
     policy_name: str = "default",
     selection: SelectionConfig | None = None,
     omniscient: Callable[[list[SimPool]], Policy] | None = None,
+    dispatch: DispatchConfig | None = None,
 ) -> SimResult:
     """Runs one policy over the trace and returns its figures.
 
     `omniscient`, when given, builds the policy from the simulated pools themselves (their true
-    caches and queues): a bound for benches to compare against, never what a frontend sees."""
+    caches and queues): a bound for benches to compare against, never what a frontend sees.
+    `dispatch`, when given, runs the default policy with late binding (`globalrouter.dispatch`):
+    the frontend holds each request in its dispatch queue until a pool can start it."""
+    if dispatch is not None and (policy_name != "default" or omniscient is not None):
+        raise ValueError("late binding (dispatch) runs the default policy only")
     started = time.perf_counter()
     selection = selection or SelectionConfig()
     sims = [SimPool(config.capacity_blocks, config.rate) for _ in range(config.pools)]
@@ -253,7 +266,11 @@ def simulate(
     hits = blocks = 0
     waits: list[float] = []
     placements: list[tuple[float, int, float]] = []
-    for request in trace:
+    late: _LateStats | None = None
+    if dispatch is not None:
+        late = _run_late(trace, config, selection, dispatch, sims, states, index, view)
+        hits, blocks, waits, placements = late.hits, late.blocks, late.waits, late.placements
+    for request in trace if late is None else ():
         now = request.arrival
         if now >= next_kv:
             # the relays' delta batches since the last flush reach the frontend
@@ -284,7 +301,7 @@ def simulate(
     hit_rate = hits / blocks if blocks else 0.0
     ideal = ideal_hit_rate(trace, config.pools * config.capacity_blocks)
     return SimResult(
-        policy=policy_name,
+        policy=policy_name if late is None else f"{policy_name} (late)",
         requests=len(trace),
         hit_rate=hit_rate,
         ideal_hit_rate=ideal,
@@ -297,7 +314,95 @@ def simulate(
         requests_per_pool=[s.requests for s in sims],
         sim_seconds=time.perf_counter() - started,
         placements=placements,
+        shed=late.shed if late is not None else 0,
+        queue_p99=percentile(late.queued, 99) if late is not None else 0.0,
     )
+
+
+@dataclass(slots=True)
+class _LateStats:
+    hits: int = 0
+    blocks: int = 0
+    shed: int = 0
+    waits: list[float] = field(default_factory=list)
+    queued: list[float] = field(default_factory=list)
+    placements: list[tuple[float, int, float]] = field(default_factory=list)
+
+
+def _run_late(
+    trace: Sequence[TraceRequest],
+    config: SimConfig,
+    selection: SelectionConfig,
+    dispatch: DispatchConfig,
+    sims: list[SimPool],
+    states: list[PoolState],
+    index: KvIndex,
+    view: FrontendView,
+) -> _LateStats:
+    """The simulation with late binding: events are arrivals, the relays' KV batches and load
+    reports (while requests are queued) and the queue's own wake-ups; the feeds to the frontend
+    are the same as without it."""
+    clock = FakeClock(start=0.0)
+    queue: DispatchQueue[TraceRequest] = DispatchQueue(
+        dispatch,
+        clock,
+        Selector(selection),
+        lambda: states,
+        lambda req, now: view.overlaps(req.payload.hash_ids, now),
+    )
+    index_of = {s.pool_id: k for k, s in enumerate(states)}
+    stats = _LateStats()
+    next_load = next_kv = 0.0
+
+    def deliver(outcome: Outcome[TraceRequest], now: float) -> None:
+        if not isinstance(outcome, Dispatched):
+            stats.shed += 1
+            return
+        request = outcome.request.payload
+        k = index_of[outcome.pool.pool_id]
+        hit, wait, work = sims[k].admit(request, now)
+        if config.timeline:
+            stats.placements.append((request.arrival, k, work))
+        stats.hits += hit
+        stats.blocks += len(request.hash_ids)
+        stats.waits.append(wait)
+        stats.queued.append(outcome.queued_seconds)
+
+    i, n = 0, len(trace)
+    while i < n or queue.queued():
+        t = trace[i].arrival if i < n else math.inf
+        if queue.queued():
+            wake = queue.next_wakeup()
+            t = min(t, next_kv, next_load, wake if wake is not None else math.inf)
+        clock.set(max(t, clock.monotonic()))
+        now = clock.monotonic()
+        if now >= next_kv:
+            tick = now - (now - next_kv) % config.kv_interval
+            for k, sim in enumerate(sims):
+                stored, removed = sim.cache.take_transitions()
+                if stored or removed:
+                    index.apply_delta(f"pool-{k:02d}/relay-0", stored, removed)
+                states[k].kv_at = tick
+            next_kv = tick + config.kv_interval
+        if now >= next_load:
+            tick = now - (now - next_load) % config.load_interval
+            for k, sim in enumerate(sims):
+                states[k].record_load(sim.load(tick), tick)
+            next_load = tick + config.load_interval
+        while i < n and trace[i].arrival <= now:
+            r = trace[i]
+            i += 1
+            outcome = queue.enqueue(
+                DispatchRequest(
+                    r, SIM_MODEL, r.input_length, r.output_length, r.hash_ids[0] if r.hash_ids else 0
+                )
+            )
+            if outcome is not None:
+                # sent (or refused) before the next arrival is ranked, as a frontend does
+                deliver(outcome, now)
+        for outcome in queue.poll():
+            deliver(outcome, now)
+    return stats
 
 
 # ---- command line ------------------------------------------------------------------------------
