@@ -12,9 +12,12 @@ rank (`Selector`) as without the queue, on the KV state and loads of that moment
 Order: higher `priority` first; within a class, start-time fair queueing over tenants, each
 request's tag advancing its tenant's virtual time by its tokens (prompt + max output) divided by
 its tenant's weight, so backlogged tenants get tokens in proportion to their weights whatever
-their request sizes. A request first holds out for the pool the ranking puts first (where its
-prefix is cached) for up to `affinity_hold_seconds`; after that it takes the best-ranked pool
-that can start it. A pool some earlier request is holding out for is not given to a later one.
+their request sizes. A request holds out for the pool the ranking puts first (where its prefix
+is cached) while that pool is expected to start it within `affinity_hold_seconds` of its
+arrival here (the pool's backlog plus what earlier requests hold out for there); otherwise it
+takes the best-ranked pool that can start it now. A pool some earlier request holds out for is
+not given to a later one, and a freed pool goes first to the queued requests of the top class
+whose prompt it partly holds (a request any pool serves as well takes another).
 
 Bounds: `max_queued` requests per model (a higher class arriving at a full queue displaces the
 newest request of the lowest class below it, else it is refused), a deadline per request, and
@@ -62,11 +65,11 @@ class DispatchConfig:
 
     max_queued: int = 1024
     """Requests one model's queue holds."""
-    start_within_seconds: float = 0.0
+    start_within_seconds: float = 1.0
     """A pool can take work when its estimated backlog is at most this many seconds (0: only an
-    idle pool; a little above 0 covers the trip to the pool, so it never idles between
-    requests)."""
-    affinity_hold_seconds: float = 2.0
+    idle pool; above 0 the pool keeps a short queue, which covers the trip to the pool and the
+    error of the estimate, so it never idles while requests wait here)."""
+    affinity_hold_seconds: float = 5.0
     """How long a request holds out for the pool ranked first before it takes any pool that can
     start it."""
     max_queue_seconds: float = 60.0
@@ -78,6 +81,14 @@ class DispatchConfig:
     """Queued requests ranked per dispatch round at most (in dispatch order)."""
     min_retry_after_seconds: float = 1.0
     max_retry_after_seconds: float = 60.0
+
+    @classmethod
+    def for_wait_slo(cls, target_seconds: float) -> DispatchConfig:
+        """The settings measured best under a wait SLO of `target_seconds` (bench_dispatch):
+        pools queue up to 0.85 of the target, a request holds out for its cached pool while it
+        can start there within 1.7 times the target (the ranking's wait price keeps most far
+        below it)."""
+        return cls(start_within_seconds=0.85 * target_seconds, affinity_hold_seconds=1.7 * target_seconds)
 
     def problems(self) -> list[str]:
         """What is wrong with these values (empty when none), each naming the field."""
@@ -358,6 +369,26 @@ class DispatchQueue(Generic[T]):
         free = {pid for pid, p in pools.items() if p.listed and self._can_start(p, now)}
         if not free:
             return
+        window = queue[: self.config.scan_limit]
+        top = window[0][1].request.priority
+        # First the requests of the top class whose best pool holds part of their prompt and is
+        # free: a free pool goes to a request that it saves prefill for before one that any
+        # pool would serve as well (committed at arrival, the latter could have taken it first).
+        for _, e in window:
+            if e.request.priority != top:
+                break
+            decision = self._rank(e.request, now)
+            if not decision.candidates:
+                continue
+            best = decision.candidates[0]
+            if best.cached_blocks > 0 and best.pool_id in free:
+                self._remove(e)
+                pool = pools[best.pool_id]
+                out.append(self._commit(e, best, decision, now, pool))
+                if not self._can_start(pool, now):
+                    free.discard(best.pool_id)
+                    if not free:
+                        return
         # pool id -> seconds of work that earlier requests of this round hold out for there
         claimed: dict[str, float] = {}
         dw = self.selector.config.decode_weight

@@ -47,6 +47,7 @@ class Harness:
         self.pools = pools
         self.cached = cached or {}
         config.setdefault("max_queue_seconds", 3600.0)
+        config.setdefault("start_within_seconds", 0.0)
         self.q: DispatchQueue[str] = DispatchQueue(
             DispatchConfig(**config),  # type: ignore[arg-type]
             self.clock,
