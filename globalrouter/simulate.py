@@ -84,6 +84,10 @@ class SimResult:
     """Requests the late-binding queue shed (not in the hit and wait figures)."""
     queue_p99: float = 0.0
     """p99 of the time spent in the frontend's dispatch queue (late binding; part of the wait)."""
+    wait_p99_by_class: dict[int, float] = field(default_factory=dict)
+    """Priority class -> wait p99 of its requests (only with a `priority` function)."""
+    shed_by_class: dict[int, int] = field(default_factory=dict)
+    """Priority class -> requests shed (late binding with a `priority` function)."""
 
 
 class LruCache:
@@ -223,13 +227,16 @@ def simulate(
     selection: SelectionConfig | None = None,
     omniscient: Callable[[list[SimPool]], Policy] | None = None,
     dispatch: DispatchConfig | None = None,
+    priority: Callable[[TraceRequest], int] | None = None,
 ) -> SimResult:
     """Runs one policy over the trace and returns its figures.
 
     `omniscient`, when given, builds the policy from the simulated pools themselves (their true
     caches and queues): a bound for benches to compare against, never what a frontend sees.
     `dispatch`, when given, runs the default policy with late binding (`globalrouter.dispatch`):
-    the frontend holds each request in its dispatch queue until a pool can start it."""
+    the frontend holds each request in its dispatch queue until a pool can start it.
+    `priority`, when given, is each request's class (late binding dispatches higher first) and
+    the result has per-class wait p99s."""
     if dispatch is not None and (policy_name != "default" or omniscient is not None):
         raise ValueError("late binding (dispatch) runs the default policy only")
     started = time.perf_counter()
@@ -267,8 +274,9 @@ def simulate(
     waits: list[float] = []
     placements: list[tuple[float, int, float]] = []
     late: _LateStats | None = None
+    class_waits: dict[int, list[float]] = {}
     if dispatch is not None:
-        late = _run_late(trace, config, selection, dispatch, sims, states, index, view)
+        late = _run_late(trace, config, selection, dispatch, sims, states, index, view, priority)
         hits, blocks, waits, placements = late.hits, late.blocks, late.waits, late.placements
     for request in trace if late is None else ():
         now = request.arrival
@@ -295,11 +303,17 @@ def simulate(
         hits += hit
         blocks += len(request.hash_ids)
         waits.append(wait)
+        if priority is not None:
+            class_waits.setdefault(priority(request), []).append(wait)
 
+    if late is not None:
+        class_waits = late.class_waits
     work_per_pool = [s.work for s in sims]
     mean_work = sum(work_per_pool) / len(work_per_pool) if work_per_pool else 0.0
     hit_rate = hits / blocks if blocks else 0.0
-    ideal = ideal_hit_rate(trace, config.pools * config.capacity_blocks)
+    served = trace if late is None or not late.shed_ids else [r for r in trace if id(r) not in late.shed_ids]
+    # the ideal of the requests served (a shed request is in neither figure)
+    ideal = ideal_hit_rate(served, config.pools * config.capacity_blocks)
     return SimResult(
         policy=policy_name if late is None else f"{policy_name} (late)",
         requests=len(trace),
@@ -316,6 +330,8 @@ def simulate(
         placements=placements,
         shed=late.shed if late is not None else 0,
         queue_p99=percentile(late.queued, 99) if late is not None else 0.0,
+        wait_p99_by_class={c: percentile(w, 99) for c, w in sorted(class_waits.items())},
+        shed_by_class=dict(sorted(late.shed_by_class.items())) if late is not None else {},
     )
 
 
@@ -327,6 +343,9 @@ class _LateStats:
     waits: list[float] = field(default_factory=list)
     queued: list[float] = field(default_factory=list)
     placements: list[tuple[float, int, float]] = field(default_factory=list)
+    class_waits: dict[int, list[float]] = field(default_factory=dict)
+    shed_by_class: dict[int, int] = field(default_factory=dict)
+    shed_ids: set[int] = field(default_factory=set)
 
 
 def _run_late(
@@ -338,6 +357,7 @@ def _run_late(
     states: list[PoolState],
     index: KvIndex,
     view: FrontendView,
+    priority: Callable[[TraceRequest], int] | None = None,
 ) -> _LateStats:
     """The simulation with late binding: events are arrivals, the relays' KV batches and load
     reports (while requests are queued) and the queue's own wake-ups; the feeds to the frontend
@@ -357,6 +377,9 @@ def _run_late(
     def deliver(outcome: Outcome[TraceRequest], now: float) -> None:
         if not isinstance(outcome, Dispatched):
             stats.shed += 1
+            stats.shed_ids.add(id(outcome.request.payload))
+            c = outcome.request.priority
+            stats.shed_by_class[c] = stats.shed_by_class.get(c, 0) + 1
             return
         request = outcome.request.payload
         k = index_of[outcome.pool.pool_id]
@@ -367,6 +390,8 @@ def _run_late(
         stats.blocks += len(request.hash_ids)
         stats.waits.append(wait)
         stats.queued.append(outcome.queued_seconds)
+        if priority is not None:
+            stats.class_waits.setdefault(outcome.request.priority, []).append(wait)
 
     i, n = 0, len(trace)
     while i < n or queue.queued():
@@ -394,7 +419,12 @@ def _run_late(
             i += 1
             outcome = queue.enqueue(
                 DispatchRequest(
-                    r, SIM_MODEL, r.input_length, r.output_length, r.hash_ids[0] if r.hash_ids else 0
+                    r,
+                    SIM_MODEL,
+                    r.input_length,
+                    r.output_length,
+                    r.hash_ids[0] if r.hash_ids else 0,
+                    priority=priority(r) if priority is not None else 0,
                 )
             )
             if outcome is not None:

@@ -92,3 +92,35 @@ def test_cli_dispatch_late(tmp_path, capsys):
 def test_dispatch_with_another_policy_is_refused():
     with pytest.raises(ValueError, match="default policy only"):
         simulate([TraceRequest(0.0, 10, 0, (1,))], SimConfig(), "dynamo", dispatch=DispatchConfig())
+
+
+def test_a_higher_class_overtakes_the_queue_and_a_bounded_queue_sheds_the_lower():
+    # one pool, 1 s per request; 6 class-0 requests at 0 s, one class-1 request at 0.5 s
+    low = [TraceRequest(0.0, 1000, 0, (k,)) for k in range(1, 7)]
+    high = TraceRequest(0.5, 1000, 0, (99,))
+    trace = [*low, high]
+    config = SimConfig(pools=1, capacity_blocks=100, rate=1000.0)
+
+    def prio(r: TraceRequest) -> int:
+        return 1 if r is high else 0
+
+    early = simulate(trace, config, "default", priority=prio)
+    assert early.wait_p99_by_class[1] == pytest.approx(5.5)  # behind all six
+    late = simulate(
+        trace, config, "default", dispatch=DispatchConfig(start_within_seconds=0.0), priority=prio
+    )
+    assert late.wait_p99_by_class[1] == pytest.approx(0.5)  # next when the pool frees at 1 s
+    assert late.shed == 0
+    bounded = simulate(
+        trace,
+        config,
+        "default",
+        dispatch=DispatchConfig(start_within_seconds=0.0, max_queued=3),
+        priority=prio,
+    )
+    # the first is sent at once, 3 queue, 2 are refused (QUEUE_FULL); then class 1 displaces one
+    assert bounded.shed_by_class == {0: 3}
+    assert bounded.requests - bounded.shed == 4
+    assert bounded.wait_p99_by_class[1] == pytest.approx(0.5)
+    # the ideal is that of the requests served (all misses here)
+    assert bounded.ideal_hit_rate == 0.0 and bounded.share_of_ideal == 1.0
