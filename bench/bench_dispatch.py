@@ -72,8 +72,9 @@ def fmt_case(name: str, rate: int, target: float, c: dict[str, SimResult]) -> st
 
 FLOOD_COPIES = 4
 FLOOD_RATE = 12_000
-FLOOD_QUEUE = DispatchConfig(start_within_seconds=0.0, max_queue_seconds=60.0)
-"""The queue under the flood: pools take work only when idle, low-class requests wait at most 60 s."""
+FLOOD_QUEUE = DispatchConfig(start_within_seconds=0.0, max_queue_seconds=60.0, reserved_pools={0: 1})
+"""The queue under the flood: pools take work only when idle, class 0 leaves one pool free for
+class 1 and waits at most 60 s."""
 
 
 def flood(conv: list[TraceRequest], syn: list[TraceRequest]) -> list[tuple[str, SimResult]]:
@@ -243,7 +244,8 @@ def main() -> int:
         "",
         f"Priority under a flood (conversation trace as class 1, R = {FLOOD_RATE:,}; class 0: "
         f"{FLOOD_COPIES} copies of the synthetic trace stretched over its span, about 3x what the pools "
-        "serve; late binding: pools take work only when idle, class 0 waits at most 60 s):",
+        "serve; late binding: pools take work only when idle, class 0 leaves one free pool to class 1 "
+        "(`reserved_pools={0: 1}`) and waits at most 60 s, then DEADLINE_EXCEEDED):",
         "",
         "| run | class 1 wait p99 (s) | class 0 wait p99 (s) | class 0 shed | class 1 shed |",
         "|---|---:|---:|---:|---:|",

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -77,6 +78,11 @@ class DispatchConfig:
     shed_after_seconds: Mapping[int, float] = field(default_factory=dict)
     """Priority class -> seconds after which a queued request of that class is shed
     (OVERLOADED); classes not listed wait until their deadline."""
+    reserved_pools: Mapping[int, int] = field(default_factory=dict)
+    """Priority class -> pools that class leaves free for higher classes: its requests dispatch
+    only while more pools than that can take work. Pools do not preempt, so without a reserve a
+    request of a higher class arriving under a flood of a lower one waits for a pool to finish
+    a lower-class request."""
     scan_limit: int = 256
     """Queued requests ranked per dispatch round at most (in dispatch order)."""
     min_retry_after_seconds: float = 1.0
@@ -104,6 +110,9 @@ class DispatchConfig:
         for cls, v in self.shed_after_seconds.items():
             if not (math.isfinite(v) and v >= 0):
                 out.append(f"shed_after_seconds[{cls}] must be a non-negative number of seconds, got {v!r}")
+        for cls, n in self.reserved_pools.items():
+            if n < 0:
+                out.append(f"reserved_pools[{cls}] must be at least 0, got {n!r}")
         if self.scan_limit < 1:
             out.append(f"scan_limit must be at least 1, got {self.scan_limit!r}")
         if not 0 < self.min_retry_after_seconds <= self.max_retry_after_seconds:
@@ -171,6 +180,8 @@ class _Entry(Generic[T]):
     tag: float
     """Start tag (virtual time within the class)."""
     seq: int
+    done: bool = False
+    """Left the queue (dispatched or shed)."""
 
     def key(self) -> tuple[int, float, int]:
         return (-self.request.priority, self.tag, self.seq)
@@ -225,6 +236,11 @@ class DispatchQueue(Generic[T]):
         self.overlaps = overlaps
         """Request, now -> pool id -> cached leading blocks (as `pool_overlaps` gives)."""
         self._queues: dict[str, list[tuple[tuple[int, float, int], _Entry[T]]]] = {}
+        self._expiry: list[tuple[float, int, _Entry[T]]] = []
+        """(first of deadline and shed time, seq, entry), a heap; entries leave it lazily (their
+        `done` is set when they leave the queue) and it is rebuilt when mostly stale."""
+        self._queued_work: dict[str, float] = {}
+        """Model -> work tokens queued (prompt + decode-weighted output), for retry-after."""
         self._classes: dict[tuple[str, int], _Class] = {}
         self._backlog: dict[str, _Backlog] = {}
         self._seq = itertools.count()
@@ -278,9 +294,14 @@ class DispatchQueue(Generic[T]):
             if not decision.model_served:
                 return self._shed(request, ShedReason.MODEL_NOT_SERVED, now, now, "no listed pool serves it")
             pools = self._by_id()
+            reserve = cfg.reserved_pools.get(request.priority, 0)
             for ranked in decision.candidates[:1]:
                 pool = pools.get(ranked.pool_id)
-                if pool is not None and self._can_start(pool, now):
+                if (
+                    pool is not None
+                    and self._can_start(pool, now)
+                    and (not reserve or self._free_count(pools, now) > reserve)
+                ):
                     entry = self._new_entry(request, now)
                     return self._commit(entry, ranked, decision, now, pool)
             if queue is None:
@@ -309,6 +330,11 @@ class DispatchQueue(Generic[T]):
             self._displaced.append(displaced)
         entry = self._new_entry(request, now)
         bisect.insort(queue, (entry.key(), entry), key=_first)
+        heapq.heappush(self._expiry, (min(entry.deadline, entry.shed_at), entry.seq, entry))
+        if len(self._expiry) > 2 * self.queued() + 64:
+            self._expiry = [x for x in self._expiry if not x[2].done]
+            heapq.heapify(self._expiry)
+        self._queued_work[request.model] = self._queued_work.get(request.model, 0.0) + self._work(request)
         return None
 
     def _new_entry(self, request: DispatchRequest[T], now: float) -> _Entry[T]:
@@ -336,18 +362,11 @@ class DispatchQueue(Generic[T]):
         now = self.clock.monotonic()
         out: list[Outcome[T]] = list(self._displaced)
         self._displaced.clear()
-        for model, queue in list(self._queues.items()):
-            if queue:
-                self._poll_model(queue, now, out)
-            if not queue:
-                del self._queues[model]
-        return out
-
-    def _poll_model(
-        self, queue: list[tuple[tuple[int, float, int], _Entry[T]]], now: float, out: list[Outcome[T]]
-    ) -> None:
-        expired = [e for _, e in queue if e.deadline <= now or e.shed_at <= now]
-        for e in expired:
+        heap = self._expiry
+        while heap and (heap[0][2].done or heap[0][0] <= now):
+            e = heapq.heappop(heap)[2]
+            if e.done:
+                continue
             self._remove(e)
             if e.shed_at <= now and e.shed_at <= e.deadline:
                 out.append(
@@ -363,6 +382,16 @@ class DispatchQueue(Generic[T]):
                 out.append(
                     self._shed(e.request, ShedReason.DEADLINE_EXCEEDED, now, e.queued_at, "deadline passed")
                 )
+        for model, queue in list(self._queues.items()):
+            if queue:
+                self._poll_model(queue, now, out)
+            if not queue:
+                del self._queues[model]
+        return out
+
+    def _poll_model(
+        self, queue: list[tuple[tuple[int, float, int], _Entry[T]]], now: float, out: list[Outcome[T]]
+    ) -> None:
         if not queue:
             return
         pools = self._by_id()
@@ -371,6 +400,7 @@ class DispatchQueue(Generic[T]):
             return
         window = queue[: self.config.scan_limit]
         top = window[0][1].request.priority
+        reserved = self.config.reserved_pools
         # First the requests of the top class whose best pool holds part of their prompt and is
         # free: a free pool goes to a request that it saves prefill for before one that any
         # pool would serve as well (committed at arrival, the latter could have taken it first).
@@ -381,7 +411,7 @@ class DispatchQueue(Generic[T]):
             if not decision.candidates:
                 continue
             best = decision.candidates[0]
-            if best.cached_blocks > 0 and best.pool_id in free:
+            if best.cached_blocks > 0 and best.pool_id in free and len(free) > reserved.get(top, 0):
                 self._remove(e)
                 pool = pools[best.pool_id]
                 out.append(self._commit(e, best, decision, now, pool))
@@ -393,6 +423,9 @@ class DispatchQueue(Generic[T]):
         claimed: dict[str, float] = {}
         dw = self.selector.config.decode_weight
         for _, e in queue[: self.config.scan_limit]:
+            reserve = reserved.get(e.request.priority, 0)
+            if reserve and len(free.difference(claimed)) <= reserve:
+                continue  # before ranking: under a flood most of the queue waits here
             decision = self._rank(e.request, now)
             if not decision.model_served:
                 self._remove(e)
@@ -453,8 +486,14 @@ class DispatchQueue(Generic[T]):
             self._forget(cls, e.request.tenant)
         return Dispatched(e.request, ranked, decision, now - e.queued_at)
 
+    def _work(self, request: DispatchRequest[T]) -> float:
+        return request.prompt_tokens + self.selector.config.decode_weight * request.max_tokens
+
     def _remove(self, e: _Entry[T]) -> None:
-        queue = self._queues[e.request.model]
+        e.done = True
+        model = e.request.model
+        self._queued_work[model] = max(0.0, self._queued_work.get(model, 0.0) - self._work(e.request))
+        queue = self._queues[model]
         key = e.key()
         i = bisect.bisect_left(queue, key, key=_first)
         if i < len(queue) and queue[i][1] is e:
@@ -488,10 +527,7 @@ class DispatchQueue(Generic[T]):
     def retry_after(self, model: str, now: float) -> float:
         """Whole seconds until the model's queue would drain at the pools' throughput (bounded)."""
         cfg = self.config
-        dw = self.selector.config.decode_weight
-        work = sum(
-            e.request.prompt_tokens + dw * e.request.max_tokens for _, e in self._queues.get(model, ())
-        )
+        work = self._queued_work.get(model, 0.0)
         rate = 0.0
         backlog = 0.0
         for p in self.pools():
@@ -504,15 +540,13 @@ class DispatchQueue(Generic[T]):
     def next_wakeup(self) -> float | None:
         """The clock time at which `poll` may do something without other news (None: never)."""
         now = self.clock.monotonic()
-        soonest = math.inf
-        start_within = self.config.start_within_seconds
-        any_queued = False
-        for queue in self._queues.values():
-            for _, e in queue:
-                any_queued = True
-                soonest = min(soonest, e.deadline, e.shed_at)
-        if not any_queued:
+        heap = self._expiry
+        while heap and heap[0][2].done:
+            heapq.heappop(heap)
+        if not heap:
             return None
+        soonest = heap[0][0]
+        start_within = self.config.start_within_seconds
         for b in self._backlog.values():
             t = b.at + b.seconds - start_within
             if now < t < soonest:
@@ -520,6 +554,9 @@ class DispatchQueue(Generic[T]):
         return soonest if math.isfinite(soonest) else None
 
     # ---- helpers ------------------------------------------------------------------------
+    def _free_count(self, pools: Mapping[str, PoolState], now: float) -> int:
+        return sum(1 for p in pools.values() if p.listed and self._can_start(p, now))
+
     def _by_id(self) -> dict[str, PoolState]:
         return {p.pool_id: p for p in self.pools()}
 

@@ -237,3 +237,22 @@ def test_bad_config_and_weight_are_refused_by_name():
     h = Harness([pool("a")])
     with pytest.raises(ValueError, match="weight"):
         h.q.enqueue(h.req("r1", weight=0.0))
+
+
+def test_a_lower_class_leaves_reserved_pools_free_for_higher_ones():
+    # two idle pools; class 0 leaves one free: the first class-0 request takes a pool, the next
+    # waits although the other pool is idle, and a class-1 request takes that pool at once
+    h = Harness([pool("a"), pool("b")], reserved_pools={0: 1})
+    first = h.q.enqueue(h.req("low1", prompt=1000, priority=0))
+    assert isinstance(first, Dispatched)
+    assert h.q.enqueue(h.req("low2", prompt=1000, priority=0)) is None
+    assert h.at(NOW) == []
+    high = h.q.enqueue(h.req("high", prompt=1000, priority=1))
+    assert high is None  # the queue is not empty: decided by the next poll
+    out = h.at(NOW)
+    assert names(out) == ["high"]
+    assert {out[0].pool.pool_id, first.pool.pool_id} == {"a", "b"}  # type: ignore[union-attr]
+    # low2 goes when a pool frees and another is free again (both free at NOW + 1)
+    assert names(h.at(NOW + 1.0)) == ["low2"]
+    with pytest.raises(ValueError, match=r"reserved_pools\[0\]"):
+        Harness([pool("a")], reserved_pools={0: -1})
