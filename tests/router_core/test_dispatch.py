@@ -251,7 +251,7 @@ def test_a_lower_class_leaves_reserved_pools_free_for_higher_ones():
     assert high is None  # the queue is not empty: decided by the next poll
     out = h.at(NOW)
     assert names(out) == ["high"]
-    assert {out[0].pool.pool_id, first.pool.pool_id} == {"a", "b"}  # type: ignore[union-attr]
+    assert {out[0].pool.pool_id, first.pool.pool_id} == {"a", "b"}
     # low2 goes when a pool frees and another is free again (both free at NOW + 1)
     assert names(h.at(NOW + 1.0)) == ["low2"]
     with pytest.raises(ValueError, match=r"reserved_pools\[0\]"):
