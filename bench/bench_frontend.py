@@ -366,9 +366,9 @@ def python_work_of(src: Path | None) -> float:
 _SERVE = "from globalrouter.cli import main; sys.exit(main())"
 
 
-def start_frontend(mesh: Mesh, name: str, src: Path) -> RouterProc:
-    """A global frontend process running the source tree `src`; every frontend of the run is
-    started this same way (no /metrics endpoint), so they differ only in their code."""
+def start_frontend(mesh: Mesh, name: str, src: Path, *extra: str) -> RouterProc:
+    """A global frontend process running the source tree `src` (with `extra` flags); every frontend
+    of the run is started this same way (no /metrics endpoint), so they differ only in their code."""
     address = f"127.0.0.1:{free_port()}"
     proc = mesh.group.start(
         name,
@@ -378,6 +378,7 @@ def start_frontend(mesh: Mesh, name: str, src: Path) -> RouterProc:
             *(sys.executable, "-c", f"import sys; sys.path.insert(0, {str(src)!r}); {_SERVE}"),
             *("serve", "--listen", address, "--discovery", mesh.discovery, "--grace", "1"),
             *("--log-level", "warning"),
+            *extra,
         ],
     )
     wait_healthy(address, proc=proc)

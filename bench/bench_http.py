@@ -11,7 +11,13 @@ interleaved, so both see the same machine noise:
   against the byte tokenizer on the same conversation as the baseline.
 Writes bench/results/bench_http.md.
 
+`--baseline-src DIR` instead compares this tree's HTTP front with the one of another source tree
+(e.g. `git archive main`) in one mesh and one run: the frontend's CPU per HTTP request, and the
+time to first token of short requests while long text prompts are being encoded (event-loop lag).
+Writes bench/results/bench_http_baseline.md.
+
 Run: .venv/bin/python -m bench.bench_http [--ttft-requests N] [--seconds S] [--concurrency C]
+     [--baseline-src DIR [--rounds R] [--lag-seconds S] [--long-clients K]]
 """
 
 from __future__ import annotations
@@ -23,13 +29,18 @@ import os
 import platform
 import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
+from bench.bench_frontend import cpu_seconds, start_frontend
+from bench.bench_frontend import python_work_of as grpc_work_of
 from bench.measure import FAST_POOL, closed_loop, pct, ttft_interleaved
 from globalrouter.tokenizer import ByteTokenizer, HfTokenizer
 from globalrouter.tokenizer_train import train_tokenizer
@@ -39,6 +50,7 @@ from meshlaunch import MODEL, Mesh, free_port, process_group
 ROOT = Path(__file__).resolve().parent.parent
 
 RESULT = ROOT / "bench" / "results" / "bench_http.md"
+RESULT_COMPARE = ROOT / "bench" / "results" / "bench_http_baseline.md"
 OUTPUT_TOKENS = 16
 VOCAB = 400
 CHAT_TOKENS = 16_000
@@ -80,9 +92,17 @@ class Http:
 
     name = "HTTP /v1/completions"
 
-    def __init__(self, address: str, tls: ssl.SSLContext | None = None, name: str = "") -> None:
-        """`tls`: HTTPS with this client context (bench_security); `name` overrides the label."""
+    def __init__(
+        self,
+        address: str,
+        tls: ssl.SSLContext | None = None,
+        name: str = "",
+        prompt_of: Callable[[int], Any] = prompt,
+    ) -> None:
+        """`tls`: HTTPS with this client context (bench_security); `name` overrides the label;
+        `prompt_of(i)`: the prompt of request i (token ids, or a text)."""
         self.name = name or self.name
+        self._prompt_of = prompt_of
         self._tls = tls
         self._host, port = address.rsplit(":", 1)
         self._port = int(port)
@@ -92,7 +112,7 @@ class Http:
         body = json.dumps(
             {
                 "model": MODEL,
-                "prompt": prompt(i),
+                "prompt": self._prompt_of(i),
                 "max_tokens": max_tokens,
                 "stream": True,
                 "stream_options": {"include_usage": True},
@@ -174,6 +194,290 @@ def time_prompt(tokenizer, messages, repeats: int) -> tuple[float, float, int]:
     return statistics.median(render), statistics.median(total), n
 
 
+async def python_work(requests: int, repeats: int, stream: bool) -> float:
+    """CPU microseconds per request of the HTTP front's own Python work (body parse and validation,
+    routing decision, the run loop, detokenization, SSE or JSON shaping, metrics): the ASGI app
+    called directly with the pool link replaced by an in-memory double (the messages a mocker
+    sends for 16 tokens), so no sockets and no uvicorn; the best of `repeats`."""
+    from globaldiscovery.v1 import discovery_pb2
+    from globalrouter.config import RouterConfig
+    from globalrouter.http_api.config import HttpConfig
+    from globalrouter.server import create_server
+    from globalrouter.serving import Admitted, ServingLinks
+    from globalrouter.v1 import pool_frontend_pb2 as pf
+
+    first = pf.PoolTokens(token_ids=[7])
+    finish = pf.PoolFinish(reason=pf.POOL_FINISH_REASON_LENGTH)
+    rest = pf.PoolFrontendServiceGenerateResponse(
+        tokens=pf.PoolTokens(token_ids=list(range(40, 40 + OUTPUT_TOKENS - 1)), finish=finish)
+    )
+    admission = pf.PoolAdmission(worker_id="w0", prompt_blocks=8)
+
+    class Stream:
+        def __init__(self) -> None:
+            self._left = iter([rest])
+
+        async def read(self):
+            return next(self._left, None)
+
+        def cancel(self) -> None:
+            pass
+
+    class Links(ServingLinks):
+        async def admit(self, pool, request):
+            url = self.next_frontend(pool)
+            self._in_flight[url] = self._in_flight.get(url, 0) + 1
+            return Admitted(pool_id=pool.pool_id, url=url, stream=Stream(), admission=admission, first=first)
+
+    router = create_server(RouterConfig(listen="127.0.0.1:0", http=HttpConfig(listen="127.0.0.1:0")))
+    router.core.table.apply_listed(
+        discovery_pb2.Pool(pool_id="bench-pool", model=MODEL, region="r1", frontends=["http://127.0.0.1:1"])
+    )
+    assert router.http is not None
+    front = router.http.front
+    links = Links(0.1, 1.0)
+    if hasattr(front, "path"):  # one request path for both fronts
+        front.path.links = links
+    else:  # a tree from before the shared request path
+        setattr(front, "links", links)  # noqa: B010
+    app = front.app()
+    never = asyncio.get_running_loop().create_future()  # no disconnect
+    bodies = [
+        json.dumps(
+            {"model": MODEL, "prompt": prompt(i), "max_tokens": OUTPUT_TOKENS, "stream": stream}
+        ).encode()
+        for i in range(requests)
+    ]
+
+    async def call(body: bytes) -> None:
+        sent = False
+
+        async def receive():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await never
+            return {"type": "http.disconnect"}
+
+        status = 0
+
+        async def send(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/completions",
+            "raw_path": b"/v1/completions",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 2),
+        }
+        await app(scope, receive, send)
+        assert status == 200, status
+
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.process_time()
+        for body in bodies:
+            await call(body)
+        best = min(best, (time.process_time() - started) / requests * 1e6)
+    await router.handle.server.stop(0)
+    return best
+
+
+def python_work_of(src: Path, stream: bool) -> float:
+    """python_work() of the source tree `src`, in a child process."""
+    flag = "--python-work-stream" if stream else "--python-work"
+    code = (
+        f"import runpy, sys; sys.path.insert(0, {str(src)!r}); sys.argv[1:] = [{flag!r}]; "
+        f"runpy.run_path({__file__!r}, run_name='__main__')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"{flag} failed: {out.stderr[-2000:]}")
+    return float(out.stdout.split()[-1])
+
+
+LONG_GRPC_CHARS = 60_000
+"""A gRPC text prompt of about 16k tokens of the trained tokenizer (~160 ms to encode)."""
+LONG_HTTP_CHARS = 8_000
+"""An HTTP text prompt just below the 8,192 characters from which the old front encoded in a thread."""
+SHORT_PROMPT_TOKENS = 128
+
+
+def long_text(chars: int, i: int) -> str:
+    turn = (
+        f"{i}: The global router picks the pool; the pool picks the worker. Prefix-aware routing sends "
+        "a prompt to the pool that already caches its prefix — café, naïve, 日本語, 🙂. "
+    )
+    return (turn * (chars // len(turn) + 1))[:chars]
+
+
+async def http_cpu_round(address: str, pid: int, seconds: float, concurrency: int) -> tuple[float, float]:
+    """(requests/s, frontend CPU µs per request) of a closed loop of streamed /v1/completions."""
+    before = cpu_seconds(pid)
+    rate, n = await closed_loop(Http(address), seconds, concurrency, 100_000, OUTPUT_TOKENS)
+    return rate, (cpu_seconds(pid) - before) / max(1, n) * 1e6
+
+
+async def lag_round(grpc_address: str, http_address: str, seconds: float, long_clients: int) -> list[float]:
+    """Seconds to the first token of short requests (128 token ids, gRPC) sent one after another
+    while `long_clients` gRPC clients send ~16k-token text prompts and as many HTTP clients send
+    8,000-character text prompts, each one request after another: what prompt encoding on the
+    frontend's event loop costs every other request."""
+    deadline = time.perf_counter() + seconds
+    out: list[float] = []
+    async with grpc.aio.insecure_channel(grpc_address) as channel:
+        stub = router_pb2_grpc.RouterServiceStub(channel)
+        short = Grpc(channel)
+        http = Http(http_address, prompt_of=lambda i: long_text(LONG_HTTP_CHARS, i))
+
+        async def long_grpc(k: int) -> None:
+            i = 0
+            while time.perf_counter() < deadline:
+                i += 1
+                text = long_text(LONG_GRPC_CHARS, k * 1_000_000 + i)
+                call = stub.Generate(
+                    router_pb2.GenerateRequest(
+                        model=MODEL, prompt=router_pb2.Prompt(text=text), max_tokens=1
+                    ),
+                    timeout=60,
+                )
+                async for _ in call:
+                    pass
+
+        async def long_http(k: int) -> None:
+            i = 0
+            while time.perf_counter() < deadline:
+                i += 1
+                await http.one(k * 1_000_000 + i, 1)
+
+        async def shorts() -> None:
+            i = 0
+            await asyncio.sleep(0.5)  # the long clients are under way
+            while time.perf_counter() < deadline:
+                i += 1
+                ttft, _ = await short.one(40_000_000 + i, 1)
+                out.append(ttft)
+
+        await asyncio.gather(
+            *(long_grpc(k) for k in range(long_clients)),
+            *(long_http(k) for k in range(long_clients)),
+            shorts(),
+        )
+    return out
+
+
+async def compare(frontends: dict[str, tuple[str, str, int]], args) -> dict:
+    """Both trees' frontends, interleaved round by round (the order alternating)."""
+    names = list(frontends)
+    cpu: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    lag: dict[str, list[float]] = {n: [] for n in names}
+    for name in names:  # warm-up: connections, caches, code paths
+        grpc_address, http_address, _pid = frontends[name]
+        await closed_loop(Http(http_address), 1.0, args.concurrency, 100_000, OUTPUT_TOKENS)
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            _grpc, http_address, pid = frontends[name]
+            cpu[name].append(await http_cpu_round(http_address, pid, args.seconds, args.concurrency))
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            grpc_address, http_address, _pid = frontends[name]
+            lag[name] += await lag_round(grpc_address, http_address, args.lag_seconds, args.long_clients)
+    return {"cpu": cpu, "lag": lag}
+
+
+def run_compare(args) -> int:
+    """--baseline-src: this tree's frontend and the baseline tree's, in one mesh and one run."""
+    trees = {"this tree": ROOT, "baseline": args.baseline_src.resolve()}
+    # In-process Python work first (child processes, alternating, the best of three each).
+    work: dict[str, dict[str, list[float]]] = {n: {"stream": [], "json": [], "grpc": []} for n in trees}
+    for _ in range(3):
+        for name, src in trees.items():
+            work[name]["stream"].append(python_work_of(src, True))
+            work[name]["json"].append(python_work_of(src, False))
+            work[name]["grpc"].append(grpc_work_of(src))
+    with tempfile.TemporaryDirectory(prefix="bench-http-") as tmp, process_group(Path(tmp)) as group:
+        tok_dir = train_tokenizer(Path(tmp) / "tokenizer", vocab_size=VOCAB)
+        mesh = Mesh(group)
+        mesh.start_discovery()
+        mesh.start_pool("bench-pool", "local", *FAST_POOL, "--vocab-size", str(VOCAB))
+        frontends = {}
+        for name, src in trees.items():
+            http = f"127.0.0.1:{free_port()}"
+            f = start_frontend(
+                mesh, name.replace(" ", "-"), src, "--http-listen", http, "--tokenizer", f"{MODEL}={tok_dir}"
+            )
+            mesh.wait_routable(f, mesh.pools)
+            frontends[name] = (f.address, http, f.proc.pid)
+        result = asyncio.run(compare(frontends, args))
+    cmd = (
+        f".venv/bin/python -m bench.bench_http --baseline-src {args.baseline_src} --seconds {args.seconds:g} "
+        f"--rounds {args.rounds} --concurrency {args.concurrency} --lag-seconds {args.lag_seconds:g} "
+        f"--long-clients {args.long_clients}"
+    )
+    rows, lag_rows, work_rows, lines = [], [], [], []
+    for name in trees:
+        w = {k: min(v) for k, v in work[name].items()}
+        work_rows.append(f"| {name} | {w['stream']:.0f} | {w['json']:.0f} | {w['grpc']:.0f} |")
+        lines.append(
+            f"{name:10s} Python work per request: HTTP streamed {w['stream']:.0f} us, HTTP JSON {w['json']:.0f} us, "
+            f"gRPC Generate {w['grpc']:.0f} us"
+        )
+        runs = result["cpu"][name]
+        us = statistics.median(u for _, u in runs)
+        rates = " / ".join(f"{r:.0f}" for r, _ in runs)
+        rows.append(f"| {name} | {us:.0f} | {' / '.join(f'{u:.0f}' for _, u in runs)} | {rates} |")
+        lines.append(f"{name:10s} HTTP front CPU {us:.0f} us/request (rounds {rates} req/s)")
+        waits = result["lag"][name]
+        p50, p99, worst = pct(waits, 50), pct(waits, 99), max(waits)
+        lag_rows.append(
+            f"| {name} | {p50 * 1e3:.1f} ms | {p99 * 1e3:.1f} ms | {worst * 1e3:.1f} ms | {len(waits)} |"
+        )
+        lines.append(
+            f"{name:10s} short requests under long prompts: TTFT p50 {p50 * 1e3:.1f} ms p99 {p99 * 1e3:.1f} ms "
+            f"max {worst * 1e3:.1f} ms ({len(waits)} requests)"
+        )
+    for line in lines:
+        print(line)
+    text = (
+        "## HTTP front before/after in one run (`bench_http --baseline-src`)\n\n"
+        f"Command: `{cmd}` on {platform.machine()} with {os.cpu_count()} cores (shared). One mesh: one\n"
+        "mocker pool (4 workers, speed-up 1000) with its relay and two global frontends, this tree's and\n"
+        "the baseline tree's, started alike (`--http-listen`, the trained tokenizer); the rounds alternate\n"
+        "between them.\n\n"
+        f"CPU of the frontend process (/proc utime+stime) per streamed /v1/completions request (128 token\n"
+        f"ids in, {OUTPUT_TOKENS} tokens out), {args.concurrency} concurrent lean keep-alive clients, "
+        f"{args.rounds} rounds of {args.seconds:g} s:\n\n"
+        "| frontend | CPU µs/request (median) | per round | req/s per round |\n|---|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n\nThe fronts' own Python work per request, in process with the pool link replaced by an\n"
+        "in-memory double (no sockets, no uvicorn, no gRPC; CPU time, best of 3 × 5 × 2,000 requests for\n"
+        "HTTP, bench_frontend's measure for gRPC Generate), µs:\n\n"
+        "| frontend | HTTP streamed | HTTP JSON | gRPC Generate |\n|---|---|---|---|\n"
+        + "\n".join(work_rows)
+        + "\n\nEvent-loop lag as other requests see it: time to the first token of short gRPC requests (128\n"
+        f"token ids, one after another) while {args.long_clients} gRPC clients send ~16k-token text prompts "
+        f"({LONG_GRPC_CHARS:,} characters)\nand {args.long_clients} HTTP clients send {LONG_HTTP_CHARS:,}-character "
+        f"text prompts, back to back, {args.rounds} rounds of {args.lag_seconds:g} s:\n\n"
+        "| frontend | short TTFT p50 | p99 | max | requests |\n|---|---|---|---|---|\n"
+        + "\n".join(lag_rows)
+        + "\n"
+    )
+    RESULT_COMPARE.parent.mkdir(exist_ok=True)
+    RESULT_COMPARE.write_text(text)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -184,7 +488,28 @@ def main() -> int:
         "--concurrency", type=int, default=16, help="concurrent clients in the throughput loop"
     )
     parser.add_argument("--repeats", type=int, default=30, help="timed runs of the 16k-token prompt")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="instead: this tree's HTTP front against the one of this source tree (e.g. `git archive main`), "
+        "CPU per request and event-loop lag, in one run",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="--baseline-src: rounds per measure and tree")
+    parser.add_argument(
+        "--lag-seconds", type=float, default=6.0, help="--baseline-src: seconds per lag round"
+    )
+    parser.add_argument(
+        "--long-clients", type=int, default=2, help="--baseline-src: clients sending long prompts, per API"
+    )
+    parser.add_argument("--python-work", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--python-work-stream", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.python_work or args.python_work_stream:
+        print(f"{asyncio.run(python_work(2000, 5, args.python_work_stream)):.1f}")
+        return 0
+    if args.baseline_src is not None:
+        return run_compare(args)
     with tempfile.TemporaryDirectory(prefix="bench-http-") as tmp, process_group(Path(tmp)) as group:
         tok_dir = train_tokenizer(Path(tmp) / "tokenizer", vocab_size=VOCAB)
         hf = HfTokenizer.load(tok_dir)

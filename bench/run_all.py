@@ -16,6 +16,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 
+# Benchmarks with their own target and document, not part of BENCHMARKS.md (`make scale`: SCALE.md).
+SEPARATE = {"bench_scale"}
+
 HEADER = """# Benchmarks
 
 Every figure here was printed by `make bench` (which runs `python -m bench.run_all`) on the
@@ -37,6 +40,8 @@ def main() -> int:
     failed = []
     for script in sorted(HERE.glob("bench_*.py")):
         name = script.stem
+        if name in SEPARATE:
+            continue
         if args.only and not any(o in name for o in args.only):
             continue
         print(f"== {name}", flush=True)

@@ -57,6 +57,21 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argpars
         help="events a watcher may fall behind before its stream is ended (default %(default)s)",
     )
     serve.add_argument(
+        "--watch-queue-bytes",
+        type=int,
+        default=_DEFAULTS.watch_queue_bytes,
+        metavar="BYTES",
+        help="bytes of pool records a watcher may fall behind before its stream is ended (default %(default)s)",
+    )
+    serve.add_argument(
+        "--watch-history-bytes",
+        type=int,
+        default=_DEFAULTS.watch_history_bytes,
+        metavar="BYTES",
+        help="bytes of pool records kept for resumed watches; an older resume gets a snapshot "
+        "(default %(default)s)",
+    )
+    serve.add_argument(
         "--store",
         choices=["memory", "etcd"],
         default=_DEFAULTS.store,
@@ -68,6 +83,14 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argpars
         default=None,
         metavar="HOST:PORT[,HOST:PORT...]",
         help="etcd's members, with --store etcd (calls move to another member when one fails)",
+    )
+    serve.add_argument(
+        "--etcd-isolation-timeout",
+        type=float,
+        default=_DEFAULTS.etcd_isolation_timeout,
+        metavar="SECONDS",
+        help="with --store etcd: how long without etcd before this replica stops serving "
+        "(NOT_SERVING, calls refused) until it re-syncs (default %(default)s)",
     )
     serve.add_argument(
         "--max-watchers",
@@ -114,8 +137,11 @@ def discovery_config(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         heartbeat_interval=args.heartbeat_interval,
         lease_duration=args.lease_duration,
         watch_queue_limit=args.watch_queue_limit,
+        watch_queue_bytes=args.watch_queue_bytes,
+        watch_history_bytes=args.watch_history_bytes,
         store=args.store,
         etcd_endpoints=args.etcd_endpoints or "",
+        etcd_isolation_timeout=args.etcd_isolation_timeout,
         max_watchers=args.max_watchers,
         stop_grace=args.stop_grace,
         security=flags.security_config(parser, args),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from globaldiscovery import lease_rules
 from globaldiscovery.lease_table import Lease, LeaseTable
@@ -25,11 +25,19 @@ from globaldiscovery.records import (
     PoolView,
     RegisterResult,
     Removal,
+    pool_view_bytes,
 )
 from globaldiscovery.watch_fanout import Watcher, WatcherClosed, WatchFanout, selected
 from meshkit import pagination
 
-__all__ = ["Directory"]
+__all__ = ["DEFAULT_HISTORY_BYTES", "DEFAULT_QUEUE_BYTES", "Directory"]
+
+# The watch history's default byte bound: thousands of ordinary changes, and ~260 of the largest
+# pools (64 frontends of long URLs, ~250 KB each) rather than 10,000 of them (~2.5 GB).
+DEFAULT_HISTORY_BYTES = 64 * 1024 * 1024
+# A watcher's queue of unread changes, likewise (the events are shared with the history and every
+# other watcher, but a slow reader keeps them alive after the history let them go).
+DEFAULT_QUEUE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -53,7 +61,9 @@ class Directory:
         started_at: float,
         wall_offset: float,
         watch_queue_limit: int = 10_000,
+        watch_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         watch_history_limit: int = 10_000,
+        watch_history_bytes: int = DEFAULT_HISTORY_BYTES,
         complete_at_start: bool = False,
         on_drained: Callable[[str, list[tuple[str, int]]], None] | None = None,
         mirror: bool = False,
@@ -68,7 +78,7 @@ class Directory:
         self._order: list[str] = []  # pool ids, sorted, for ordered pages
         self._drains: dict[str, float] = {}  # pool_id -> monotonic deadline of an operator drain
         self._drained: dict[str, dict[str, int]] = {}  # pool -> relay -> highest refused incarnation
-        self._fanout = WatchFanout(watch_queue_limit)
+        self._fanout = WatchFanout(watch_queue_limit, watch_queue_bytes)
         # A mirror follows a shared store (etcd): the store numbers its changes (at_revision), so
         # every replica gives one change the same revision and a watch resumes on any of them; and
         # a drain ends when the store ends its leases (the same change on every replica), not on
@@ -78,7 +88,12 @@ class Directory:
         # Otherwise revisions start at this directory's start time in microseconds, so a restarted
         # replica never reuses one an earlier process sent (a resume from it then gets a reset snapshot).
         self.revision = 0 if mirror else int((started_at + wall_offset) * 1_000_000)
-        self._history: deque[PoolEvent] = deque(maxlen=max(1, watch_history_limit))
+        # The changes a resumed watch replays, bounded by count and by bytes (an event holds a
+        # whole pool record, which may be large, and outlives the pool): the oldest go first.
+        self._history: deque[PoolEvent] = deque()
+        self._history_limit = max(1, watch_history_limit)
+        self._history_byte_limit = max(1, watch_history_bytes)
+        self._history_bytes = 0
         self._history_floor = self.revision  # a resume can start from any revision >= this
         self._on_drained = on_drained  # told (pool_id, [(relay_id, incarnation)]) when a drain completes
 
@@ -272,7 +287,7 @@ class Directory:
         since (unfiltered watches only); otherwise one holding the snapshot and SNAPSHOT_DONE."""
         self.advance(now)
         if self.can_resume(start_revision) and not model and not region:
-            replay = [event for event in self._history if event.revision > start_revision]
+            replay = self._replay(start_revision, self.revision)
             return self._fanout.resume(list(self._order), replay, self.complete(now), start_revision)
         snapshot = [self._view(self._pools[pool_id]) for pool_id in self._order]
         return self._fanout.open(model, region, snapshot, self.complete(now), self.revision)
@@ -286,14 +301,14 @@ class Directory:
         """Mirror: the store's revisions went back (another store): number from `revision` on.
         The history is of no use any more (the caller re-reads the store, then reset_history)."""
         assert self.mirror
-        self._history.clear()
+        self._clear_history()
         self.revision = revision
 
     def reset_history(self) -> None:
         """Mirror: the state was re-read from the store, not followed change by change, so no
         resume from before the current revision can be exact: forget the history."""
         assert self.mirror
-        self._history.clear()
+        self._clear_history()
         self._history_floor = self.revision
 
     @property
@@ -303,14 +318,33 @@ class Directory:
 
     @property
     def history_limit(self) -> int:
-        """How many events the history keeps."""
-        return self._history.maxlen or 0
+        """How many events the history keeps at most."""
+        return self._history_limit
+
+    @property
+    def history_byte_limit(self) -> int:
+        """How many bytes (pool_view_bytes) the history's events hold at most."""
+        return self._history_byte_limit
+
+    @property
+    def history_bytes(self) -> int:
+        """The bytes (pool_view_bytes) the history's events hold now."""
+        return self._history_bytes
 
     def history_between(self, after: int, upto: int) -> list[PoolEvent] | None:
         """The events after `after` up to `upto`; None when the history no longer holds them all."""
         if not self.can_resume(after):
             return None
-        return [event for event in self._history if after < event.revision <= upto]
+        return self._replay(after, upto)
+
+    def _replay(self, after: int, upto: int) -> list[PoolEvent]:
+        """Copies of the history's events after `after` up to `upto`: a copy caches its encoded
+        message for its watcher, so the history never holds messages beside its records."""
+        return [replace(event, encoded=None) for event in self._history if after < event.revision <= upto]
+
+    def _clear_history(self) -> None:
+        self._history.clear()
+        self._history_bytes = 0
 
     def watch_joined(
         self, now: float, earlier: list[PoolEvent], start_revision: int, joined_at: int
@@ -321,7 +355,7 @@ class Directory:
         self.advance(now)
         if not self.can_resume(joined_at):
             return None
-        replay = [*earlier, *(event for event in self._history if event.revision > joined_at)]
+        replay = [*earlier, *self._replay(joined_at, self.revision)]
         return self._fanout.resume(list(self._order), replay, self.complete(now), start_revision)
 
     def can_resume(self, start_revision: int) -> bool:
@@ -466,8 +500,12 @@ class Directory:
         # A mirror's change already has its store revision (at_revision; one pool event per change).
         if not self.mirror:
             self.revision += 1
-        if len(self._history) == self._history.maxlen:
-            self._history_floor = self._history[0].revision  # that event is evicted next
         removal = reason if kind is EventKind.REMOVED else Removal.UNSPECIFIED
-        self._history.append(PoolEvent(kind, view, removal, revision=self.revision))
-        self._fanout.publish(kind, view, reason, self.revision)
+        size = pool_view_bytes(view)
+        self._history.append(PoolEvent(kind, view, removal, revision=self.revision, size=size))
+        self._history_bytes += size
+        while len(self._history) > self._history_limit or self._history_bytes > self._history_byte_limit:
+            evicted = self._history.popleft()
+            self._history_bytes -= evicted.size
+            self._history_floor = evicted.revision  # a resume from before it gets a snapshot
+        self._fanout.publish(kind, view, reason, self.revision, size)

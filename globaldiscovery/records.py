@@ -96,6 +96,26 @@ class PoolView:
     frontend_protocol: int = 0
 
 
+# Rough CPython sizes (64-bit) for pool_view_bytes: a str's header, a tuple slot, a slotted
+# dataclass instance. An estimate that errs high is safe (a bound kept early, never late).
+_STR_BYTES = 56
+_SLOT_BYTES = 8
+_OBJECT_BYTES = 120
+
+
+def pool_view_bytes(view: PoolView) -> int:
+    """About the memory `view` holds that nothing else may (its strings, tuples and objects):
+    what a history bounded by bytes counts for an event. The merged frontends are the leases'
+    own strings, so they count as tuple slots only."""
+    size = 4 * _OBJECT_BYTES + len(view.pool_id) + len(view.model) + len(view.region) + 3 * _STR_BYTES
+    size += _SLOT_BYTES * len(view.frontends)
+    size += sum(_STR_BYTES + _SLOT_BYTES + len(c) for c in view.capabilities)
+    for lease in view.leases:
+        size += _OBJECT_BYTES + _STR_BYTES + len(lease.relay_id)
+        size += sum(_STR_BYTES + _SLOT_BYTES + len(url) for url in lease.frontends)
+    return size
+
+
 @dataclass(frozen=True, slots=True)
 class FrontendView:
     """One live global frontend."""
@@ -117,6 +137,7 @@ class PoolEvent:
     complete: bool = False
     encoded: object = None
     revision: int = 0  # the directory's revision after this event (see Directory.revision)
+    size: int = 0  # pool_view_bytes of its pool record: what queues and the history bounded by bytes count
     resumed: bool = False  # SNAPSHOT_DONE of a resumed watch: no snapshot precedes it
 
 

@@ -14,7 +14,7 @@ from globaldiscovery import convert, request_checks
 from globaldiscovery.config import DiscoveryConfig
 from globaldiscovery.lease_rules import DrainCompleted, ModelConflict, NotFound, StaleIncarnation
 from globaldiscovery.records import PoolRegistration
-from globaldiscovery.store import MemoryStore, Store, StoreUnavailable
+from globaldiscovery.store import MemoryStore, Store, StoreIsolated, StoreUnavailable
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from globaldiscovery.watch_fanout import WatcherClosed
@@ -37,9 +37,11 @@ _REFUSALS: dict[type[Exception], tuple[grpc.StatusCode, Reason]] = {
     DrainCompleted: (grpc.StatusCode.FAILED_PRECONDITION, Reason.DRAIN_COMPLETED),
     NotFound: (grpc.StatusCode.NOT_FOUND, Reason.POOL_NOT_FOUND),
     StoreUnavailable: (grpc.StatusCode.UNAVAILABLE, Reason.STORE_UNAVAILABLE),
+    StoreIsolated: (grpc.StatusCode.UNAVAILABLE, Reason.STORE_UNAVAILABLE),
 }
 _DIRECTORY_ERRORS = tuple(_REFUSALS)
 _SHUTTING_DOWN = "discovery is shutting down; call another replica"
+_ISOLATED = "this discovery replica lost etcd; its directory is frozen: call another replica"
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -110,6 +112,17 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         self._frontends: tuple[object, list[pb.Frontend]] = (None, [])
         self._idle_streams: set[asyncio.Task] = set()
         self._closing = False
+        self._isolated = False  # the store lost what it shares: streams end, callers move on
+        store.on_health(self._store_health)
+
+    def _store_health(self, serving: bool) -> None:
+        """The store stopped serving (or serves again): a keep-alive stream would otherwise stay on
+        this replica, each renewal refused, so every idle stream ends with UNAVAILABLE and the
+        relay's next renewal opens a stream on another replica (a busy one ends after its reply)."""
+        self._isolated = not serving
+        if self._isolated:
+            for task in list(self._idle_streams):
+                task.cancel()
 
     def _registration(self, request: pb.RegisterPoolRequest) -> PoolRegistration:
         key = (request.pool_id, request.relay_id)
@@ -187,7 +200,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         task = asyncio.current_task()
         assert task is not None
         try:
-            while not self._closing:
+            while not self._closing and not self._isolated:
                 # Only a stream waiting for its next request is cancelled by close_streams(); a
                 # busy one sees _closing once its current reply is written.
                 self._idle_streams.add(task)
@@ -199,10 +212,14 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
                     return
                 await context.write(await self._keepalive_reply(request))
         except asyncio.CancelledError:
-            if not self._closing:
+            if not self._closing and not self._isolated:
                 raise
             task.uncancel()
-        await abort_with_reason(context, grpc.StatusCode.UNAVAILABLE, Reason.SHUTTING_DOWN, _SHUTTING_DOWN)
+        if self._closing:
+            await abort_with_reason(
+                context, grpc.StatusCode.UNAVAILABLE, Reason.SHUTTING_DOWN, _SHUTTING_DOWN
+            )
+        await abort_with_reason(context, grpc.StatusCode.UNAVAILABLE, Reason.STORE_UNAVAILABLE, _ISOLATED)
 
     async def close_streams(self) -> None:
         """Ends every KeepAlivePools stream with UNAVAILABLE (a stop hook: streams never end by
@@ -225,8 +242,11 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
     async def ListPools(self, request: pb.ListPoolsRequest, context: grpc.aio.ServicerContext):
         violations, page = request_checks.list_pools(request)
         await violations.abort_if_any(context)
-        pools, more, complete = await self.store.list_pools(
-            model=request.model, region=request.region, after=page.after, limit=page.size
+        pools, more, complete = await _answered(
+            self.store.list_pools(
+                model=request.model, region=request.region, after=page.after, limit=page.size
+            ),
+            context,
         )
         items = _each_converted(pools, convert.pool)
         # A page of pools with many long frontend URLs could outgrow the message limit: cut it by bytes.
@@ -255,8 +275,11 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
     async def _watch(
         self, request: pb.WatchPoolsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchPoolsResponse]:
-        watcher = await self.store.watch(
-            model=request.model, region=request.region, start_revision=request.start_revision
+        watcher = await _answered(
+            self.store.watch(
+                model=request.model, region=request.region, start_revision=request.start_revision
+            ),
+            context,
         )
         log.info(
             "watch opened", model=request.model, region=request.region, start_revision=request.start_revision
@@ -275,12 +298,13 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
         finally:
             self.store.unwatch(watcher)
         if watcher.closed is WatcherClosed.OVERFLOW:
-            log.warning("watcher fell behind", limit=watcher.limit)
+            log.warning("watcher fell behind", limit=watcher.limit, byte_limit=watcher.byte_limit)
             await abort_with_reason(
                 context,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 Reason.SLOW_CONSUMER,
-                f"this watch fell more than {watcher.limit} events behind; watch again for a fresh snapshot",
+                f"this watch fell more than {watcher.limit} events or {watcher.byte_limit} bytes of pool "
+                "records behind; watch again for a fresh snapshot",
             )
         if watcher.closed is WatcherClosed.RESYNC:
             await abort_with_reason(
@@ -289,6 +313,9 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
                 Reason.STORE_UNAVAILABLE,
                 "this replica lost its etcd history and re-read the directory; watch again (resume or snapshot)",
             )
+        if watcher.closed is WatcherClosed.ISOLATED:
+            log.info("watch ended: this replica lost etcd")
+            await abort_with_reason(context, grpc.StatusCode.UNAVAILABLE, Reason.STORE_UNAVAILABLE, _ISOLATED)
         await abort_with_reason(context, grpc.StatusCode.UNAVAILABLE, Reason.SHUTTING_DOWN, _SHUTTING_DOWN)
 
     async def DrainPool(self, request: pb.DrainPoolRequest, context: grpc.aio.ServicerContext):
@@ -329,7 +356,7 @@ class DiscoveryServicer(pb_grpc.DiscoveryServiceServicer):
     async def ListFrontends(self, request: pb.ListFrontendsRequest, context: grpc.aio.ServicerContext):
         violations, page = request_checks.list_frontends(request)
         await violations.abort_if_any(context)
-        frontends, complete = await self.store.list_frontends()
+        frontends, complete = await _answered(self.store.list_frontends(), context)
         listed, token = pagination.paginate(frontends, lambda f: f.frontend_id, page)
         return pb.ListFrontendsResponse(
             frontends=_each_converted(listed, convert.frontend), next_page_token=token, complete=complete
@@ -361,6 +388,9 @@ def make_store(config: DiscoveryConfig, clock: Clock) -> Store:
             heartbeat_interval=config.heartbeat_interval,
             lease_duration=config.lease_duration,
             watch_queue_limit=config.watch_queue_limit,
+            watch_queue_bytes=config.watch_queue_bytes,
+            watch_history_bytes=config.watch_history_bytes,
+            isolation_timeout=config.etcd_isolation_timeout,
         )
     if config.store != "memory":
         raise ValueError(f"unknown store {config.store!r}")
@@ -369,6 +399,8 @@ def make_store(config: DiscoveryConfig, clock: Clock) -> Store:
         heartbeat_interval=config.heartbeat_interval,
         lease_duration=config.lease_duration,
         watch_queue_limit=config.watch_queue_limit,
+        watch_queue_bytes=config.watch_queue_bytes,
+        watch_history_bytes=config.watch_history_bytes,
     )
 
 
@@ -398,6 +430,17 @@ async def serve(
     store = make_store(config, clock or SystemClock())
     servicer = DiscoveryServicer(store, max_watchers=config.max_watchers)
     handle = build_server(config, store, servicer)
+    stop = stop_event or asyncio.Event()
+    health_updates: set[asyncio.Task] = set()
+
+    def store_health(serving: bool) -> None:
+        # gRPC health follows the store (NOT_SERVING while cut off from etcd), never after a stop began.
+        if not stop.is_set():
+            update = asyncio.get_running_loop().create_task(handle.set_serving(serving))
+            health_updates.add(update)
+            update.add_done_callback(health_updates.discard)
+
+    store.on_health(store_health)
     await store.start()
     log.info(
         "discovery serving",
@@ -412,6 +455,6 @@ async def serve(
     # Watchers and keep-alive streams are closed (UNAVAILABLE) before the server stops, so they
     # end cleanly and do not hold up the grace period meant for in-flight unary calls.
     await serve_until_signalled(
-        handle, grace=config.stop_grace, on_stop=[servicer.close_streams, store.close], stop_event=stop_event
+        handle, grace=config.stop_grace, on_stop=[servicer.close_streams, store.close], stop_event=stop
     )
     log.info("discovery stopped")

@@ -26,23 +26,26 @@ class WatcherClosed(enum.Enum):
     OVERFLOW = 1
     SHUTDOWN = 2
     RESYNC = 3  # the replica re-read its shared store: the stream cannot continue change by change
+    ISOLATED = 4  # the replica lost its shared store: its directory is frozen, watch another replica
 
 
 class Watcher:
     """A bounded queue of events for one WatchPools stream; it never blocks the directory.
 
-    When the reader falls `limit` events behind, the watcher is closed with OVERFLOW (the stream
-    then ends with RESOURCE_EXHAUSTED and the client re-watches) instead of holding memory or
-    slowing down everyone else.
+    When the reader falls `limit` events or `byte_limit` bytes of pool records (PoolEvent.size)
+    behind, the watcher is closed with OVERFLOW (the stream then ends with RESOURCE_EXHAUSTED and
+    the client re-watches) instead of holding memory or slowing down everyone else.
     """
 
-    def __init__(self, model: str, region: str, limit: int) -> None:
+    def __init__(self, model: str, region: str, limit: int, byte_limit: int) -> None:
         self.model = model
         self.region = region
         self.limit = limit
+        self.byte_limit = byte_limit
         self.closed: WatcherClosed | None = None
         self.seen: set[str] = set()
         self._events: deque[PoolEvent] = deque()
+        self._bytes = 0
         self._ready = asyncio.Event()
 
     def matches(self, pool: PoolView) -> bool:
@@ -53,10 +56,11 @@ class Watcher:
         """Queues `event`; False (and closed) when the queue is full."""
         if self.closed is not None:
             return False
-        if len(self._events) >= self.limit:
+        if len(self._events) >= self.limit or self._bytes + event.size > self.byte_limit:
             self.close(WatcherClosed.OVERFLOW)
             return False
         self._events.append(event)
+        self._bytes += event.size
         self._ready.set()
         return True
 
@@ -65,6 +69,7 @@ class Watcher:
         if self.closed is None:
             self.closed = why
             self._events.clear()
+            self._bytes = 0
             self._ready.set()
 
     async def next(self) -> PoolEvent | None:
@@ -76,7 +81,9 @@ class Watcher:
             await self._ready.wait()
         if self.closed is not None:
             return None
-        return self._events.popleft()
+        event = self._events.popleft()
+        self._bytes -= event.size
+        return event
 
     def pending(self) -> int:
         """How many events wait to be read."""
@@ -86,8 +93,9 @@ class Watcher:
 class WatchFanout:
     """The open watchers, and how one pool change becomes an event for each of them."""
 
-    def __init__(self, queue_limit: int) -> None:
+    def __init__(self, queue_limit: int, queue_bytes: int) -> None:
         self.queue_limit = queue_limit
+        self.queue_bytes = queue_bytes
         self._watchers: set[Watcher] = set()
 
     def open(
@@ -95,8 +103,8 @@ class WatchFanout:
     ) -> Watcher:
         """A watcher already holding `snapshot` (one ADDED per matching pool) and SNAPSHOT_DONE."""
         matching = [view for view in snapshot if selected(view, model, region)]
-        # The bound applies to changes; the snapshot itself always fits.
-        watcher = Watcher(model, region, self.queue_limit + len(matching) + 1)
+        # The bound applies to changes; the snapshot itself always fits (its events count no bytes).
+        watcher = Watcher(model, region, self.queue_limit + len(matching) + 1, self.queue_bytes)
         for view in matching:
             watcher.seen.add(view.pool_id)
             watcher.push(PoolEvent(EventKind.ADDED, view, revision=revision))
@@ -109,7 +117,9 @@ class WatchFanout:
     ) -> Watcher:
         """An unfiltered watcher holding a resumed SNAPSHOT_DONE, then `replay` (the unfiltered
         events after `start_revision`); `listed` is every pool listed now, as live events expect."""
-        watcher = Watcher("", "", self.queue_limit + len(replay) + 1)
+        # The replay always fits, like a snapshot; the bounds apply to what follows it.
+        replayed = sum(event.size for event in replay)
+        watcher = Watcher("", "", self.queue_limit + len(replay) + 1, self.queue_bytes + replayed)
         watcher.seen.update(listed)
         marker = PoolEvent(EventKind.SNAPSHOT_DONE, complete=complete, revision=start_revision, resumed=True)
         watcher.push(marker)
@@ -133,7 +143,12 @@ class WatchFanout:
         return tuple(self._watchers)
 
     def publish(
-        self, kind: EventKind, view: PoolView, reason: Removal = Removal.UNSPECIFIED, revision: int = 0
+        self,
+        kind: EventKind,
+        view: PoolView,
+        reason: Removal = Removal.UNSPECIFIED,
+        revision: int = 0,
+        size: int = 0,
     ) -> None:
         """Tells every watcher about a pool that was added, updated or removed, as its filter sees it."""
         shared: dict[EventKind, PoolEvent] = {}
@@ -142,7 +157,7 @@ class WatchFanout:
             # One event object per kind, shared by every watcher, so it is encoded once.
             if k not in shared:
                 removal = reason if k is EventKind.REMOVED else Removal.UNSPECIFIED
-                shared[k] = PoolEvent(k, view, removal, revision=revision)
+                shared[k] = PoolEvent(k, view, removal, revision=revision, size=size)
             return shared[k]
 
         for watcher in list(self._watchers):

@@ -16,7 +16,7 @@ import grpc
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.blocks import text_to_tokens
 from meshkit.channels import sync_channel
-from meshkit.cli import add_security_flags, host_port
+from meshkit.cli import add_security_flags, host_port, int_at_least
 from meshkit.errors import Reason, reason_of
 
 # Fail-over back-off: none after a frontend that streamed tokens; after one that gave nothing the
@@ -32,16 +32,42 @@ def failover_wait(barren: int) -> float:
     return base * (1 + random.random() / 2)
 
 
-# Fail-overs allowed per request, per frontend address: every frontend gets a couple of chances.
-FAILOVERS_PER_FRONTEND = 2
-# Codes a frontend's own death (crash, kill -9, stop, broken connection) shows as. A frontend's
-# considered answer carries an ErrorInfo reason instead and is final.
+@dataclass(frozen=True)
+class FailoverPolicy:
+    """How many fail-overs one request may make, bounded whatever the size of the fleet.
+
+    Every frontend gets a couple of chances (`per_frontend` x the frontends known), but never more
+    than `max_failovers` in all: with 50 frontends a request that keeps failing is not retried 100
+    times. The defaults keep the small meshes' budget (1 frontend: 2 fail-overs, 2: 4).
+    """
+
+    per_frontend: int = 2
+    max_failovers: int = 4
+
+    def __post_init__(self) -> None:
+        if self.per_frontend < 1:
+            raise ValueError(f"FailoverPolicy.per_frontend must be >= 1 (got {self.per_frontend})")
+        if self.max_failovers < 0:
+            raise ValueError(f"FailoverPolicy.max_failovers must be >= 0 (got {self.max_failovers})")
+
+    def limit(self, frontends: int) -> int:
+        """Fail-overs allowed for one request across `frontends` known frontends."""
+        return min(self.per_frontend * frontends, self.max_failovers)
+
+
+DEFAULT_FAILOVER = FailoverPolicy()
+# Codes a frontend's own death (crash, kill -9, stop, broken connection) shows as, decided on the
+# status code's origin as gRPC defines it (doc/statuscodes.md), never on its text: grpc reports a
+# lost peer or connection as UNAVAILABLE (or CANCELLED), and an HTTP/2 stream reset or protocol
+# error (a proxy dropping its upstream) as INTERNAL. UNKNOWN is what a server application that
+# raised answers: the frontend ran the request and failed on it, so another frontend would fail
+# the same way (a poisonous request is not retried across the fleet). A frontend's considered
+# answer carries an ErrorInfo reason instead and is final.
 _LOST_CODES = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.CANCELLED,
         grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
     }
 )
 
@@ -147,10 +173,13 @@ class FailoverClient:
     on the frontend that worked.
     """
 
-    def __init__(self, routers: Sequence[str], *, start: int = 0) -> None:
+    def __init__(
+        self, routers: Sequence[str], *, start: int = 0, policy: FailoverPolicy = DEFAULT_FAILOVER
+    ) -> None:
         if not routers:
             raise ValueError("FailoverClient needs at least one frontend address")
         self.routers = list(routers)
+        self.policy = policy
         self._current = start % len(self.routers)
         self._channels: dict[str, grpc.Channel] = {}
 
@@ -193,7 +222,7 @@ class FailoverClient:
         """Yields the output tokens batch by batch; fills `result`; raises FailoverError on failure."""
         res = result if result is not None else GenerateResult()
         deadline = time.monotonic() + timeout
-        limit = FAILOVERS_PER_FRONTEND * len(self.routers)
+        limit = self.policy.limit(len(self.routers))
         barren = 0  # fail-overs in a row that brought no token: the wait grows with them
         while True:
             before = len(res.tokens)
@@ -205,7 +234,8 @@ class FailoverClient:
                     raise FailoverError(
                         grpc.StatusCode.UNAVAILABLE,
                         f"every global frontend was lost ({len(self.routers)} known, {res.failovers} "
-                        f"fail-overs); last: {lost}; the {len(res.tokens)} tokens received stay valid",
+                        f"fail-overs of {limit} allowed); last: {lost}; the {len(res.tokens)} tokens "
+                        "received stay valid",
                         res.tokens,
                         None,
                     ) from None
@@ -304,12 +334,17 @@ class FailoverClient:
 
 
 def generate(
-    router: str | Sequence[str], model: str, tokens: list[int], max_tokens: int, timeout: float = 120.0
+    router: str | Sequence[str],
+    model: str,
+    tokens: list[int],
+    max_tokens: int,
+    timeout: float = 120.0,
+    policy: FailoverPolicy = DEFAULT_FAILOVER,
 ) -> dict:
     """One request through one or several frontends; the outcome as a dict (tokens, pools,
     migrations, failovers, finish_reason, ...). Raises FailoverError on failure."""
     routers = [router] if isinstance(router, str) else list(router)
-    with FailoverClient(routers) as client:
+    with FailoverClient(routers, policy=policy) as client:
         return client.generate(model, tokens, max_tokens, timeout=timeout).as_dict()
 
 
@@ -333,6 +368,13 @@ def add_parser(subparsers) -> None:
     src.add_argument("--tokens", type=token_list, help="prompt as comma-separated token ids")
     p.add_argument("--max-tokens", type=int, required=True, help="output tokens at most")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds for the whole call")
+    p.add_argument(
+        "--max-failovers",
+        type=int_at_least(0),
+        default=DEFAULT_FAILOVER.max_failovers,
+        help=f"fail-overs to another frontend per request at most ({DEFAULT_FAILOVER.per_frontend} per "
+        "frontend known, never more than this; default %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_security_flags(p, server=False)
     p.set_defaults(func=_run)
@@ -341,7 +383,8 @@ def add_parser(subparsers) -> None:
 def _run(args: argparse.Namespace) -> int:
     tokens = args.tokens if args.tokens is not None else text_to_tokens(args.prompt)
     try:
-        result = generate(args.router, args.model, tokens, args.max_tokens, args.timeout)
+        policy = FailoverPolicy(max_failovers=args.max_failovers)
+        result = generate(args.router, args.model, tokens, args.max_tokens, args.timeout, policy)
     except FailoverError as exc:
         if args.json:
             print(

@@ -23,6 +23,10 @@ class OpenAILinkConfig:
     """Connections open at once to all OpenAI pools together (keep-alive pooled); more wait for one."""
 
 
+KV_STATES = ("exact", "summary")
+"""RouterConfig.kv_state's choices."""
+
+
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     """Everything a global frontend needs to run; built from flags or directly by tests."""
@@ -51,6 +55,9 @@ class RouterConfig:
     """HOST:PORT of the Prometheus endpoint; empty: off."""
     grace: float = 5.0
     """Seconds in-flight calls may run after SIGTERM before the server stops."""
+    ready_timeout: float = 30.0
+    """Seconds after the start at most that health waits for the listed pools' KV state before it
+    says SERVING anyway (the synced directory is waited for in any case); `globalrouter.readiness`."""
     stall: StallPolicy = field(default_factory=StallPolicy)
     """How long an admitted pool may stay silent before it counts as hung for the request."""
     freshness: FreshnessLimits = field(default_factory=FreshnessLimits)
@@ -81,12 +88,30 @@ class RouterConfig:
     snapshot_step_blocks: int = 8192
     """Most blocks of snapshot application or stream removal done per step of the serving loop,
     which yields in between; fewer when a step takes over 2 ms (a big table: cache misses)."""
+    kv_state: str = "exact"
+    """How the frontend holds the pools' KV blocks: "exact" (KvIndex, one mask bit per relay stream
+    per block: exact, fastest for small fleets) or "summary" (KvSummary, one fingerprint table per
+    pool, about 2.4 bytes per (pool, block) whatever the relays: for fleets of hundreds of pools;
+    rarely lossy, see BENCHMARKS.md "KV summary at fleet scale")."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS, identities and API keys (the shared security flags)."""
     tokenizers: tuple[tuple[str, str], ...] = ()
     """(model, directory) pairs: a Hugging Face tokenizer.json + tokenizer_config.json per model,
     for text prompts of both APIs; other models use one token per UTF-8 byte."""
+    tokenizer_threads: int = 2
+    """Threads that encode text prompts (and render chat templates), off the event loop."""
+    tokenizer_queue: int = 64
+    """Prompts that may wait for an encoding thread; one more is refused (RESOURCE_EXHAUSTED / 429)."""
     http: HttpConfig = field(default_factory=HttpConfig)
     """The OpenAI-compatible HTTP front (off unless http.listen is set)."""
     openai_link: OpenAILinkConfig = field(default_factory=OpenAILinkConfig)
     """Links to pools that speak OpenAI HTTP (timeouts, connection limit)."""
+    aliases: str = ""
+    """A TOML file of model aliases and traffic splits (globalrouter.aliases), re-read on SIGHUP;
+    empty: no aliases."""
+    policy: str = ""
+    """A tenant policy file (TOML, `globalrouter.policy`): per identity, priority class, weight,
+    budgets, allowed regions and models; re-read on SIGHUP. Empty: everyone may do everything."""
+    budget_etcd: str = ""
+    """etcd HOST:PORT[,HOST:PORT...] where the fleet's frontends keep the policy's budget counters,
+    so budgets hold across them; empty: counted in this process only."""

@@ -73,6 +73,35 @@ class RunRecord:
     cached_blocks: int = 0
     prompt_blocks: int = 0
     tokens: list[int] = field(default_factory=list)
+    pool_states_cache: bool = False
+    """Whether cached_blocks is the first pool's own word (a mesh pool's admission states it)."""
+    pool_cached_tokens: int | None = None
+    """Cached prompt tokens the first pool reported with its finish (an OpenAI-HTTP pool's usage);
+    None when it reported none. A migrated request keeps the first pool's figures: the prompt was
+    prefilled there, later pools prefill it plus the tokens so far."""
+    estimated_cached_blocks: int = 0
+    """The frontend's estimate: the routing decision's cached blocks at the first pool."""
+
+    def cached_tokens(self, prompt_tokens: int, block_size: int) -> tuple[int, str]:
+        """Prompt tokens found cached at the first pool (at most `prompt_tokens`), and the source:
+        "pool" when the pool stated it, else "estimate" (blocks of `block_size` tokens)."""
+        if self.pool_cached_tokens is not None:
+            return min(prompt_tokens, self.pool_cached_tokens), "pool"
+        if self.pool_states_cache:
+            return min(prompt_tokens, self.cached_blocks * block_size), "pool"
+        return min(prompt_tokens, self.estimated_cached_blocks * block_size), "estimate"
+
+
+@dataclass(slots=True)
+class Output:
+    """A piece of the request's output as plain values (no front's wire format): token ids from
+    `offset` on, made by `pool_id`; `finish` (a router FinishReason number) on the last piece,
+    whose ids may then be empty."""
+
+    token_ids: list[int]
+    offset: int
+    pool_id: str
+    finish: int | None = None
 
 
 class GenerateRun:
@@ -91,12 +120,14 @@ class GenerateRun:
         admission_tries: int,
         sampling: sampling_pb2.SamplingParams | None = None,
         stall: StallPolicy | None = None,
-        combine: bool = False,
+        adapter: str = "",
     ) -> None:
         self._core = core
         self._links = links
         self._request_id = request_id
         self._model = model
+        self._adapter = adapter
+        """The LoRA adapter of the model ("" for none): its pools only, its own cached blocks."""
         self._prompt = prompt  # not copied: a request's repeated field copies natively into the pool's
         self._max_tokens = max_tokens
         self._migration_limit = migration_limit
@@ -104,18 +135,18 @@ class GenerateRun:
         self._sampling = sampling
         self._stall = stall or StallPolicy()
         self._stalled_starts = 0
-        self._combine = combine
-        """The client accepts the summary inside the last TokenChunk (GenerateRequest.combine_messages)."""
         self.record = RunRecord()
+        self._estimated = 0  # the decision's cached blocks at the pool _admit() chose
+        self._started = core.clock.monotonic()
 
     @property
     def _log(self):
         # Bound when something is logged (a refusal, a migration), not on every request.
         return log.bind(request_id=self._request_id, model=self._model)
 
-    async def stream(self, first: Decision) -> AsyncIterator[router_pb2.GenerateResponse]:
-        """Yields TokenChunks then the GenerateSummary (inside the last TokenChunk when `combine` and
-        the pool's last tokens came with its finish); raises GenerateError on failure."""
+    async def stream(self, first: Decision) -> AsyncIterator[Output]:
+        """Yields the output in pieces, the last with its finish reason (and the pool's last tokens
+        when they came with its finish); raises GenerateError on failure."""
         rec = self.record
         decision = first
         failed_pools: set[str] = set()
@@ -124,9 +155,10 @@ class GenerateRun:
             if not rec.pools:
                 rec.cached_blocks = admitted.admission.cached_blocks
                 rec.prompt_blocks = admitted.admission.prompt_blocks
+                rec.pool_states_cache, rec.estimated_cached_blocks = admitted.states_cache, self._estimated
             rec.pools.append(admitted.pool_id)
             finish: pool_frontend_pb2.PoolFinish | None = None
-            last: router_pb2.TokenChunk | None = None
+            last: list[int] | None = None
             broken: StreamBroken | None = None
             silent: Silent | None = None
             read = admitted.stream.read
@@ -157,35 +189,33 @@ class GenerateRun:
                         tokens = msg.tokens
                     watch.arrived(clock.monotonic())
                     ids = list(tokens.token_ids)[: self._max_tokens - len(rec.tokens)]
-                    chunk = None
-                    if ids:
-                        chunk = router_pb2.TokenChunk(
-                            token_ids=ids, offset=len(rec.tokens), pool_id=admitted.pool_id
-                        )
-                        rec.tokens.extend(ids)
                     if tokens.HasField("finish"):
-                        # Tokens and finish in one message: the chunk goes out after the pool's
-                        # call is let go, with the summary inside when the client accepts that.
-                        finish, last = tokens.finish, chunk
+                        # Tokens and finish in one message: they go out with the finish, after
+                        # the pool's call is let go.
+                        finish, last = tokens.finish, ids
                         break
-                    if chunk is not None:
-                        yield router_pb2.GenerateResponse(tokens=chunk)
+                    if ids:
+                        offset = len(rec.tokens)
+                        if not offset:
+                            ttft = clock.monotonic() - self._started
+                            self._core.metrics.time_to_first_token.observe(ttft)
+                        rec.tokens.extend(ids)
+                        yield Output(ids, offset, admitted.pool_id)
             except StreamBroken as exc:
                 broken = exc
             except Silent as exc:
                 silent = exc
             finally:
                 await self._links.release(admitted)
+            if finish is not None and finish.HasField("cached_tokens") and len(rec.pools) == 1:
+                rec.pool_cached_tokens = finish.cached_tokens
             if finish is not None or len(rec.tokens) >= self._max_tokens:
                 reason = _FINISH.get(finish.reason, router_pb2.FINISH_REASON_LENGTH) if finish else None
-                summary = self._summary(reason or router_pb2.FINISH_REASON_LENGTH)
-                if last is not None and self._combine:
-                    last.summary.CopyFrom(summary)
-                    yield router_pb2.GenerateResponse(tokens=last)
-                    return
-                if last is not None:
-                    yield router_pb2.GenerateResponse(tokens=last)
-                yield router_pb2.GenerateResponse(summary=summary)
+                offset = len(rec.tokens)
+                if last and not offset:
+                    self._core.metrics.time_to_first_token.observe(clock.monotonic() - self._started)
+                rec.tokens.extend(last or ())
+                yield Output(last or [], offset, admitted.pool_id, reason or router_pb2.FINISH_REASON_LENGTH)
                 return
             pool = self._core.table.pools.get(admitted.pool_id)
             if silent is not None and not watch.started:
@@ -227,6 +257,7 @@ class GenerateRun:
                 [*self._prompt, *rec.tokens],
                 self._max_tokens - sent,
                 exclude=failed_pools,
+                adapter=self._adapter,
             )
             if not decision.candidates:
                 why = describe_filtered(decision) or "no other pool serves the model"
@@ -268,7 +299,11 @@ class GenerateRun:
         self._log.info("refused", pool_id=pool_id, reason=str(reason), detail=detail)
         sent = len(rec.tokens)
         decision = self._core.decide(
-            self._model, [*self._prompt, *rec.tokens], self._max_tokens - sent, exclude=failed_pools
+            self._model,
+            [*self._prompt, *rec.tokens],
+            self._max_tokens - sent,
+            exclude=failed_pools,
+            adapter=self._adapter,
         )
         if self._stalled_starts >= self._admission_tries or not decision.candidates:
             why = describe_filtered(decision) or "no other pool serves the model"
@@ -340,6 +375,7 @@ class GenerateRun:
         request = PoolRequest(
             request_id=self._request_id,
             model=self._model,
+            adapter=self._adapter,
             token_ids=prompt,
             max_tokens=remaining,
             sampling=self._sampling,
@@ -410,13 +446,20 @@ class GenerateRun:
                     self._links.link_failed(pool, self._core.clock.monotonic())
                 continue
             self._links.link_ok(pool)
+            self._estimated = candidate.cached_blocks
             adm = admitted.admission
             metrics.labelled(metrics.prompt_blocks, pool.pool_id).inc(adm.prompt_blocks)
             metrics.labelled(metrics.cached_blocks, pool.pool_id).inc(adm.cached_blocks)
             if adm.prompt_blocks:
                 metrics.cached_prefix_ratio.observe(adm.cached_blocks / adm.prompt_blocks)
+            q = self._core.record_admission(decision, pool.pool_id)  # available vs achieved cache
             self._event(
-                "decision", pool.pool_id, cached_blocks=adm.cached_blocks, prompt_blocks=adm.prompt_blocks
+                "decision",
+                pool.pool_id,
+                cached_blocks=adm.cached_blocks,
+                prompt_blocks=adm.prompt_blocks,
+                achieved_share=q.achieved if q else None,
+                available_share=q.available if q else None,
             )
             return admitted, watch
         tried = "; ".join(str(f) for f in failures) or "no candidate had a frontend"
@@ -449,17 +492,4 @@ class GenerateRun:
             model=self._model,
             pool_id=pool_id,
             **fields,
-        )
-
-    def _summary(self, reason: int) -> router_pb2.GenerateSummary:
-        rec = self.record
-        return router_pb2.GenerateSummary(
-            finish_reason=reason,  # type: ignore[arg-type]  # a proto enum field takes its number
-            pools=rec.pools,
-            cached_blocks=rec.cached_blocks,
-            prompt_blocks=rec.prompt_blocks,
-            migrations=rec.migrations,
-            tokens_generated=len(rec.tokens),
-            refused_by=rec.refused_by,
-            request_id=self._request_id,
         )

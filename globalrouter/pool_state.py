@@ -79,6 +79,9 @@ class PoolState:
     """Tokens per block the pool's relay reported in its hello (0: no stream yet)."""
     models_ready: dict[str, bool] = field(default_factory=dict)
     """Model -> Ready, from the last readiness report (empty: unknown)."""
+    adapters: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Model -> the LoRA adapters the pool serves on it, from the last readiness reports (kept
+    while the reports go stale: adapters change rarely, and the pool's admission has the final say)."""
     telemetry_draining: bool = False
     load: LoadSignal | None = None
     load_at: float | None = None

@@ -27,6 +27,10 @@ class RouteEvent:
     prompt_blocks: int = 0
     detail: str = ""
     """For a refusal, its code or reason; for a migration, why the pool was left."""
+    achieved_share: float | None = None
+    """For a decision, the cached share of the prompt's blocks the pool had as the KV index saw it."""
+    available_share: float | None = None
+    """For a decision, the best such share any eligible pool had (routing.PrefixQuality)."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -50,6 +54,8 @@ class RecentEvents:
         cached_blocks: int = 0,
         prompt_blocks: int = 0,
         detail: str = "",
+        achieved_share: float | None = None,
+        available_share: float | None = None,
     ) -> RouteEvent:
         event = RouteEvent(
             next(self._seq),
@@ -61,6 +67,8 @@ class RecentEvents:
             cached_blocks,
             prompt_blocks,
             detail[:300],
+            achieved_share,
+            available_share,
         )
         self._ring.append(event)
         return event

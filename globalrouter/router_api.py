@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 import grpc
 
+from globalrouter.aliases import Resolved, ResolveError, Target
 from globalrouter.config import RouterConfig
-from globalrouter.migration import GenerateError, GenerateRun
+from globalrouter.encoding import Encoder, EncoderBusy
+from globalrouter.migration import GenerateError, RunRecord
 from globalrouter.pool_state import PoolState
-from globalrouter.routing import RoutingCore, describe_filtered
+from globalrouter.request_path import RequestPath
+from globalrouter.routing import RoutingCore
 from globalrouter.selection import FilterReason
 from globalrouter.serving import ServingLinks
+from globalrouter.tenancy import grpc_status
 from globalrouter.tokenizer import ModelTokenizer, Tokenizers
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit import pagination
 from meshkit.authz import Authorizer, current_identity
-from meshkit.blocks import text_to_tokens
-from meshkit.errors import Reason, abort_with_reason, grpc_status_for
+from meshkit.blocks import DEFAULT_BLOCK_SIZE, text_to_tokens
+from meshkit.errors import Reason, abort_with_reason
 from meshkit.ids import request_id_from
 from meshkit.limits import LimitExceeded, Slots
 from meshkit.logs import get_logger
@@ -42,20 +45,23 @@ def prompt_tokens(
     prompt: router_pb2.Prompt,
     max_tokens: int = MAX_PROMPT_TOKENS,
     tokenizer: ModelTokenizer | None = None,
+    *,
+    encoded: Sequence[int] | None = None,
 ) -> Sequence[int]:
-    """The prompt as token ids (text: the model's tokenizer, else one token per UTF-8 byte);
-    records what is wrong with it.
+    """The prompt as token ids (text: `encoded` when the caller encoded it already, else the
+    model's tokenizer, else one token per UTF-8 byte); records what is wrong with it.
 
     Token ids come back as the request's repeated field itself: copying it to a list costs more
     than building the pool's request from it."""
     kind = prompt.WhichOneof("content")
     tokens: Sequence[int]
     if kind == "text":
-        tokens = (
-            tokenizer.encode(prompt.text, add_special_tokens=True)
-            if tokenizer
-            else text_to_tokens(prompt.text)
-        )
+        if encoded is not None:
+            tokens = encoded
+        elif tokenizer:
+            tokens = tokenizer.encode(prompt.text, add_special_tokens=True)
+        else:
+            tokens = text_to_tokens(prompt.text)
         if not tokens:
             v.add(f"{field_path}.text", "must not be empty")
     elif kind == "token_ids":
@@ -92,29 +98,56 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         tokenizers: Tokenizers | None = None,
         authorizer: Authorizer | None = None,
         streams: Slots | None = None,
+        path: RequestPath | None = None,
+        encoder: Encoder | None = None,
     ) -> None:
         self._core = core
-        self._links = links
         self.config = config
         self._streams = streams or generate_streams(config, enforced=bool(authorizer and authorizer.enforced))
         self._tokenizers = tokenizers or Tokenizers()
+        self.path = path or RequestPath.of(core, links, config)
+        """Decides, runs and counts requests (shared with the HTTP front)."""
+        self.encoder = encoder or Encoder(config.tokenizer_threads, config.tokenizer_queue)
+        """Encodes text prompts off the event loop (shared with the HTTP front)."""
 
-    def _model_prompt(self, v: Violations, model: str, prompt: router_pb2.Prompt) -> Sequence[int]:
-        """Checks a request's model name and prompt (text through that model's tokenizer); its tokens."""
-        check_identifier(v, "model", model)
-        tokens = prompt_tokens(
-            v, "prompt", prompt, self.config.max_prompt_tokens, self._tokenizers.for_model(model)
-        )
+    async def _model_prompt(
+        self, v: Violations, model: str, prompt: router_pb2.Prompt, context: grpc.aio.ServicerContext
+    ) -> Sequence[int]:
+        """Checks a request's prompt (text through its resolved model's tokenizer, in the
+        encoder's threads); its tokens. A full encoder ends the call with RESOURCE_EXHAUSTED."""
+        encoded = None
+        if prompt.WhichOneof("content") == "text" and prompt.text:
+            tokenizer = self._tokenizers.for_model(model)
+            try:
+                encoded = await self.encoder.run(tokenizer.encode, prompt.text, add_special_tokens=True)
+            except EncoderBusy as exc:
+                await context.abort_with_status(exc.status())
+        tokens = prompt_tokens(v, "prompt", prompt, self.config.max_prompt_tokens, encoded=encoded)
         if prompt.WhichOneof("content") == "token_ids" and (
             unknown := self._tokenizers.unknown_token(model, tokens)
         ):
             v.add(f"prompt.token_ids.ids[{unknown[0]}]", unknown[1])  # known with --tokenizer only
         return tokens
 
+    def _resolve(self, v: Violations, name: str, request_id: str) -> Resolved:
+        """Checks a request's model name; the model (and adapter) it stands for (globalrouter.aliases)."""
+        check_identifier(v, "model", name)
+        try:
+            return self.path.resolve(name, request_id)
+        except ResolveError as exc:
+            v.add("model", str(exc))
+            return Resolved(name)
+
     # ---- Generate ---------------------------------------------------------------------------
     async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         v = Violations()
-        tokens = self._model_prompt(v, request.model, request.prompt)
+        # The id a caller gives (field, else the x-request-id header, as on the HTTP front) names
+        # the request in every log line and at every pool, picks an alias's split, and is sent
+        # back as x-request-id.
+        header = dict(context.invocation_metadata() or ()).get("x-request-id")
+        request_id = request.request_id or request_id_from(header if isinstance(header, str) else None)
+        target = self._resolve(v, request.model, request_id)
+        tokens = await self._model_prompt(v, target.model, request.prompt, context)
         cap = self.config.max_output_tokens
         if request.max_tokens == 0 or request.max_tokens > cap:
             v.add("max_tokens", f"must be 1 to {cap} (got {request.max_tokens})")
@@ -128,16 +161,27 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         except LimitExceeded as exc:
             await context.abort_with_status(exc.status())
         try:
-            async for response in self._generate(request, tokens, context):
+            async for response in self._generate(request, request_id, target, tokens, context):
                 yield response
         finally:
             self._streams.release(caller)
 
-    async def _generate(self, request: router_pb2.GenerateRequest, tokens: Sequence[int], context):
-        # The id a caller gives (field, else the x-request-id header, as on the HTTP front) names
-        # the request in every log line and at every pool; it is sent back as x-request-id.
-        header = dict(context.invocation_metadata() or ()).get("x-request-id")
-        request_id = request.request_id or request_id_from(header if isinstance(header, str) else None)
+    def _cached_tokens(self, summary: router_pb2.GenerateSummary, rec: RunRecord, prompt: int) -> None:
+        """Sets the summary's cached prompt tokens (at the first pool's block size) and their source."""
+        pool = self._core.table.pools.get(rec.pools[0]) if rec.pools else None
+        block = pool.block_size if pool is not None and pool.block_size > 0 else DEFAULT_BLOCK_SIZE
+        cached, source = rec.cached_tokens(prompt, block)
+        summary.cached_tokens = cached
+        summary.cached_tokens_source = _SOURCES[source]
+
+    async def _generate(
+        self,
+        request: router_pb2.GenerateRequest,
+        request_id: str,
+        target: Resolved,
+        tokens: Sequence[int],
+        context,
+    ):
         # A header sent on its own is one more write per request; a client that asked for combined
         # messages gets the id in the summary and in the trailing metadata instead.
         combine = request.combine_messages
@@ -145,74 +189,85 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         if not combine:
             await context.send_initial_metadata(sent_back)
         id_trailer = sent_back if combine else ()
-        metrics = self._core.metrics
-        decision = self._core.decide(request.model, tokens, request.max_tokens)
-        error = self._no_candidate_error(request.model, decision)
-        if error is not None:
-            # A model no pool serves is labelled as such: clients must not grow the label set.
-            label = request.model if decision.model_served else "(not served)"
-            metrics.labelled(metrics.requests, label, error.code.name).inc()
-            await _abort(context, error, id_trailer)
-        run = GenerateRun(
-            self._core,
-            self._links,
-            request_id=request_id,
-            model=request.model,
-            prompt=tokens,
-            max_tokens=request.max_tokens,
-            migration_limit=self.config.migration_limit,
-            admission_tries=self.config.admission_tries,
-            sampling=request.sampling if request.HasField("sampling") else None,
-            stall=self.config.stall,
-            combine=combine,
-        )
-        outcome = "OK"
         try:
-            async for response in run.stream(decision):
-                yield response
+            run = await self.path.start(
+                request_id=request_id,
+                model=target.model,
+                prompt=tokens,
+                max_tokens=request.max_tokens,
+                sampling=request.sampling if request.HasField("sampling") else None,
+                adapter=target.adapter,
+                identity=current_identity(),
+            )
         except GenerateError as exc:
-            outcome = exc.code.name
-            await _abort(context, exc, (*self._trailers(run), *id_trailer))
-        except asyncio.CancelledError:
-            outcome = "CANCELLED"
-            raise
-        finally:
-            metrics.labelled(metrics.requests, request.model, outcome).inc()
-        context.set_trailing_metadata((*self._trailers(run), *id_trailer))
+            await _abort(context, exc, id_trailer)
+            return
+        try:
+            # Only this front builds protobuf: the path yields plain values.
+            async with run as outputs:
+                async for out in outputs:
+                    ids = out.token_ids
+                    if out.finish is None:
+                        yield router_pb2.GenerateResponse(
+                            tokens=router_pb2.TokenChunk(
+                                token_ids=ids, offset=out.offset, pool_id=out.pool_id
+                            )
+                        )
+                        continue
+                    summary = _summary(run.record, out.finish, request_id)
+                    self._cached_tokens(summary, run.record, len(tokens))
+                    if ids:
+                        chunk = router_pb2.TokenChunk(token_ids=ids, offset=out.offset, pool_id=out.pool_id)
+                        if combine:  # the summary rides in the last chunk
+                            chunk.summary.CopyFrom(summary)
+                            yield router_pb2.GenerateResponse(tokens=chunk)
+                            continue
+                        yield router_pb2.GenerateResponse(tokens=chunk)
+                    yield router_pb2.GenerateResponse(summary=summary)
+        except GenerateError as exc:
+            await _abort(context, exc, (*self._trailers(run.record), *id_trailer))
+        # x-ratelimit-* (with --policy budgets), as the HTTP front sends them.
+        context.set_trailing_metadata((*self._trailers(run.record), *id_trailer, *run.ratelimit_headers()))
 
     @staticmethod
-    def _trailers(run: GenerateRun) -> tuple[tuple[str, str], ...]:
-        return (("x-pools", ",".join(run.record.pools)), ("x-migrations", str(run.record.migrations)))
-
-    def _no_candidate_error(self, model: str, decision) -> GenerateError | None:
-        if not decision.model_served:
-            return GenerateError(
-                grpc.StatusCode.NOT_FOUND, Reason.NO_POOL_FOR_MODEL, f"no listed pool serves model {model!r}"
-            )
-        if not decision.candidates:
-            return GenerateError(
-                grpc.StatusCode.UNAVAILABLE,
-                Reason.NO_ELIGIBLE_POOL,
-                f"pools serve model {model!r} but none is eligible: {describe_filtered(decision)}",
-            )
-        return None
+    def _trailers(record: RunRecord) -> tuple[tuple[str, str], ...]:
+        return (("x-pools", ",".join(record.pools)), ("x-migrations", str(record.migrations)))
 
     # ---- Route ------------------------------------------------------------------------------
     async def Route(self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext):
         v = Violations()
-        tokens = self._model_prompt(v, request.model, request.prompt)
+        target = self._resolve(v, request.model, "")
+        tokens = await self._model_prompt(v, target.model, request.prompt, context)
         if request.max_tokens > self.config.max_output_tokens:
             v.add("max_tokens", f"must be at most {self.config.max_output_tokens} (got {request.max_tokens})")
         await v.abort_if_any(context)
+        regions = None
+        if self.path.gate is not None:
+            # A dry run shows what Generate would do for this caller: its model access and its
+            # residency filter apply; its budget is not spent.
+            policy = self.path.gate.for_identity(current_identity())
+            if not policy.allows_model(target.model):  # the resolved model, as Generate checks
+                await abort_with_reason(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    Reason.MODEL_NOT_ALLOWED,
+                    f"{current_identity()} may not use model {target.model!r}",
+                )
+            regions = policy.regions
         decision = self._core.decide(
-            request.model, tokens, request.max_tokens or DEFAULT_ROUTE_MAX_TOKENS, dry_run=True
+            target.model,
+            tokens,
+            request.max_tokens or DEFAULT_ROUTE_MAX_TOKENS,
+            dry_run=True,
+            adapter=target.adapter,
+            regions=regions,
         )
         if not decision.model_served:
             await abort_with_reason(
                 context,
                 grpc.StatusCode.NOT_FOUND,
                 Reason.NO_POOL_FOR_MODEL,
-                f"no listed pool serves model {request.model!r}",
+                f"no listed pool serves model {str(Target(target.model, target.adapter))!r}",
             )
         return router_pb2.RouteResponse(
             candidates=[
@@ -295,8 +350,27 @@ async def _abort(
     (abort's own trailing metadata would replace any set before)."""
     if error.reason is None:
         await context.abort(error.code, error.message, trailers)
-    status = grpc_status_for(error.code, error.reason, error.message, error.metadata)
+    status = grpc_status(error)  # the ErrorInfo, and a tenant refusal's QuotaFailure and RetryInfo
     await context.abort(status.code, status.details, (*status.trailing_metadata, *trailers))
+
+
+_SOURCES = {
+    "pool": router_pb2.CACHED_TOKENS_SOURCE_POOL,
+    "estimate": router_pb2.CACHED_TOKENS_SOURCE_ESTIMATE,
+}
+
+
+def _summary(rec: RunRecord, reason: int, request_id: str) -> router_pb2.GenerateSummary:
+    return router_pb2.GenerateSummary(
+        finish_reason=reason,  # type: ignore[arg-type]  # a proto enum field takes its number
+        pools=rec.pools,
+        cached_blocks=rec.cached_blocks,
+        prompt_blocks=rec.prompt_blocks,
+        migrations=rec.migrations,
+        tokens_generated=len(rec.tokens),
+        refused_by=rec.refused_by,
+        request_id=request_id,
+    )
 
 
 def _freshness(at: float | None, fresh: bool, now: float) -> router_pb2.SignalFreshness:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Collection, Sequence
+from operator import attrgetter
+from typing import NamedTuple
 
+from globalrouter.aliases import ModelResolver, Resolved
 from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import PoolState
 from globalrouter.recent_events import RecentEvents
 from globalrouter.selection import Decision, FilterReason, Selector, pool_overlaps
-from meshkit.blocks import DEFAULT_BLOCK_SIZE, block_hashes
+from meshkit.blocks import DEFAULT_BLOCK_SIZE, adapter_seed, block_hashes
 from meshkit.clock import Clock
 
 
@@ -24,15 +27,31 @@ def describe_filtered(decision: Decision) -> str:
     )
 
 
-def affinity_key(tokens: Sequence[int]) -> int:
+def affinity_key(tokens: Sequence[int], seed: int = 0) -> int:
     """The prompt's tie-break key: the hash of its first block (or of all of it when shorter).
 
     Equal costs (idle pools, a prefix nobody caches) then spread new prefixes over the pools by
     rendezvous hashing, and every frontend breaks the tie the same way, so a prefix's first
     requests land together instead of all on the first pool in the table."""
     head = list(tokens[:DEFAULT_BLOCK_SIZE])
-    hashes = block_hashes(head, len(head)) if head else []
-    return hashes[0] if hashes else 0
+    hashes = block_hashes(head, len(head), seed) if head else []
+    return hashes[0] if hashes else seed
+
+
+class PrefixQuality(NamedTuple):
+    """One admission's cached prefix as the KV index saw it: what the admitting pool had against
+    the best any eligible pool of the same decision had ("achieved" vs "available"). A NamedTuple:
+    built once per admission, a frozen dataclass costs four times as much."""
+
+    achieved: float
+    """Cached share of the prompt's blocks at the admitting pool (0..1)."""
+    available: float
+    """Best cached share of the prompt's blocks over the decision's candidates (0..1)."""
+    forgone_tokens: int
+    """Prompt tokens the admitting pool prefills beyond what the best-cached candidate would."""
+
+
+_uncached = attrgetter("uncached_tokens")
 
 
 class RoutingCore:
@@ -48,9 +67,19 @@ class RoutingCore:
         self.metrics = metrics
         self.events = RecentEvents()
         """Recent decisions, migrations and refusals (bounded), for the status page."""
+        self.resolver = ModelResolver()
+        """Aliases and adapter names (globalrouter.aliases); replaced by the server's own."""
 
-    def overlaps(self, pools: Sequence[PoolState], tokens: Sequence[int], now: float) -> dict[str, int]:
-        """Cached leading blocks per pool; the prompt is hashed once per distinct block size."""
+    def resolve(self, name: str, request_id: str) -> Resolved:
+        """What a request's model name stands for (alias, model, model:adapter or adapter), over
+        the listed pools; raises ResolveError for an adapter name served on several models."""
+        return self.resolver.resolve(name, request_id, self.table.pools.values())
+
+    def overlaps(
+        self, pools: Sequence[PoolState], tokens: Sequence[int], now: float, seed: int = 0
+    ) -> dict[str, int]:
+        """Cached leading blocks per pool; the prompt is hashed once per distinct block size, from
+        `seed` (a LoRA adapter's, meshkit.blocks.adapter_seed; 0 for the base model)."""
         by_size: dict[int, list[PoolState]] = defaultdict(list)
         for pool in pools:
             if pool.block_size > 0 and pool.kv_sources:
@@ -60,10 +89,10 @@ class RoutingCore:
         for size, group in by_size.items():
             # Hashing a long prompt costs more than the rest of the decision: look at its first
             # block alone first, and hash the rest only when some pool holds that block.
-            first = block_hashes(tokens[:size], size)
+            first = block_hashes(tokens[:size], size, seed)
             if not first or not self.index.holds(first[0]):
                 continue
-            cached.update(pool_overlaps(self.index, group, block_hashes(tokens, size), now, limits))
+            cached.update(pool_overlaps(self.index, group, block_hashes(tokens, size, seed), now, limits))
         return cached
 
     @property
@@ -78,13 +107,17 @@ class RoutingCore:
         exclude: Collection[str] = (),
         *,
         dry_run: bool = False,
+        regions: frozenset[str] | None = None,
+        adapter: str = "",
     ) -> Decision:
-        """Filter and rank the listed pools (minus `exclude`) for this prompt; a dry run (Route)
-        sends nothing, so it does not count toward the wait SLO's price."""
+        """Filter and rank the listed pools (minus `exclude`) for this prompt under `adapter` (a
+        LoRA adapter of `model`, "" for none); a dry run (Route) sends nothing, so it does not
+        count toward the wait SLO's price. `regions`: the caller's allowed regions (None: any)."""
         started = time.perf_counter()
         now = self.clock.monotonic()
         pools = [p for p in self.table.pools.values() if p.listed and p.pool_id not in exclude]
-        cached = self.overlaps(pools, tokens, now)
+        seed = adapter_seed(adapter)
+        cached = self.overlaps(pools, tokens, now, seed)
         decision = self.selector.select(
             pools,
             model,
@@ -92,11 +125,50 @@ class RoutingCore:
             max_tokens,
             cached,
             now,
-            affinity_key=affinity_key(tokens),
+            affinity_key=affinity_key(tokens, seed),
             observe=not dry_run,
+            regions=regions,
+            adapter=adapter,
         )
         self.metrics.decision_latency.observe(time.perf_counter() - started)
         return decision
 
+    def record_admission(self, decision: Decision, pool_id: str) -> PrefixQuality | None:
+        """Records how much of the cache the request got where it was admitted (`pool_id`, one of
+        `decision`'s candidates) against the best any candidate had; None when no candidate has a
+        full prompt block (nothing to cache) or `pool_id` is not a candidate.
 
-__all__ = ["FilterReason", "RoutingCore", "describe_filtered"]
+        Called per admission rather than in `decide`: a refusal moves the request down the ranking,
+        and what counts is the pool that took it (a Route dry run is never admitted, so it records
+        nothing). "Available" is the share at the candidate left with the fewest prompt tokens to
+        prefill (the most cached tokens, so pools of different block sizes compare)."""
+        candidates = decision.candidates
+        chosen = next((c for c in candidates if c.pool_id == pool_id), None)  # rank 1 but after refusals
+        if chosen is None:
+            return None
+        # The best cache is where the fewest prompt tokens are left to prefill (the most cached
+        # tokens, whatever the pools' block sizes): one pass in C over what the decision ranked.
+        best = min(candidates, key=_uncached)
+        available = best.cached_blocks / best.prompt_blocks if best.prompt_blocks else 0.0
+        if not chosen.prompt_blocks and not available:
+            return None  # no full block anywhere: nothing could be cached (nor forgone)
+        achieved = chosen.cached_blocks / chosen.prompt_blocks if chosen.prompt_blocks else 0.0
+        forgone = chosen.uncached_tokens - best.uncached_tokens
+        self.metrics.cached_prefix_quality.observe(achieved, available, forgone)
+        return PrefixQuality(achieved, available, forgone)
+
+    def kv_ages(self) -> list[tuple[str, float]]:
+        """(pool id, seconds since its last KV message) for each listed pool that has a KV view.
+
+        Read from the metrics endpoint's thread at scrape time: list() copies the table's values in
+        one step, and each pool's kv_at is read once."""
+        now = self.clock.monotonic()
+        out: list[tuple[str, float]] = []
+        for pool in list(self.table.pools.values()):
+            at = pool.kv_at
+            if pool.listed and at is not None:
+                out.append((pool.pool_id, max(0.0, now - at)))
+        return out
+
+
+__all__ = ["FilterReason", "PrefixQuality", "RoutingCore", "describe_filtered"]

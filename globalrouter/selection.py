@@ -35,6 +35,8 @@ class FilterReason(enum.Enum):
     DRAINING = 3
     NO_FRONTEND = 4
     LINK_BACKOFF = 5
+    REGION_NOT_ALLOWED = 6
+    ADAPTER_NOT_SERVED = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +158,17 @@ def pool_overlaps(
     return out
 
 
-def _filter_reason(pool: PoolState, model: str, now: float, limits: FreshnessLimits) -> FilteredPool | None:
+def _filter_reason(
+    pool: PoolState, model: str, now: float, limits: FreshnessLimits, regions: frozenset[str] | None
+) -> FilteredPool | None:
     if pool.model != model:
         return FilteredPool(pool.pool_id, FilterReason.OTHER_MODEL, f"serves {pool.model!r}, not {model!r}")
+    if regions is not None and pool.region not in regions:
+        return FilteredPool(
+            pool.pool_id,
+            FilterReason.REGION_NOT_ALLOWED,
+            f"in region {pool.region!r}, outside the caller's allowed regions ({', '.join(sorted(regions))})",
+        )
     if not pool.ready(model, now, limits):
         return FilteredPool(pool.pool_id, FilterReason.NOT_READY, f"model {model!r} is not Ready in the pool")
     if pool.draining():
@@ -175,6 +185,18 @@ def _filter_reason(pool: PoolState, model: str, now: float, limits: FreshnessLim
             f"serving link in failure back-off for {pool.link_backoff_until - now:.1f}s more",
         )
     return None
+
+
+def _adapter_filter(pool: PoolState, model: str, adapter: str) -> FilteredPool | None:
+    served = pool.adapters.get(model)
+    if served is not None and adapter in served:
+        return None
+    listed = f"it lists {', '.join(sorted(served))}" if served else "it lists none"
+    return FilteredPool(
+        pool.pool_id,
+        FilterReason.ADAPTER_NOT_SERVED,
+        f"does not serve adapter {adapter!r} of {model!r} ({listed})",
+    )
 
 
 class Selector:
@@ -243,6 +265,8 @@ class Selector:
         now: float,
         affinity_key: int = 0,
         observe: bool = True,
+        regions: frozenset[str] | None = None,
+        adapter: str = "",
     ) -> Decision:
         """Filters the listed pools and ranks the eligible ones, best first.
 
@@ -250,6 +274,8 @@ class Selector:
         rendezvous hash of `affinity_key` and the pool id: pass the prompt's first block hash,
         so new prefixes spread evenly over the pools while the same prefix ties the same way
         on every frontend. `observe` False (a dry run) leaves the wait SLO's price as it is.
+        `regions`, when set, are the only regions the caller may use (residency, a hard filter).
+        `adapter` (a LoRA adapter of `model`) keeps only the pools that serve it.
         """
         cfg = self.config
         limits = cfg.freshness
@@ -269,11 +295,13 @@ class Selector:
         for pool in pools:
             if not pool.listed:
                 continue
-            if pool.model == model:
+            if pool.model == model and (not adapter or adapter in pool.adapters.get(model, ())):
                 model_served = True
             if not first_block_size:
                 first_block_size = pool.block_size
-            reason = _filter_reason(pool, model, now, limits)
+            reason = _filter_reason(pool, model, now, limits, regions)
+            if reason is None and adapter:
+                reason = _adapter_filter(pool, model, adapter)
             if reason is not None:
                 filtered.append(reason)
                 continue

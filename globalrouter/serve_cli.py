@@ -6,8 +6,9 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from globalrouter import stall
-from globalrouter.config import OpenAILinkConfig, RouterConfig
+from globalrouter import policy, stall
+from globalrouter.aliases import AliasError, load_aliases
+from globalrouter.config import KV_STATES, OpenAILinkConfig, RouterConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
 from globalrouter.server import serve
@@ -27,12 +28,25 @@ from meshkit.cli import (
 )
 from meshkit.discovery_endpoints import endpoints_arg
 from meshkit.logs import configure_logging, get_logger
+from meshkit.supervision import BackgroundTaskFailed
 
 log = get_logger(module="globalrouter.serve_cli")
 
 # The one set of defaults: every flag's default is read from the config dataclasses.
 _D = RouterConfig()
 ENV_PREFIX = "GLOBALROUTER"
+
+
+def aliases_file(value: str) -> str:
+    """argparse type: a readable aliases TOML file (globalrouter.aliases) with no error in it
+    ("" is no file: argparse passes a string default through here too)."""
+    if not value:
+        return value
+    try:
+        load_aliases(value)
+    except AliasError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def tokenizer_spec(value: str) -> tuple[str, str]:
@@ -43,6 +57,15 @@ def tokenizer_spec(value: str) -> tuple[str, str]:
     if not (Path(directory) / "tokenizer.json").is_file():
         raise argparse.ArgumentTypeError(f"{directory!r} has no tokenizer.json")
     return model.strip(), directory
+
+
+def policy_file(value: str) -> str:
+    """argparse type: a policy file that parses (refused with the file, entry and key named)."""
+    try:
+        policy.load(value)
+    except policy.PolicyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def add_parser(subparsers) -> None:
@@ -137,6 +160,27 @@ def add_parser(subparsers) -> None:
         "(repeatable); other models use one token per UTF-8 byte",
     )
     p.add_argument(
+        "--tokenizer-threads",
+        type=int_at_least(1),
+        default=2,
+        help="threads that encode text prompts off the event loop (default %(default)s)",
+    )
+    p.add_argument(
+        "--tokenizer-queue",
+        type=int_at_least(0),
+        default=64,
+        help="prompts that may wait for an encoding thread; one more is refused with "
+        "RESOURCE_EXHAUSTED / HTTP 429 (default %(default)s)",
+    )
+    p.add_argument(
+        "--aliases",
+        type=aliases_file,
+        default=_D.aliases,
+        metavar="FILE",
+        help='a TOML file of public model names: [aliases] NAME = "MODEL" or "MODEL:ADAPTER", or '
+        "NAME = { MODEL = WEIGHT, ... } to split traffic (by request id); re-read on SIGHUP",
+    )
+    p.add_argument(
         "--http-max-body-bytes",
         type=int_at_least(1024),
         default=_D.http.max_body_bytes,
@@ -174,6 +218,14 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--grace", type=non_negative_number, default=_D.grace, help="seconds in-flight calls get on SIGTERM"
+    )
+    p.add_argument(
+        "--ready-timeout",
+        type=non_negative_number,
+        default=_D.ready_timeout,
+        help="seconds after the start at most that health (gRPC, /readyz) waits for the KV state of "
+        "every pool the directory lists before saying ready anyway; the synced directory is "
+        "waited for in any case (default %(default)s)",
     )
     p.add_argument(
         "--max-streams-per-client",
@@ -308,6 +360,30 @@ def add_parser(subparsers) -> None:
         help="most snapshot blocks applied (or a leaving stream's blocks removed) per step of the serving "
         "loop (fewer when a step takes over 2 ms)",
     )
+    p.add_argument(
+        "--policy",
+        type=policy_file,
+        default=None,
+        metavar="FILE",
+        help="tenant policy (TOML): per identity, priority class, weight, token and request budgets, "
+        "allowed regions and models; re-read on SIGHUP, a bad file refused and the policy in force kept "
+        "(default: none, everyone may use everything)",
+    )
+    p.add_argument(
+        "--budget-etcd-endpoints",
+        type=endpoints_arg,
+        default=None,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="etcd where the fleet's frontends share the policy's budget counters, so a budget holds "
+        "across them (default: counted in this process only)",
+    )
+    p.add_argument(
+        "--kv-state",
+        choices=KV_STATES,
+        default=_D.kv_state,
+        help="how the pools' KV blocks are held: exact (per relay stream, exact; small fleets) or summary "
+        "(a fingerprint table per pool, about 2.4 bytes per pool-block; hundreds of pools)",
+    )
     add_log_level_flag(p)
     add_security_flags(p)
     settings.enable(p, ENV_PREFIX)
@@ -340,6 +416,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         metrics_listen=args.metrics_listen or "",
         wait_slo=WaitSlo(args.wait_slo, quantile=args.wait_slo_quantile) if args.wait_slo else None,
         grace=args.grace,
+        ready_timeout=args.ready_timeout,
         max_streams_per_client=args.max_streams_per_client,
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
@@ -348,8 +425,12 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         max_snapshot_blocks_per_relay=args.max_snapshot_blocks_per_relay,
         max_snapshot_blocks_total=args.max_snapshot_blocks_total,
         snapshot_step_blocks=args.snapshot_step_blocks,
+        kv_state=args.kv_state,
         security=args.security,
         tokenizers=tuple(args.tokenizer),
+        tokenizer_threads=args.tokenizer_threads,
+        tokenizer_queue=args.tokenizer_queue,
+        aliases=args.aliases or "",
         http=HttpConfig(
             listen=args.http_listen or "",
             max_body_bytes=args.http_max_body_bytes,
@@ -366,6 +447,8 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
             read_timeout=args.openai_read_timeout,
             max_connections=args.openai_max_connections,
         ),
+        policy=args.policy or "",
+        budget_etcd=args.budget_etcd_endpoints or "",
     )
 
 
@@ -374,6 +457,9 @@ def _run(args: argparse.Namespace) -> int:
     config = router_config(args)
     try:
         asyncio.run(serve(config))
+    except BackgroundTaskFailed as exc:
+        log.error("stopped: a background task failed", error=str(exc), exit_code=exc.exit_code)
+        return exc.exit_code
     except RuntimeError as exc:
         log.error("cannot start", error=str(exc))
         return 1

@@ -3,25 +3,34 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import cast
 
 import grpc
 
-from globalrouter.config import RouterConfig
+from globalrouter.aliases import AliasError, ModelResolver
+from globalrouter.budgets import BudgetStore, MemoryStore, TenantBudgets
+from globalrouter.config import KV_STATES, RouterConfig
+from globalrouter.encoding import Encoder
 from globalrouter.frontend_lease import FrontendRegistration
 from globalrouter.http_api.app import OpenAIFront
 from globalrouter.http_api.server import HttpServer
+from globalrouter.http_api.status_page import pool_states
 from globalrouter.kv_index import KvIndex
+from globalrouter.kv_summary import KvSummary
 from globalrouter.loop_lag import sample_loop_lag
 from globalrouter.metrics import RouterMetrics
+from globalrouter.policy import PolicyError, PolicyFile
 from globalrouter.pool_directory import DirectoryWatcher, PoolTable
+from globalrouter.readiness import Readiness
+from globalrouter.request_path import RequestPath
 from globalrouter.router_api import RouterServicer, generate_streams
 from globalrouter.routing import RoutingCore
 from globalrouter.selection import SelectionConfig, Selector
 from globalrouter.serving import ServingLinks
 from globalrouter.telemetry_ingest import TelemetryIngest, TelemetryServicer
+from globalrouter.tenancy import TenantGate
 from globalrouter.tokenizer import TokenizerError, Tokenizers
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit import discovery_endpoints
@@ -31,9 +40,14 @@ from meshkit.ids import new_incarnation
 from meshkit.logs import get_logger
 from meshkit.server import ServerHandle, serve_until_signalled
 from meshkit.server import create_server as create_grpc_server
+from meshkit.supervision import Restart, Supervisor, TaskFailure
 from poolrelay.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 log = get_logger(module="globalrouter.server")
+
+# Pruning closes serving links no listed pool names; it is computed afresh from the table on
+# every run, so a failed prune is safely run again (bounded back-off, then the process fails).
+PRUNE_RESTART = Restart(initial=0.5, maximum=5.0, max_failures=5)
 
 
 @dataclass
@@ -48,18 +62,40 @@ class Router:
     telemetry: TelemetryServicer
     metrics: RouterMetrics
     clock: Clock
+    readiness: Readiness
+    gate: TenantGate
+    """The tenant policy, budgets and model access both fronts apply (through the request path)."""
     watcher: DirectoryWatcher | None = None
     registration: FrontendRegistration | None = None
     metrics_port: int = 0
     http: HttpServer | None = None
     """The OpenAI-compatible HTTP front, when config.http.listen is set."""
     _http_stopping: asyncio.Task | None = None
-    _tasks: tuple[asyncio.Task, ...] = ()
     _discovery_channel: grpc.aio.Channel | None = None
+    supervisor: Supervisor = field(init=False)
+    """Every background task (directory watch, registration, HTTP start, pruning): one that fails
+    turns health NOT_SERVING and stops the process with a non-zero status."""
+    stop_requested: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    """Set to stop serving (SIGTERM/SIGINT set it too, or a failed background task)."""
+    _prune_due: bool = False
+    _health_off: asyncio.Task[None] | None = None
+    _pruning: asyncio.Task | None = None
+
+    def __post_init__(self) -> None:
+        self.supervisor = Supervisor("globalrouter", clock=self.clock, on_failure=self._task_failed)
+        # The telemetry index worker too: applying a snapshot that fails leaves the index's work
+        # queue in an unknown state (a fresh process gets every relay's snapshot again).
+        self.telemetry.supervisor = self.supervisor
 
     @property
     def port(self) -> int:
         return self.handle.port
+
+    def _task_failed(self, failure: TaskFailure) -> None:
+        # Health first (a frontend whose directory froze must not keep taking traffic), then the
+        # ordinary stop: unregister, grace for in-flight streams, exit non-zero (serve()).
+        self._health_off = asyncio.get_running_loop().create_task(self.handle.set_serving(False))
+        self.stop_requested.set()
 
     def start_background(self) -> None:
         """Starts the directory watch, the lease renewals and the HTTP front (needs a running loop)."""
@@ -70,11 +106,16 @@ class Router:
                 self.config.metrics_listen, self.config.security, self.handle.certificates
             )
             log.info("metrics served", listen=self.config.metrics_listen, port=self.metrics_port)
-        self._tasks += (
-            asyncio.create_task(sample_loop_lag(self.metrics.event_loop_lag.observe), name="loop-lag"),
+        # Every task fails the process when it dies: each already retries what is expected to fail
+        # (discovery unreachable, a broken watch), so what reaches the supervisor is a bug whose
+        # state (the directory table, the lease) a fresh process rebuilds; an in-place restart would
+        # run the same code on the same state. Pruning and the loop-lag sampler, which hold no
+        # state, are restarted with bounded back-off instead.
+        self.supervisor.spawn(
+            "loop-lag", lambda: sample_loop_lag(self.metrics.event_loop_lag.observe), restart=Restart()
         )
         if self.http is not None:
-            self._tasks += (asyncio.create_task(self.http.start(), name="http-front-start"),)
+            self.supervisor.spawn("http-front-start", self.http.start, one_shot=True)
         if self.config.discovery:
             # One or several discovery replicas: calls and the watch move on when one fails.
             self._discovery_channel = discovery_endpoints.aio_channel(self.config.discovery)
@@ -93,14 +134,41 @@ class Router:
                 on_change=self._directory_changed,
                 resync_after=lambda: registration.lease_duration,
             )
-            self._tasks += (
-                asyncio.create_task(self.watcher.run(), name="directory-watch"),
-                asyncio.create_task(self.registration.run(), name="frontend-registration"),
-            )
+            self.supervisor.spawn("directory-watch", self.watcher.run)
+            self.supervisor.spawn("frontend-registration", self.registration.run)
 
     def _directory_changed(self) -> None:
-        urls = {u for p in self.core.table.pools.values() if p.listed for u in p.frontends}
-        asyncio.get_running_loop().create_task(self.links.prune(urls))
+        # One prune at a time; changes meanwhile are folded into one more pass.
+        self._prune_due = True
+        if self._pruning is None or self._pruning.done():
+            self._pruning = self.supervisor.spawn(
+                "link-prune", self._prune, one_shot=True, restart=PRUNE_RESTART
+            )
+
+    async def _prune(self) -> None:
+        while self._prune_due:
+            self._prune_due = False
+            urls = {u for p in self.core.table.pools.values() if p.listed for u in p.frontends}
+            try:
+                await self.links.prune(urls)
+            except BaseException:
+                self._prune_due = True  # the restart prunes again
+                raise
+
+    async def run(self) -> None:
+        """Starts the background tasks and serves until SIGTERM/SIGINT, `stop_requested` or a failed
+        background task (then BackgroundTaskFailed, after the same graceful stop). Health says
+        SERVING only once ready (`Readiness`)."""
+        self.start_background()
+        await serve_until_signalled(
+            self.handle,
+            grace=self.config.grace,
+            on_stop=[self.leave],
+            after_stop=[self.close],
+            stop_event=self.stop_requested,
+            ready=self.readiness.wait,
+        )
+        self.supervisor.raise_if_failed()
 
     async def leave(self) -> None:
         """First half of a stop, before the server's grace period: stops renewing and watching,
@@ -110,11 +178,7 @@ class Router:
             # The HTTP front stops taking requests now; its open streams finish during the same
             # grace period as the gRPC ones (close() waits for them before the links go).
             self._http_stopping = asyncio.create_task(self.http.stop(), name="http-front-stop")
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self.supervisor.stop()
         if self.registration is not None:
             await self.registration.unregister()
         self.telemetry.end_streams()
@@ -129,6 +193,7 @@ class Router:
         if self._discovery_channel is not None:
             await self._discovery_channel.close()
         await self.links.close()
+        await self.gate.close()  # unused budget reservations go back to the shared counters
         self.metrics.close()
 
 
@@ -152,10 +217,18 @@ def create_server(
     clock = clock or SystemClock()
     metrics = RouterMetrics()
     table = PoolTable()
-    index = index if index is not None else KvIndex()
+    if index is None:
+        if config.kv_state not in KV_STATES:
+            raise ValueError(f"kv_state must be one of {KV_STATES}, got {config.kv_state!r}")
+        # The summary answers the index's calls (and the ingest's build/commit ones; see TelemetryIngest).
+        index = cast(KvIndex, KvSummary()) if config.kv_state == "summary" else KvIndex()
     selector = Selector(SelectionConfig(freshness=config.freshness, wait_slo=config.wait_slo))
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
+    try:
+        core.resolver = ModelResolver.from_file(config.aliases)
+    except AliasError as exc:
+        raise RuntimeError(str(exc)) from exc
     links = ServingLinks(config.link_backoff_initial, config.link_backoff_max, config.openai_link)
     ingest = TelemetryIngest(
         table,
@@ -168,6 +241,8 @@ def create_server(
         step_blocks=config.snapshot_step_blocks,
     )
     metrics.snapshot_blocks_held.set_function(lambda: ingest.snapshot_blocks_held)
+    metrics.pools_by_state(lambda: pool_states(core))
+    metrics.pool_kv_ages(core.kv_ages)
     authorizer = Authorizer(config.security, service="globalrouter", registry=metrics.registry)
     try:
         tokenizers = Tokenizers.load(config.tokenizers)
@@ -175,7 +250,14 @@ def create_server(
         raise RuntimeError(str(exc)) from exc
     # One limit of concurrent generations per identity, over gRPC Generate and the HTTP front.
     streams = generate_streams(config, enforced=authorizer.enforced)
-    router_servicer = RouterServicer(core, links, config, tokenizers, authorizer=authorizer, streams=streams)
+    gate = tenant_gate(config, clock, metrics)
+    # One request path (tenant gate, decide, run, migrate, count) and one prompt encoder for both
+    # fronts. Without --policy nobody is limited: the path skips the gate.
+    path = RequestPath.of(core, links, config, gate=gate if config.policy else None)
+    encoder = Encoder(config.tokenizer_threads, config.tokenizer_queue)
+    router_servicer = RouterServicer(
+        core, links, config, tokenizers, authorizer=authorizer, streams=streams, path=path, encoder=encoder
+    )
     telemetry_servicer = TelemetryServicer(
         ingest, config.frontend_id, authorizer=authorizer, max_streams=config.max_telemetry_streams
     )
@@ -189,6 +271,10 @@ def create_server(
         ]
 
     handle = create_grpc_server(config.listen, register, security=config.security, authorizer=authorizer)
+    if config.aliases:
+        handle.reload_hooks.append(("aliases", core.resolver.reload))
+    if config.policy:
+        handle.reload_hooks.append(("policy", gate.reload))
     # The frontend id and advertised URL may depend on the bound port: fill them in now.
     final = _advertised(config, handle.port)
     telemetry_servicer.frontend_id = final.frontend_id
@@ -197,11 +283,10 @@ def create_server(
     if final.http.listen:
         front = OpenAIFront(
             core,
-            links,
+            path,
             tokenizers,
             final.http,
-            migration_limit=final.migration_limit,
-            admission_tries=final.admission_tries,
+            encoder=encoder,
             frontend_id=final.frontend_id,
             authorizer=authorizer,
             streams=streams,
@@ -215,6 +300,11 @@ def create_server(
             security=final.security,
             certificates=handle.certificates,  # one reloader (and SIGHUP) for both listeners
         )
+    readiness = Readiness(
+        table, clock, directory=bool(final.discovery), timeout=final.ready_timeout, registry=metrics.registry
+    )
+    if http is not None:
+        http.front.readiness = readiness
     return Router(
         config=final,
         handle=handle,
@@ -224,13 +314,40 @@ def create_server(
         telemetry=telemetry_servicer,
         metrics=metrics,
         clock=clock,
+        readiness=readiness,
+        gate=gate,
         http=http,
     )
 
 
+def tenant_gate(config: RouterConfig, clock: Clock, metrics: RouterMetrics) -> TenantGate:
+    """The policy file (--policy) and the budget counters: in etcd when --budget-etcd-endpoints
+    names one (shared by the fleet), else in this process."""
+    try:
+        policy = PolicyFile(config.policy or None)
+    except PolicyError as exc:
+        raise RuntimeError(str(exc)) from exc
+    store: BudgetStore
+    if config.budget_etcd:
+        from globalrouter.budget_etcd import EtcdBudgetStore  # aetcd only where etcd is used
+
+        store = EtcdBudgetStore(config.budget_etcd, clock)
+    else:
+        store = MemoryStore(clock)
+    if config.policy:
+        log.info(
+            "tenant policy",
+            path=config.policy,
+            identities=len(policy.current.entries),
+            budget_store="etcd" if config.budget_etcd else "memory",
+        )
+    return TenantGate(policy, TenantBudgets(store, policy.current.budget, clock), metrics)
+
+
 async def serve(config: RouterConfig) -> None:
     """Runs a global frontend until SIGTERM/SIGINT: NOT_SERVING → unregister → stop(grace), which
-    lets in-flight Generate streams finish → close the serving links."""
+    lets in-flight Generate streams finish → close the serving links. Raises BackgroundTaskFailed
+    (after the same stop) when a background task failed."""
     router = create_server(config)
     log.info(
         "global frontend starting",
@@ -241,8 +358,5 @@ async def serve(config: RouterConfig) -> None:
         discovery=config.discovery,
         http_port=router.http.port if router.http else None,
     )
-    router.start_background()
-    await serve_until_signalled(
-        router.handle, grace=config.grace, on_stop=[router.leave], after_stop=[router.close]
-    )
+    await router.run()
     log.info("global frontend stopped")

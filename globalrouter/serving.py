@@ -92,6 +92,9 @@ class Admitted:
     stream: PoolStream
     admission: pool_frontend_pb2.PoolAdmission
     first: pool_frontend_pb2.PoolTokens | None = None
+    states_cache: bool = True
+    """Whether admission.cached_blocks is the pool's word (a mesh pool's); an OpenAI-HTTP pool
+    states its cached prompt tokens, if at all, in its PoolFinish."""
 
 
 class AdmissionFailed(Exception):
@@ -256,4 +259,10 @@ class ServingLinks:
         except BaseException:
             await self._release_url(url)
             raise
-        return Admitted(pool_id=pool.pool_id, url=url, stream=stream, admission=openai_admission(request))
+        return Admitted(
+            pool_id=pool.pool_id,
+            url=url,
+            stream=stream,
+            admission=openai_admission(request),
+            states_cache=False,
+        )

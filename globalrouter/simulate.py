@@ -23,11 +23,13 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 import numpy as np
 
 from globalrouter.dispatch import DispatchConfig, Dispatched, DispatchQueue, DispatchRequest, Outcome
 from globalrouter.kv_index import KvIndex
+from globalrouter.kv_summary import KvSummary
 from globalrouter.policies import POLICIES, FrontendView, Policy, make_policy
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
 from globalrouter.selection import SelectionConfig, Selector
@@ -39,6 +41,7 @@ from meshkit.clock import FakeClock
 DECODE_WORK_PER_TOKEN = 4
 """Work tokens per output token in the pool model (fixed by the issue)."""
 SIM_MODEL = "sim-model"
+KV_STATES = ("exact", "summary")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,8 @@ class SimConfig:
     """Seed of the random policy."""
     timeline: bool = False
     """Record each request's placement (for plots)."""
+    kv_state: str = "exact"
+    """The frontend's KV state: "exact" (KvIndex) or "summary" (KvSummary, per-pool fingerprints)."""
 
 
 @dataclass(slots=True)
@@ -262,8 +267,14 @@ def simulate(
         )
         for k in range(config.pools)
     ]
-    index = KvIndex()
+    if config.kv_state not in KV_STATES:
+        raise ValueError(f"kv_state must be one of {KV_STATES}, got {config.kv_state!r}")
+    summary = KvSummary() if config.kv_state == "summary" else None
+    # The summary answers KvIndex's calls (apply_snapshot, apply_delta, prefix_overlaps, holds).
+    index = cast(KvIndex, summary) if summary is not None else KvIndex()
     for k, state in enumerate(states):
+        if summary is not None:  # sized from the pool's KV capacity, as a frontend knows it
+            summary.expect(f"pool-{k:02d}/relay-0", config.capacity_blocks)
         index.apply_snapshot(f"pool-{k:02d}/relay-0", ())
         state.kv_at = 0.0
     view = FrontendView(states, index, selection)
@@ -511,6 +522,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="late: a request holds out for its best pool while that pool can start it within this "
         "(default 5, or 1.7 T)",
     )
+    p.add_argument(
+        "--kv-state",
+        choices=KV_STATES,
+        default="exact",
+        help="the frontend's KV state: exact (per-source index) or summary (per-pool fingerprint "
+        "tables, lossy; globalrouter/kv_summary.py) (default exact)",
+    )
     p.add_argument("--limit", type=int_at_least(1), default=None, help="only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with --policy all)")
@@ -548,6 +566,7 @@ def run(args: argparse.Namespace) -> int:
         load_interval=args.load_interval,
         kv_interval=args.kv_interval,
         seed=args.seed,
+        kv_state=args.kv_state,
     )
     names = list(POLICIES) if args.policy == "all" else [args.policy]
     selection = (

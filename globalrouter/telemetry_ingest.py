@@ -6,12 +6,13 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 
+from globalrouter.kv_summary import KvSummary
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal
@@ -20,8 +21,9 @@ from meshkit.clock import Clock
 from meshkit.errors import Reason, abort_with_reason
 from meshkit.limits import LimitExceeded, Slots, check_size
 from meshkit.logs import get_logger
+from meshkit.supervision import Supervisor
 from meshkit.timeconv import wall_seconds
-from meshkit.validation import Violations, check_identifier
+from meshkit.validation import MAX_ID_LENGTH, Violations, check_identifier
 from poolrelay.v1 import pool_events_pb2, telemetry_pb2, telemetry_pb2_grpc
 
 log = get_logger(module="globalrouter.telemetry_ingest")
@@ -65,6 +67,21 @@ def validate_hello(hello: telemetry_pb2.TelemetryHello) -> Violations:
     return v
 
 
+MAX_ADAPTERS_PER_MODEL = 256
+"""LoRA adapters taken per model from a readiness report (outside input: a relay's report is bounded)."""
+
+
+def reported_adapters(models: Iterable[pool_events_pb2.ModelStatus]) -> dict[str, frozenset[str]]:
+    """Model -> LoRA adapters of a readiness report; names past the id length limit, and past
+    MAX_ADAPTERS_PER_MODEL of one model, are left out."""
+    out: dict[str, frozenset[str]] = {}
+    for m in models:
+        if m.adapters:
+            names = [a for a in m.adapters[:MAX_ADAPTERS_PER_MODEL] if 0 < len(a) <= MAX_ID_LENGTH]
+            out[m.model] = frozenset(names)
+    return out
+
+
 def load_signal(load: pool_events_pb2.PoolLoad) -> LoadSignal:
     """The selection's view of a relay's load report."""
     return LoadSignal(
@@ -105,6 +122,8 @@ class StreamState:
     kv_applied: bool = False
     models_ready: dict[str, bool] | None = None
     """This stream's last readiness report (None: none yet). The pool's view combines its streams'."""
+    adapters: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Model -> LoRA adapters, from this stream's last readiness report."""
     draining: bool = False
     """This stream's last drain report."""
     building: _Build | None = None
@@ -188,6 +207,11 @@ class TelemetryIngest:
         self.step_blocks = step_blocks
         self._table = table
         self._index = index
+        self._summary = index if isinstance(index, KvSummary) else None
+        """The KV state as per-pool tables (`--kv-state summary`): a snapshot is built in a table
+        of its own and swapped in (begin/commit), a pool's table is sized from its load reports'
+        kv_blocks_total, and streams keep no block logs (a pool's table goes with its last source
+        at once, not block by block)."""
         self._clock = clock
         self._metrics = metrics
         self._ids = itertools.count(1)
@@ -407,7 +431,8 @@ class TelemetryIngest:
             return used, True
         stream = job.stream
         if job.parts:
-            used = self._index_slice(job.parts, job, budget, self._index.add_blocks, job.source, job.done)
+            done = job.done if self._summary is None else None
+            used = self._index_slice(job.parts, job, budget, self._index.add_blocks, job.source, done)
             self._unhold(stream, used)
             job.blocks -= used
             if job.parts:
@@ -437,11 +462,13 @@ class TelemetryIngest:
         stream = job.stream
         stream.building = None
         pool = self._table.get(stream.pool_id)
+        if self._summary is not None:
+            self._summary.commit_snapshot(job.source)  # before the old source leaves: the pool keeps a set
         if stream.source:
             pool.kv_sources.discard(stream.source)
             self._drop(stream.source, stream)
         stream.source = job.source
-        stream.log = job.done
+        stream.log = job.done if self._summary is None else None
         stream.log_tail = []
         stream.log_blocks = sum(int(p.size) for p in job.done)
         stream.kv_applied = True
@@ -496,12 +523,19 @@ class TelemetryIngest:
             return answer
         if kind == "load":
             pool.record_load(load_signal(msg.load.load), now)
+            if self._summary is not None and msg.load.load.kv_blocks_total:
+                # Sized before deltas fill it: a table that doubles loses a fingerprint bit.
+                # No snapshot may pass max_snapshot_blocks: neither may a table's size.
+                self._summary.expect_pool(
+                    stream.pool_id, min(msg.load.load.kv_blocks_total, self.max_snapshot_blocks)
+                )
             if msg.load.HasField("observe_time"):
                 self._lag(wall_seconds(msg.load.observe_time))
         elif kind == "readiness":
             stream.models_ready = {
                 m.model: m.state == pool_events_pb2.MODEL_STATE_READY for m in msg.readiness.models
             }
+            stream.adapters = reported_adapters(msg.readiness.models)
             self._combine_state(pool)
             pool.state_at = now
         elif kind == "drain":
@@ -529,6 +563,11 @@ class TelemetryIngest:
             for model, is_ready in (s.models_ready or {}).items():
                 ready[model] = ready.get(model, False) or is_ready
         pool.models_ready = ready
+        adapters: dict[str, frozenset[str]] = {}
+        for s in streams:
+            for model, names in s.adapters.items():
+                adapters[model] = adapters.get(model, frozenset()) | names
+        pool.adapters = adapters
         pool.telemetry_draining = any(s.draining for s in streams)
 
     def _lag(self, sent_wall: float) -> None:
@@ -588,6 +627,8 @@ class TelemetryIngest:
             self._unhold(stream, len(stored) + len(removed))
         stream.backlog = []
         stream.building = job
+        if self._summary is not None:
+            self._summary.begin_snapshot(job.source, job.blocks, stream.pool_id)
         self._work.append(job)
         stream.next_sequence = stream.snapshot_sequence + 1
         return None
@@ -651,6 +692,20 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         self._authorizer = authorizer
         self.streams = Slots("telemetry streams", per_key=max_streams, total=max_streams)
         self._worker: asyncio.Task | None = None
+        self.supervisor: Supervisor | None = None
+        """Runs the index worker when set (meshkit.supervision)."""
+        if authorizer is not None:
+            authorizer.on_refusal(_METHOD, lambda refusal: self._refused(str(refusal.reason), str(refusal)))
+
+    def _refused(self, reason: str, why: str) -> None:
+        """Routing without a relay's KV and load must never be silent: each refused stream is
+        counted by reason and logged."""
+        self._ingest._metrics.telemetry_refused.labels(reason).inc()
+        log.warning(
+            "telemetry stream refused: routing goes on without that relay's KV and load",
+            reason=reason,
+            why=why,
+        )
 
     def end_streams(self) -> None:
         """Ends every open stream at its next message (relays send at least every report interval).
@@ -663,7 +718,12 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
     def _kick(self) -> None:
         """Starts the index worker if work is queued and it is not running."""
         if self._ingest.has_work() and (self._worker is None or self._worker.done()):
-            self._worker = asyncio.get_running_loop().create_task(self._work(), name="telemetry-index-work")
+            if self.supervisor is not None:  # the frontend's: a worker that dies fails the frontend
+                self._worker = self.supervisor.spawn("telemetry-index-work", self._work, one_shot=True)
+            else:
+                self._worker = asyncio.get_running_loop().create_task(
+                    self._work(), name="telemetry-index-work"
+                )
 
     async def _work(self) -> None:
         """Queued index work, a step of about STEP_SECONDS at a time, yielding to the loop in between."""
@@ -690,12 +750,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         try:
             self.streams.acquire("all")
         except LimitExceeded as exc:
-            log.warning(
-                "telemetry stream refused",
-                code="RESOURCE_EXHAUSTED",
-                reason=str(Reason.LIMIT_EXCEEDED),
-                error=str(exc),
-            )
+            self._refused(str(Reason.LIMIT_EXCEEDED), str(exc))
             await context.abort_with_status(exc.status())
         try:
             await self._publish(context)

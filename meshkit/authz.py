@@ -8,15 +8,19 @@ message by message by the servicer through `Authorizer.check_message`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
+import os
 from collections import Counter as Tally
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
 from google.rpc import status_pb2
 from prometheus_client import CollectorRegistry, Counter
 
+from meshkit.clock import Clock, SystemClock
 from meshkit.errors import Reason, grpc_status_for, rpc_status_for
 from meshkit.guards import CheckingInterceptor, Context
 from meshkit.identity import ApiKeys, Identity, IdentityError, Role, bearer_token, identity_from_uris
@@ -124,12 +128,34 @@ TABLE: Mapping[str, Rule] = {
     HTTP + "/status.json": _rule(A, C, note="the status page's data"),
     HTTP + "/metrics": _rule(A, note="operators (Prometheus scrapes with an admin certificate)"),
     HTTP + "/health": _rule(*_ALL, anonymous=True, note="liveness probes: no credentials needed"),
+    HTTP + "/livez": _rule(*_ALL, anonymous=True, note="liveness probes: no credentials needed"),
+    HTTP + "/readyz": _rule(*_ALL, anonymous=True, note="readiness probes: no credentials needed"),
     # Standard services: any authenticated peer may ask whether a server is healthy, or what it serves.
     "/grpc.health.v1.Health/": _rule(*_ALL, note="any authenticated peer"),
     "/grpc.reflection.v1alpha.ServerReflection/": _rule(*_ALL, note="any authenticated peer"),
     "/grpc.reflection.v1.ServerReflection/": _rule(*_ALL, note="any authenticated peer"),
 }
 """method (or "/service/" for all its methods) → rule. A method not listed is refused to everyone."""
+
+
+KEYS_CHECK_SECONDS = 1.0
+"""How often (at most) the --api-keys file is looked at for changes, when keys are presented."""
+
+
+def _file_stamp(path: str) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced or rewritten (mtime, size, inode); None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+async def _abort(context: Context, refusal: Refusal) -> None:
+    """Ends another task's call: the client gets `refusal`, the handler's next read or write raises."""
+    # abort raises in its caller once the status is sent; a call that ended meanwhile refuses it.
+    with contextlib.suppress(Exception):
+        await context.abort_with_status(refusal.status())
 
 
 def rule_for(method: str) -> Rule | None:
@@ -222,13 +248,19 @@ class Authorizer:
         *,
         registry: CollectorRegistry | None = None,
         pool: str = "",
+        clock: Clock | None = None,
     ) -> None:
         self.enforced = config.enforced
         self.pool = pool
         """The pool this server serves, for rules with `server_pool` ("" for servers of no pool)."""
         self.trust_domain = config.trust_domain
         self.service = service
+        self.api_keys_path = config.api_keys
+        self._clock = clock or SystemClock()
+        self._keys_stamp = _file_stamp(config.api_keys) if config.api_keys else None
+        self._keys_checked = self._clock.monotonic()
         self.api_keys = ApiKeys.load(config.api_keys) if config.api_keys else ApiKeys()
+        """The keys in force: replaced whole by reload_api_keys(), so a call sees the old or the new set."""
         self.refused: Tally[tuple[str, str]] = Tally()
         """(method, reason) → refusals, for tests and status pages."""
         self.metrics_registry = registry or CollectorRegistry()
@@ -238,6 +270,94 @@ class Authorizer:
             ["service", "method", "code"],
             registry=self.metrics_registry,
         )
+        self._hooks: dict[str, list[Callable[[Refusal], None]]] = {}
+        self._aborting: set[asyncio.Task[None]] = set()
+        self._keyed: dict[str, dict[Context, str]] = {}
+        """API key digest → the calls it opened that are still open (→ their method): a reload that
+        revokes the key ends them. Bounded by the server's open calls."""
+
+    def on_refusal(self, method: str, hook: Callable[[Refusal], None]) -> None:
+        """Calls `hook(refusal)` for each refusal of `method` (after it is counted and logged)."""
+        self._hooks.setdefault(method, []).append(hook)
+
+    def reload_api_keys(self) -> bool:
+        """Re-reads the --api-keys file (SIGHUP): every call from now on is checked against the new
+        keys. Logs the identities added, removed and re-keyed (never a key). A file that cannot be
+        read or has a bad line is refused with a log line naming it, and the current keys stay.
+        Returns whether new keys are in force."""
+        if not self.api_keys_path:
+            return False
+        self._keys_stamp = _file_stamp(self.api_keys_path)
+        try:
+            fresh = ApiKeys.load(self.api_keys_path)
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            log.error(
+                "API keys NOT reloaded: the file is refused, the current keys stay in force",
+                service=self.service,
+                path=self.api_keys_path,
+                error=str(exc),
+                kept=len(self.api_keys),
+            )
+            return False
+        old, new = self.api_keys.identities(), fresh.identities()
+        self.api_keys = fresh
+        cut = self._end_revoked_calls()
+        log.info(
+            "API keys reloaded",
+            service=self.service,
+            path=self.api_keys_path,
+            keys=len(fresh),
+            added=sorted(new.keys() - old.keys()),
+            removed=sorted(old.keys() - new.keys()),
+            rekeyed=sorted(who for who in new.keys() & old.keys() if new[who] != old[who]),
+            open_calls_ended=cut,
+        )
+        return True
+
+    def _watch_keys(self) -> None:
+        """Reloads the keys when their file changed on disk (looked at once per KEYS_CHECK_SECONDS,
+        when a key is presented): a revocation written to the file needs no SIGHUP."""
+        now = self._clock.monotonic()
+        if now - self._keys_checked < KEYS_CHECK_SECONDS:
+            return
+        self._keys_checked = now
+        if _file_stamp(self.api_keys_path) != self._keys_stamp:
+            self.reload_api_keys()
+
+    def key_in_force(self, identity: Identity) -> bool:
+        """Whether `identity` may still act: always for a certificate, while its key is in force for a key."""
+        return not identity.key or identity.key in self.api_keys
+
+    def _hold(self, identity: Identity, method: str, context: Context) -> None:
+        """Remembers a call opened with an API key until it ends (a revoked key's calls are ended)."""
+        calls = self._keyed.setdefault(identity.key, {})
+        calls[context] = method
+
+        def release(_context: Context) -> None:
+            calls.pop(context, None)
+            if not calls and self._keyed.get(identity.key) is calls:
+                del self._keyed[identity.key]
+
+        context.add_done_callback(release)  # type: ignore[arg-type]  # the stubs want a class, grpc takes any callable
+
+    def _end_revoked_calls(self) -> int:
+        """Ends with UNAUTHENTICATED every open call made with a key no longer in force; how many."""
+        revoked = [digest for digest in self._keyed if digest not in self.api_keys]
+        calls = [
+            (context, method) for digest in revoked for context, method in self._keyed.pop(digest).items()
+        ]
+        if not calls:
+            return 0
+        loop = asyncio.get_running_loop()  # open calls exist only on the server's loop (SIGHUP runs there)
+        for context, method in calls:
+            refusal = Refusal(
+                grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED, "the API key was revoked"
+            )
+            self.record(method, refusal)
+            task = loop.create_task(_abort(context, refusal))
+            self._aborting.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(self._aborting.discard)
+        return len(calls)
 
     def identify(self, context: Context) -> Identity:
         """Who is calling: the certificate's SPIFFE id, else a client API key. Raises Refusal."""
@@ -260,6 +380,8 @@ class Authorizer:
             except IdentityError as exc:
                 raise Refusal(grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED, str(exc)) from exc
         if authorization is not None:
+            if self.api_keys_path:
+                self._watch_keys()
             token = bearer_token(authorization)
             who = self.api_keys.identify(token) if token else None
             if who is None:
@@ -281,6 +403,8 @@ class Authorizer:
         log.info(
             "call refused", service=self.service, method=method, code=refusal.code.name, why=str(refusal)
         )
+        for hook in self._hooks.get(method, ()):
+            hook(refusal)
 
     def admit(self, context: Context, method: str, request: object | None) -> Identity:
         """The caller, when it may call `method` with `request`; raises Refusal (already counted)."""
@@ -327,8 +451,11 @@ class Authorizer:
 
         async def check(method: str, request: object | None, context: Context) -> None:
             try:
-                _current.set(self.admit(context, method, request))
+                identity = self.admit(context, method, request)
             except Refusal as refusal:
                 await context.abort_with_status(refusal.status())
+            _current.set(identity)
+            if identity.key:
+                self._hold(identity, method, context)
 
         return CheckingInterceptor(check, applies=lambda _method: self.enforced)

@@ -2,6 +2,7 @@
 
 A block's hash covers its parent's hash and its own tokens, so it stands for the whole prefix:
 two prompts share a block hash at position i exactly when their first (i + 1) blocks are equal.
+The chain of a prompt served under a LoRA adapter starts from the adapter's seed instead of 0.
 """
 
 from __future__ import annotations
@@ -29,8 +30,18 @@ def u32le(tokens: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(tokens)}I", *tokens)
 
 
+def adapter_seed(adapter: str) -> int:
+    """The parent hash an adapter's chain starts from: 0 for the base model (empty name), else a
+    non-zero hash of the name, so the same tokens under another adapter (or none) never share a
+    block hash: an adapter's KV cache holds other keys and values than the base model's."""
+    if not adapter:
+        return 0
+    return _xxh3(b"meshkit.lora-adapter\x00" + adapter.encode("utf-8")) or 1
+
+
 def block_hashes(tokens: Sequence[int], block_size: int, parent: int = 0) -> list[int]:
-    """Chained hashes of every full block of `tokens` (a partial last block is not hashed)."""
+    """Chained hashes of every full block of `tokens` (a partial last block is not hashed); a
+    prompt under a LoRA adapter starts from `parent=adapter_seed(name)`."""
     if block_size <= 0:
         raise ValueError("block_size must be > 0")
     buf = u32le(tokens)

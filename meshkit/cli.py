@@ -154,14 +154,15 @@ def add_security_flags(parser: argparse.ArgumentParser, *, server: bool = True) 
         "--api-key-file",
         default=d.api_key,
         metavar="FILE",
-        help="file holding the API key to send as a client",
+        help="file holding the API key this process sends (a CLI on its calls, a relay on its telemetry streams)",
     )
     if server:
         group.add_argument(
             "--api-keys",
             default=d.api_keys,
             metavar="FILE",
-            help="client API keys, one `NAME sha256:HEX` a line",
+            help="API keys, one `NAME sha256:HEX` a line (NAME: a client, or relay/POOL/RELAY, admin/NAME, "
+            "frontend/NAME); re-read on SIGHUP and when the file changes",
         )
         group.add_argument(
             "--insecure",

@@ -55,6 +55,10 @@ class Reason(StrEnum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
     NOT_AUTHORIZED = "NOT_AUTHORIZED"
     SHUTTING_DOWN = "SHUTTING_DOWN"
+    # Tenant policy (globalrouter --policy): a model the caller may not use (PERMISSION_DENIED), a
+    # budget spent for its window (RESOURCE_EXHAUSTED, with QuotaFailure and RetryInfo).
+    MODEL_NOT_ALLOWED = "MODEL_NOT_ALLOWED"
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
     # A newer telemetry stream of the same relay replica took over (ABORTED: the older one ends).
     TELEMETRY_SUPERSEDED = "TELEMETRY_SUPERSEDED"
     # A shared store (discovery's etcd) did not answer in time; the call may be retried.

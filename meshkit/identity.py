@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -31,6 +31,9 @@ class Identity:
     pool: str = ""
     source: str = "certificate"
     """How it was established: "certificate" or "api-key"."""
+    key: str = field(default="", compare=False, repr=False)
+    """The sha256:HEX of the API key that established it ("" for a certificate): a revoked key's
+    open calls are found by it. Not part of equality: the identity is the same whichever key."""
 
     def __str__(self) -> str:
         if self.role is Role.RELAY:
@@ -148,13 +151,15 @@ def bearer_token(authorization: str) -> str | None:
 
 
 class ApiKeys:
-    """Client API keys, held as hashes only. Each maps to a client identity."""
+    """API keys, held as hashes only. Each maps to one identity: a client (a bare NAME, or
+    client/NAME) or, for processes that have no certificate (a relay streaming telemetry to a
+    loopback router), relay/POOL/RELAY, frontend/NAME or admin/NAME."""
 
     def __init__(self, entries: Iterable[tuple[str, str]] = ()) -> None:
-        """`entries`: (client name, sha256:HEX) pairs."""
-        self._by_hash: dict[str, str] = {}
+        """`entries`: (identity as written in a keys file, sha256:HEX) pairs."""
+        self._by_hash: dict[str, Identity] = {}
         for name, digest in entries:
-            self._by_hash[digest] = name
+            self._by_hash[digest] = replace(key_identity(name), key=digest)
 
     def __len__(self) -> int:
         return len(self._by_hash)
@@ -163,7 +168,7 @@ class ApiKeys:
     def load(cls, path: str | Path) -> ApiKeys:
         """Reads a keys file: one `NAME sha256:HEX` a line; blank lines and `#` comments ignored.
 
-        Raises ValueError naming the line that is wrong.
+        Raises ValueError naming the line that is wrong (never echoing a key).
         """
         entries = []
         for number, raw in enumerate(Path(path).read_text().splitlines(), start=1):
@@ -177,16 +182,33 @@ class ApiKeys:
             entries.append((fields[0], fields[1].lower()))
         return cls(entries)
 
+    def identities(self) -> dict[str, frozenset[str]]:
+        """Identity (as str) → the digests of its keys: what a reload compares (never the keys)."""
+        out: dict[str, set[str]] = {}
+        for digest, who in self._by_hash.items():
+            out.setdefault(str(who), set()).add(digest)
+        return {who: frozenset(digests) for who, digests in out.items()}
+
+    def __contains__(self, digest: object) -> bool:
+        """Whether the key of this sha256:HEX is (still) in force."""
+        return digest in self._by_hash
+
     def identify(self, token: str) -> Identity | None:
-        """The client whose key is `token`; None when no key matches."""
+        """The identity whose key is `token`; None when no key matches."""
         if not token or len(token) > 4 * MAX_ID_LENGTH:
             return None
         # A dict lookup on the digest leaks nothing useful through timing: the digest of a guess
         # is unrelated to any stored digest.
-        name = self._by_hash.get(hash_api_key(token))
-        if name is None:
-            return None
+        return self._by_hash.get(hash_api_key(token))
+
+
+def key_identity(name: str) -> Identity:
+    """The identity a keys file's NAME stands for: a bare name is a client; ROLE/NAME (and
+    relay/POOL/RELAY) name a role as a SPIFFE id's path does. Raises IdentityError saying why not."""
+    if "/" not in name:
         return Identity(role=Role.CLIENT, name=name, source="api-key")
+    who = parse_spiffe(f"spiffe://keys/{name}", "keys")
+    return Identity(role=who.role, name=who.name, pool=who.pool, source="api-key")
 
 
 def _entry_problem(fields: list[str]) -> str | None:
@@ -196,6 +218,13 @@ def _entry_problem(fields: list[str]) -> str | None:
     check_identifier(v, "name", fields[0])
     if v:
         return "name " + "; ".join(d for _f, d in v.items)
+    try:
+        key_identity(fields[0])
+    except IdentityError as exc:
+        return (
+            f"{str(exc).replace('spiffe://keys/', '')} (a key stands for NAME or client/NAME, "
+            "admin/NAME, frontend/NAME, relay/POOL/RELAY)"
+        )
     digest = fields[1].lower()
     hexpart = digest.removeprefix(_HASH_PREFIX)
     if (

@@ -1,9 +1,10 @@
-"""Server bootstrap shared by every service: TLS, authorization, health, reflection, keepalive, SIGTERM → graceful stop.
+"""Server bootstrap shared by every service: TLS, authorization, health, reflection, keepalive, SIGTERM → graceful stop, SIGHUP → reload.
 
 Follows grpc's examples/python asyncio idioms: `create_server(addr) -> (server, port)` builds and
 binds without starting; `serve_until_signalled()` starts, waits for SIGTERM/SIGINT, flips health to
 NOT_SERVING, runs the service's own stop hooks, stops with a grace period so in-flight calls
-finish, and only then runs the hooks that release what those calls use.
+finish, and only then runs the hooks that release what those calls use. SIGHUP re-reads the
+certificate and API keys (whatever the server has of them) and never stops it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,27 @@ class ServerHandle:
     """Who may call what on this server (enforcing only when TLS or API keys are configured)."""
     certificates: ServerCertificates | None = None
     """The server certificate, re-read on change or SIGHUP (None without TLS)."""
+    reload_hooks: list[tuple[str, Callable[[], bool]]] = field(default_factory=list)
+    """(what, re-read it) run on SIGHUP too; each returns False when it kept what was in force."""
+
+    def reload(self) -> None:
+        """SIGHUP: re-read what can be re-read (the certificate before the next handshake, the API
+        keys at once) and say so in the log. Never raises: a signal must not stop a server."""
+        reloading = []
+        try:
+            if self.certificates is not None:
+                # Open connections keep theirs; the next handshake reads the files.
+                self.certificates.request_reload()
+                reloading.append("certificates")
+            if self.authorizer is not None and self.authorizer.api_keys_path:
+                kept = not self.authorizer.reload_api_keys()
+                reloading.append("api keys (file refused, current keys kept)" if kept else "api keys")
+            for what, hook in self.reload_hooks:
+                reloading.append(what if hook() else f"{what} (refused, kept what was in force)")
+        except Exception as exc:  # a reload that fails keeps what is in force
+            log.error("SIGHUP reload failed; serving on with what was in force", error=repr(exc))
+            return
+        log.info("SIGHUP", reloaded=reloading or "nothing to reload (no TLS, no --api-keys)")
 
     async def set_serving(self, serving: bool) -> None:
         """Sets every service's health (and the overall "" entry) to SERVING or NOT_SERVING."""
@@ -112,8 +134,12 @@ async def serve_until_signalled(
     on_stop: Iterable[Callable[[], Awaitable[None]]] = (),
     after_stop: Iterable[Callable[[], Awaitable[None]]] = (),
     stop_event: asyncio.Event | None = None,
+    ready: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Starts `handle`, serves until SIGTERM/SIGINT (or `stop_event`), then stops gracefully.
+
+    Health turns SERVING once the server runs, or, with `ready`, once `ready()` returns (a service
+    that cannot do its job yet answers NOT_SERVING, so load balancers wait).
 
     Order on stop: health NOT_SERVING (load balancers and peers stop sending), the service's
     `on_stop` hooks (unregister, close watchers), then `server.stop(grace)` so in-flight calls
@@ -124,19 +150,33 @@ async def serve_until_signalled(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if handle.certificates is not None:
-        # SIGHUP: re-read the certificate before the next handshake (open connections keep theirs).
-        loop.add_signal_handler(signal.SIGHUP, handle.certificates.request_reload)
+    # SIGHUP (whose default action ends the process) is handled by every server, with TLS or not.
+    loop.add_signal_handler(signal.SIGHUP, handle.reload)
+    readying: asyncio.Task[None] | None = None
+    if ready is not None:
+        # grpc's health servicer says SERVING for "" until told otherwise: not before it is ready.
+        await handle.set_serving(False)
     await handle.server.start()
-    await handle.set_serving(True)
+    if ready is None:
+        await handle.set_serving(True)
+    else:
+        readying = asyncio.create_task(_serve_when_ready(handle, ready), name="health-ready")
     await stop.wait()
     log.info("stopping", grace_s=grace)
+    if readying is not None:
+        readying.cancel()  # first: health must not turn SERVING once stopping
+        await asyncio.gather(readying, return_exceptions=True)
     await handle.set_serving(False)
     await _run_hooks(on_stop)
     await handle.server.stop(grace)
     await _run_hooks(after_stop)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.remove_signal_handler(sig)
+
+
+async def _serve_when_ready(handle: ServerHandle, ready: Callable[[], Awaitable[None]]) -> None:
+    await ready()
+    await handle.set_serving(True)
 
 
 async def _run_hooks(hooks: Iterable[Callable[[], Awaitable[None]]]) -> None:

@@ -19,7 +19,7 @@ from typing import cast
 
 import grpc
 
-from meshkit.identity import Identity, IdentityError, identity_from_certificate
+from meshkit.identity import ApiKeys, Identity, IdentityError, identity_from_certificate
 from meshkit.logs import get_logger
 
 log = get_logger(module="meshkit.tls")
@@ -41,9 +41,10 @@ class SecurityConfig:
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     """The SPIFFE trust domain peer identities must be in."""
     api_keys: str = ""
-    """File of client API keys (`NAME sha256:HEX` lines), accepted as `authorization: Bearer KEY`."""
+    """File of API keys (`NAME sha256:HEX` lines, NAME the identity a key stands for), accepted as
+    `authorization: Bearer KEY`; re-read on SIGHUP and when it changes."""
     api_key: str = ""
-    """Path of a file holding the API key this process sends as a client (CLIs)."""
+    """Path of a file holding the API key this process sends (CLIs; a relay on its telemetry streams)."""
     insecure: bool = False
     """Allows serving without TLS on a non-loopback address (logged loudly)."""
 
@@ -86,6 +87,13 @@ class SecurityConfig:
                 CertificateFiles(self.tls_cert, self.tls_key, self.tls_ca).read()
             except ValueError as exc:
                 out.append(str(exc))
+        if not out and self.api_keys:
+            # Checked here so that a bad line stops the start with a usage error naming it (it
+            # used to surface as a traceback from the server's constructor).
+            try:
+                ApiKeys.load(self.api_keys)
+            except (OSError, ValueError) as exc:
+                out.append(f"--api-keys {exc}")
         return out
 
 

@@ -22,6 +22,11 @@ from meshkit.errors import Reason, error_info
 MAX_ID_LENGTH = 128
 MAX_FRONTENDS = 64
 
+MAX_LISTED_VIOLATIONS = 16
+"""Violations named in one error (message and BadRequest); the count of the others is said."""
+MAX_FIELD_CHARS = 256
+MAX_DESCRIPTION_CHARS = 256
+
 
 @dataclass
 class Violations:
@@ -36,16 +41,31 @@ class Violations:
     def __bool__(self) -> bool:
         return bool(self.items)
 
+    def _listed(self) -> list[tuple[str, str]]:
+        """The violations an error names: at most MAX_LISTED_VIOLATIONS, each cut to a bounded
+        length. A request with many bad fields (64 frontend URLs, each echoed in its description)
+        would otherwise make a status past gRPC's 16 KiB metadata limit, and the caller would see
+        RESOURCE_EXHAUSTED instead of which fields are wrong."""
+        return [
+            (
+                f[:MAX_FIELD_CHARS],
+                d if len(d) <= MAX_DESCRIPTION_CHARS else d[: MAX_DESCRIPTION_CHARS - 3] + "...",
+            )
+            for f, d in self.items[:MAX_LISTED_VIOLATIONS]
+        ]
+
     def message(self) -> str:
-        """One human sentence naming every field at fault."""
-        return "invalid request: " + "; ".join(f"{f}: {d}" for f, d in self.items)
+        """One human sentence naming the fields at fault (the first MAX_LISTED_VIOLATIONS)."""
+        text = "invalid request: " + "; ".join(f"{f}: {d}" for f, d in self._listed())
+        more = len(self.items) - MAX_LISTED_VIOLATIONS
+        return text + (f" (and {more} more)" if more > 0 else "")
 
     def to_rpc_status(self) -> status_pb2.Status:
         """The INVALID_ARGUMENT google.rpc.Status: a BadRequest listing each violation, and an ErrorInfo
         (reason INVALID_FIELDS, metadata `fields`) so callers can branch on a reason like any other refusal."""
         bad = error_details_pb2.BadRequest(
             field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(field=f, description=d) for f, d in self.items
+                error_details_pb2.BadRequest.FieldViolation(field=f, description=d) for f, d in self._listed()
             ]
         )
         detail = any_pb2.Any()
@@ -116,7 +136,7 @@ def url_problem(url: str, *, allow_path: bool = True) -> str | None:
     """Why `url` is not an http:// or https:// frontend URL; None when it is.
 
     A URL names a host; its port may be left out (80 for http, 443 for https, as deployments
-    write them), and it may carry a base path (an OpenAI base URL such as http://h:8000/v1)
+    write them) but never be 0 (nothing can be dialled there), and it may carry a base path (an OpenAI base URL such as http://h:8000/v1)
     unless `allow_path` is False. Credentials, a query and a fragment are refused: they do not
     belong in a frontend's address (credentials would leak into the directory).
     """
@@ -135,6 +155,8 @@ def url_problem(url: str, *, allow_path: bool = True) -> str | None:
         return "must not contain credentials"
     if not parts.hostname:
         return "must name a host"
+    if parts.port == 0:  # a dialer cannot reach port 0: relays would dial it and back off forever
+        return f"must not use port 0 (got {url!r})"
     if parts.query or parts.fragment or url.endswith(("?", "#")):
         return "must not have a query or fragment"
     if parts.path not in ("", "/") and not allow_path:

@@ -181,15 +181,17 @@ class Mesh:
         wait_healthy(self.discovery, self.start_timeout, proc=self.discovery_proc)
         return self.discovery
 
-    def start_pool(self, pool_id: str, region: str = "r1", *extra: str, relay: bool = True) -> PoolProcs:
-        """Starts a mocker pool (waits until it serves) and, unless `relay` is False, its relay."""
+    def start_pool(
+        self, pool_id: str, region: str = "r1", *extra: str, relay: bool = True, model: str = MODEL
+    ) -> PoolProcs:
+        """Starts a mocker pool of `model` (waits until it serves) and, unless `relay` is False, its relay."""
         if relay and not self.discovery:
             raise LaunchError(f"pool {pool_id}: start discovery before a relay that registers with it")
         address = f"127.0.0.1:{free_port()}"
         pool = self.group.start(
             pool_id,
             [
-                *(command("mocker"), "serve", "--listen", address, "--pool-id", pool_id, "--model", MODEL),
+                *(command("mocker"), "serve", "--listen", address, "--pool-id", pool_id, "--model", model),
                 *extra,
                 *self._tls("pool"),
             ],

@@ -41,7 +41,7 @@ class Engine:
             python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_dir), "--served-model-name", MODEL,
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--block-size", str(ENGINE_BLOCK), "--enable-prefix-caching",
+            "--block-size", str(ENGINE_BLOCK), "--enable-prefix-caching", "--enable-prompt-tokens-details",
             "--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager",
             "--kv-events-config", json.dumps(kv),
         ]  # fmt: skip

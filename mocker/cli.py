@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="models that start not ready",
     )
     s.add_argument(
+        "--adapter",
+        action="append",
+        default=list(d.adapters),
+        metavar="NAME",
+        help="a LoRA adapter the pool serves on its first --model (repeatable)",
+    )
+    s.add_argument(
         "--kv-subscriber-queue",
         type=int_at_least(1),
         default=d.kv_subscriber_queue,
@@ -128,6 +135,12 @@ def parse_serve(argv: list[str] | None) -> tuple[argparse.Namespace, PoolConfig,
         check_identifier(v, "--model", model)
     if len(set(args.model)) != len(args.model):
         v.add("--model", "lists a model twice")
+    for adapter in args.adapter:
+        check_identifier(v, "--adapter", adapter)
+        if adapter in args.model:
+            v.add("--adapter", f"{adapter!r} is also a --model: an adapter needs a name of its own")
+    if len(set(args.adapter)) != len(args.adapter):
+        v.add("--adapter", "lists an adapter twice")
     for model in args.not_ready:
         if model not in args.model:
             v.add("--not-ready", f"{model!r} is not one of the --model values")
@@ -150,6 +163,7 @@ def parse_serve(argv: list[str] | None) -> tuple[argparse.Namespace, PoolConfig,
         vocab_size=args.vocab_size,
         kv_subscriber_queue=args.kv_subscriber_queue,
         queue_report_interval=args.queue_report_interval,
+        adapters=tuple(args.adapter),
     )
     faults = Faults(
         fail_after_tokens=args.fail_after_tokens,

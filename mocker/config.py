@@ -59,6 +59,9 @@ class PoolConfig:
     divided by speedup: they tell the caller the pool is busy, not hung)."""
     kv_subscriber_queue: int = 10_000
     """KV events buffered per WatchKvEvents subscriber before it is ended as too slow."""
+    adapters: tuple[str, ...] = ()
+    """LoRA adapters served on the first model (a request may name one; its KV blocks are hashed
+    from meshkit.blocks.adapter_seed, apart from the base model's)."""
 
     @property
     def pool_prefill_tokens_per_second(self) -> float:

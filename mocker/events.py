@@ -41,7 +41,11 @@ def pool_status(pool: Pool, sequence: int) -> pe.WatchPoolStatusResponse:
     load = pool.load()
     return pe.WatchPoolStatusResponse(
         models=[
-            pe.ModelStatus(model=m, state=pe.MODEL_STATE_READY if ready else pe.MODEL_STATE_NOT_READY)
+            pe.ModelStatus(
+                model=m,
+                state=pe.MODEL_STATE_READY if ready else pe.MODEL_STATE_NOT_READY,
+                adapters=pool.adapters.get(m, ()),
+            )
             for m, ready in sorted(pool.models.items())
         ],
         workers=[

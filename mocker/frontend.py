@@ -41,6 +41,8 @@ def validate_generate(request: pf.PoolFrontendServiceGenerateRequest) -> Violati
     v = Violations()
     check_identifier(v, "request_id", request.request_id)
     check_identifier(v, "model", request.model)
+    if request.adapter:
+        check_identifier(v, "adapter", request.adapter)
     n = len(request.token_ids)
     if n == 0:
         v.add("token_ids", "must hold at least one token")
@@ -79,6 +81,7 @@ class PoolFrontend(pf_grpc.PoolFrontendServiceServicer):
                 # the sequence (and seed), which is what makes a migrated stream verifiable.
                 seed=request.sampling.seed,
                 stop_token_ids=frozenset(request.sampling.stop_token_ids),
+                adapter=request.adapter,
             )
         except Refused as refused:
             rlog.debug("refused", reason=refused.kind.value)

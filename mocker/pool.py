@@ -8,7 +8,7 @@ import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from meshkit.blocks import block_hashes
+from meshkit.blocks import adapter_seed, block_hashes
 from meshkit.clock import Clock
 from mocker.config import Faults, PoolConfig
 from mocker.feeds import Changes, KvEventHub
@@ -77,6 +77,8 @@ class Ticket:
     handed_back: bool = False
     """Set when the drain deadline ends this request (its task is cancelled)."""
     task: asyncio.Task | None = None
+    adapter: str = ""
+    """The LoRA adapter the request runs under ("" = the base model): its blocks chain from its seed."""
 
     @property
     def prompt_blocks(self) -> int:
@@ -143,6 +145,10 @@ class Pool:
             for i in range(config.workers)
         ]
         self.models: dict[str, bool] = {m: m not in config.not_ready for m in config.models}
+        self.adapters: dict[str, tuple[str, ...]] = (
+            {config.models[0]: tuple(sorted(config.adapters))} if config.adapters and config.models else {}
+        )
+        """Model -> the LoRA adapters served on it."""
         self.stats = PoolStats()
         self.drain = Drain()
         self.tickets: set[Ticket] = set()
@@ -159,10 +165,16 @@ class Pool:
         *,
         seed: int = 0,
         stop_token_ids: frozenset[int] = frozenset(),
+        adapter: str = "",
     ) -> Ticket:
         """Admits a (validated) request or raises Refused. Binds the ticket to the calling task."""
         if model not in self.models:
             raise Refused(RefusalKind.UNKNOWN_MODEL, f"pool {self.config.pool_id} does not serve {model!r}")
+        if adapter and adapter not in self.adapters.get(model, ()):
+            raise Refused(
+                RefusalKind.UNKNOWN_MODEL,
+                f"pool {self.config.pool_id} does not serve adapter {adapter!r} of {model!r}",
+            )
         if self.drain.state is not DrainState.ACTIVE:
             self.stats.requests_refused += 1
             raise Refused(RefusalKind.DRAINING, f"pool {self.config.pool_id} is draining")
@@ -173,7 +185,7 @@ class Pool:
         if self.faults.refuse_all:
             self.stats.requests_refused += 1
             raise Refused(RefusalKind.REFUSE_ALL, "pool refuses all requests (fault injection)")
-        hashes = block_hashes(tokens, self.config.block_size)
+        hashes = block_hashes(tokens, self.config.block_size, adapter_seed(adapter))
         worker, cached = choose_worker(self.workers, hashes)
         if not worker.has_free_slot and self.waiting() >= self.config.max_queue:
             self.stats.requests_refused += 1
@@ -194,6 +206,7 @@ class Pool:
             seed=seed,
             stop_token_ids=stop_token_ids,
             task=asyncio.current_task(),
+            adapter=adapter,
         )
         self.tickets.add(ticket)
         self.stats.requests_admitted += 1
@@ -302,7 +315,7 @@ class Pool:
         """Chained hashes of the full blocks after the prompt's full blocks (prompt tail + output)."""
         bs = self.config.block_size
         tail = ticket.tokens[ticket.prompt_blocks * bs :] + output
-        parent = ticket.hashes[-1] if ticket.hashes else 0
+        parent = ticket.hashes[-1] if ticket.hashes else adapter_seed(ticket.adapter)
         return block_hashes(tail, bs, parent)
 
     def close(self, ticket: Ticket) -> None:

@@ -30,6 +30,7 @@ from meshkit.discovery_endpoints import endpoints_arg
 from meshkit.ids import new_incarnation
 from meshkit.logs import configure_logging
 from meshkit.server import create_server, serve_until_signalled
+from meshkit.supervision import BackgroundTaskFailed
 from meshkit.timeconv import wall_seconds
 from meshkit.tls import SecurityConfig
 from meshkit.validation import url_problem
@@ -216,8 +217,11 @@ async def serve(config: RelayConfig, listen: str, security: SecurityConfig | Non
             # the event loop (a scrape in flight reads the status on it).
             await asyncio.to_thread(metrics.close)
 
-    await serve_until_signalled(handle, on_stop=[relay.stop], after_stop=[close_metrics])
+    await serve_until_signalled(
+        handle, on_stop=[relay.stop], after_stop=[close_metrics], stop_event=relay.stop_requested
+    )
     log.info("relay stopped")
+    relay.supervisor.raise_if_failed()  # a background task failed: exit non-zero
 
 
 def show_status(relay: str, as_json: bool) -> int:
@@ -273,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("poolrelay", args.log_level)
     try:
         asyncio.run(serve(config, args.status_listen, security))
+    except BackgroundTaskFailed as exc:
+        print(f"poolrelay: {exc}", file=sys.stderr)
+        return exc.exit_code
     except RuntimeError as exc:
         print(f"poolrelay: {exc}", file=sys.stderr)
         return 1

@@ -13,6 +13,7 @@ from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
 from meshkit import discovery_endpoints
 from meshkit.clock import Clock, SystemClock
 from meshkit.logs import get_logger
+from meshkit.supervision import Supervisor, TaskFailure
 from meshkit.timeconv import seconds, timestamp, wall_seconds
 from meshkit.validation import Violations, check_frontends, check_identifier, check_url, host_port_problem
 from poolrelay.engine.config import EngineConfig
@@ -169,8 +170,15 @@ class Relay:
         self.drain_requested_deadline: float | None = None
         self._drain_passed = False
         self._drained_unregistered = False
-        self._tasks: list[asyncio.Task] = []
-        self._runners: list[asyncio.Task] = []
+        self._runners: list[asyncio.Task[None]] = []
+        # Every background task fails the relay when it dies: each already retries what is expected
+        # to fail (the pool, discovery, a frontend unreachable), so what reaches the supervisor is
+        # a bug; a new process (new incarnation, state read afresh from the pool) is the clean
+        # recovery, and the pool stays routed meanwhile as on any relay restart (PR #18077).
+        self.supervisor = Supervisor("poolrelay", clock=self.clock, on_failure=self._task_failed)
+        self.hub.supervisor = self.supervisor
+        self.stop_requested = asyncio.Event()
+        """Set when the relay must stop (a failed background task); `poolrelay serve` stops on it."""
 
     # --- pool side ----------------------------------------------------------------------------
 
@@ -332,18 +340,18 @@ class Relay:
     # --- life cycle ---------------------------------------------------------------------------
 
     def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.append(task)
-        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+        self.supervisor.spawn(getattr(coro, "__name__", "relay job"), lambda: coro, one_shot=True)
+
+    def _task_failed(self, failure: TaskFailure) -> None:
+        self.stop_requested.set()
 
     async def start(self) -> None:
         """Starts reading the pool, the heartbeat and the telemetry streams."""
         self.hub.set_frontends(static=list(self.config.global_frontends))
-        loop = asyncio.get_running_loop()
         self._runners = [
-            loop.create_task(self.source.run(), name="pool source"),
-            loop.create_task(self.heartbeat.run(), name="heartbeat"),
-            loop.create_task(self.hub.run_periodic(), name="telemetry reports"),
+            self.supervisor.spawn("pool source", self.source.run),
+            self.supervisor.spawn("heartbeat", self.heartbeat.run),
+            self.supervisor.spawn("telemetry reports", self.hub.run_periodic),
         ]
 
     async def stop(self) -> None:
@@ -368,7 +376,6 @@ class Relay:
         self.registered_model = ""
         self.lease_expire_wall = None
         await self.hub.close()
-        for t in list(self._tasks):
-            t.cancel()
+        await self.supervisor.stop()
         await self.keepalive.close()
         await self._discovery_channel.close()

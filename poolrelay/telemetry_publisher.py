@@ -12,15 +12,18 @@ import asyncio
 import contextlib
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from tenacity import RetryCallState
 
-from meshkit.channels import aio_channel, peer_identity_of
+from meshkit.channels import aio_channel, client_security, peer_identity_of, url_to_target
 from meshkit.clock import Clock
 from meshkit.identity import IdentityError, Role
 from meshkit.logs import get_logger
+from meshkit.supervision import Supervisor
 from meshkit.timeconv import duration, timestamp
+from meshkit.tls import is_loopback
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.retry import TELEMETRY_RECONNECT, describe_error, reconnect_forever
 from poolrelay.v1 import pool_events_pb2 as pe
@@ -55,6 +58,29 @@ class NotAFrontend(Exception):
 
 def _refused(exc: BaseException) -> bool:
     return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSALS
+
+
+def bearer_metadata(url: str) -> tuple[tuple[str, str], ...]:
+    """The relay's API key (--api-key-file) as `authorization: Bearer` metadata for a stream to
+    `url` over plain text (a loopback router with --api-keys, whose keys file maps the key to
+    relay/POOL/RELAY); over TLS the channel's call credentials carry it already, and in clear it
+    goes only to a loopback address. Read at each connect, so a rotated key file is used from the
+    next stream on. Raises ValueError when the file cannot be read or is empty, or the frontend is
+    not on loopback (the stream backs off, and its last_error says so)."""
+    security = client_security()
+    target, tls = url_to_target(url)
+    if not security.api_key or tls:
+        return ()
+    if not is_loopback(target):
+        # A key sent in clear could be read off the network and replayed: only to this machine.
+        raise ValueError(f"not sending the API key in clear to {target}: use TLS (--tls-cert, --tls-key)")
+    try:
+        token = Path(security.api_key).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"--api-key-file {security.api_key}: {exc.strerror}") from exc
+    if not token:
+        raise ValueError(f"--api-key-file {security.api_key} is empty")
+    return (("authorization", f"Bearer {token}"),)
 
 
 @dataclass(frozen=True)
@@ -108,7 +134,11 @@ class Publisher:
         return len(self._deltas) + len(self._latest)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"telemetry {self.url}")
+        supervisor = self.hub.supervisor  # the relay's: a publisher that dies fails the relay
+        if supervisor is not None:
+            self._task = supervisor.spawn(f"telemetry {self.url}", self._run)
+        else:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"telemetry {self.url}")
 
     def enqueue_delta(self, sequence: int, msg: Req) -> None:
         """Queues a delta; on overflow drops every queued delta and asks for a fresh snapshot."""
@@ -148,8 +178,13 @@ class Publisher:
         await self._channel.close()
 
     def _backing_off(self, state: RetryCallState) -> None:
-        self.state = State.TELEMETRY_STREAM_STATE_BACKING_OFF
-        self.last_error = describe_error(state.outcome.exception() if state.outcome else None)
+        failure = state.outcome.exception() if state.outcome else None
+        # A refusal is not a broken link: status and metrics say so (the redial waits the same).
+        refused = failure is not None and _refused(failure)
+        self.state = (
+            State.TELEMETRY_STREAM_STATE_REFUSED if refused else State.TELEMETRY_STREAM_STATE_BACKING_OFF
+        )
+        self.last_error = describe_error(failure)
 
     async def _run(self) -> None:
         await reconnect_forever(self._session, TELEMETRY_RECONNECT, self._backing_off)
@@ -196,7 +231,7 @@ class Publisher:
             raise NotAFrontend(f"{self.url} has no mesh identity ({exc}); no telemetry sent") from exc
         if peer is not None and peer.role is not Role.FRONTEND:
             raise NotAFrontend(f"{self.url} is {peer}, not a global frontend; no telemetry sent")
-        call = self._stub.PublishPoolTelemetry()
+        call = self._stub.PublishPoolTelemetry(metadata=bearer_metadata(self.url))
         reader = asyncio.ensure_future(self._read(call))
         productive = False
         try:
@@ -228,7 +263,12 @@ class Publisher:
             if reader.done() and (failure := reader.exception()) is not None:
                 raise failure
         except Exception as exc:
-            self.last_error = describe_error(exc)
+            error = describe_error(exc)
+            if _refused(exc) and error != self.last_error:
+                # Not a broken link: the frontend routes without this pool's KV and load until
+                # the relay's identity or the frontend's configuration is fixed (said once per error).
+                log.warning("telemetry stream refused by the frontend", frontend=self.url, error=error)
+            self.last_error = error
             if not productive or _refused(exc):
                 raise
             log.info("telemetry stream broke; redialing", frontend=self.url, error=self.last_error)
@@ -255,6 +295,8 @@ class TelemetryHub:
         self._flush_handle: asyncio.TimerHandle | None = None
         self._reports: dict[str, Req] = {}
         self.deltas_published = 0
+        self.supervisor: Supervisor | None = None
+        """Runs the publishers' tasks when set (meshkit.supervision)."""
 
     # --- what every stream says -------------------------------------------------------------
 

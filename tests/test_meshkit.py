@@ -218,3 +218,43 @@ def test_invalid_argument_carries_invalid_fields_reason_and_names_the_fields() -
     status = v.to_rpc_status()
     assert reason_of_status(status) == Reason.INVALID_FIELDS
     assert "model,prompt.text" in str(status.details[1].value)
+
+
+def test_an_error_naming_many_bad_fields_stays_within_grpcs_metadata_limit() -> None:
+    """64 bad frontend URLs, each echoed in its description, used to make a status over 16 KiB:
+    the caller saw RESOURCE_EXHAUSTED ("metadata size exceeds hard limit") instead of the fields."""
+    from meshkit.validation import MAX_LISTED_VIOLATIONS, Violations, bad_request_fields
+
+    v = Violations()
+    for i in range(64):
+        v.add(f"frontends[{i}]", f"must not have a path: {'http://h:1/' + 'p' * 600!r}")
+    status = v.to_rpc_status()
+    assert len(status.SerializeToString()) < 12 * 1024
+    assert v.message().endswith(f"(and {64 - MAX_LISTED_VIOLATIONS} more)")
+    assert "frontends[0]" in v.message() and "frontends[16]" not in v.message()
+
+    class Err(grpc.RpcError):
+        def trailing_metadata(self):
+            return (("grpc-status-details-bin", status.SerializeToString()),)
+
+        def code(self):
+            return grpc.StatusCode.INVALID_ARGUMENT
+
+        def details(self):
+            return status.message
+
+    assert bad_request_fields(Err()) == [f"frontends[{i}]" for i in range(MAX_LISTED_VIOLATIONS)]
+
+
+def test_an_adapters_blocks_never_match_the_base_models_or_another_adapters():
+    from meshkit.blocks import adapter_seed, block_hashes
+
+    tokens = list(range(64))
+    base = block_hashes(tokens, 16)
+    assert adapter_seed("") == 0 and block_hashes(tokens, 16, adapter_seed("")) == base
+    seeds = {adapter_seed(name) for name in ("sql", "chat", "sql-lora", "SQL")}
+    assert len(seeds) == 4 and 0 not in seeds and adapter_seed("sql") == adapter_seed("sql")
+    sql, chat = block_hashes(tokens, 16, adapter_seed("sql")), block_hashes(tokens, 16, adapter_seed("chat"))
+    assert not set(sql) & set(base) and not set(sql) & set(chat) and not set(chat) & set(base)
+    # Still a chain: a prefix under the adapter hashes to the prefix of the whole.
+    assert block_hashes(tokens[:32], 16, adapter_seed("sql")) == sql[:2]

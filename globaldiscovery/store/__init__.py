@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from globaldiscovery.store.base import Store, StoreUnavailable
+from globaldiscovery.store.base import Store, StoreIsolated, StoreUnavailable
 from globaldiscovery.store.memory import MemoryStore
 
-__all__ = ["MemoryStore", "Store", "StoreUnavailable"]
+__all__ = ["MemoryStore", "Store", "StoreIsolated", "StoreUnavailable"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from globaldiscovery.records import FrontendView, PoolRegistration, PoolView, RegisterResult, Removal
@@ -10,6 +11,11 @@ from globaldiscovery.watch_fanout import Watcher
 
 class StoreUnavailable(Exception):
     """A shared store cannot be reached or did not answer in time (UNAVAILABLE for the caller)."""
+
+
+class StoreIsolated(StoreUnavailable):
+    """This replica lost its shared store for longer than it may serve without it: every call is
+    refused (UNAVAILABLE) until it is back, so callers move to another replica."""
 
 
 class Store(Protocol):
@@ -27,6 +33,10 @@ class Store(Protocol):
 
     async def close(self) -> None:
         """Ends every watcher (they see the stream end) and stops background work."""
+
+    def on_health(self, listener: Callable[[bool], None]) -> None:
+        """Calls `listener(False)` when the store stops serving (cut off from what it shares),
+        `listener(True)` when it serves again; a store that cannot be cut off never calls it."""
 
     async def register_pool(self, reg: PoolRegistration) -> RegisterResult:
         """Registers or renews one relay replica's lease of a pool."""

@@ -22,18 +22,20 @@ import dataclasses
 import functools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict
 
 import aetcd
 import aetcd.exceptions
 import grpc
 from aetcd import rpc
+from aetcd.transactions import Mod
 from aetcd.utils import prefix_range_end
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from globaldiscovery import lease_rules
 from globaldiscovery.lease_rules import NotFound
-from globaldiscovery.lease_state import Directory
+from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES, DEFAULT_QUEUE_BYTES, Directory
 from globaldiscovery.records import (
     Capacity,
     FrontendView,
@@ -43,7 +45,8 @@ from globaldiscovery.records import (
     RegisterResult,
     Removal,
 )
-from globaldiscovery.store.base import StoreUnavailable
+from globaldiscovery.store.base import StoreIsolated, StoreUnavailable
+from globaldiscovery.store.etcd_link import DEFAULT_ISOLATION_TIMEOUT, EtcdLink, LinkChange
 from globaldiscovery.store.expiry import Expiry
 from globaldiscovery.watch_fanout import Watcher, WatcherClosed
 from meshkit import discovery_endpoints
@@ -68,6 +71,20 @@ ETCD_RESYNC = wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2)
 # Ending a completed drain's leases in etcd: every replica tries, each a few times.
 DRAIN_WRITE_STOP = stop_after_attempt(5)
 DRAIN_WRITE_WAIT = wait_exponential_jitter(multiplier=0.2, max=2.0, jitter=0.2)
+# A registration whose pool changed between its read and its write is decided again, a few times
+# (the jitter spreads replicas that keep colliding); then the caller is told to retry.
+REGISTER_ATTEMPTS = 8
+REGISTER_STOP = stop_after_attempt(REGISTER_ATTEMPTS)
+REGISTER_WAIT = wait_exponential_jitter(multiplier=0.005, max=0.2, jitter=0.02)
+
+
+class _Contended(Exception):
+    """The keys a registration was decided on changed before its write (another replica wrote)."""
+
+
+def _mod_of_range(start: bytes, end: bytes) -> Mod:
+    """A compare on the mod revision of every key in [start, end) (etcd holds it for each key)."""
+    return Mod(start, range_end=end)
 
 
 def _unavailable(method):
@@ -77,7 +94,7 @@ def _unavailable(method):
     async def wrapper(*args, **kwargs):
         try:
             return await method(*args, **kwargs)
-        except (aetcd.exceptions.ClientError, OSError, TimeoutError) as exc:
+        except (aetcd.exceptions.ClientError, grpc.RpcError, OSError, TimeoutError) as exc:
             raise StoreUnavailable(f"etcd did not answer: {exc}") from exc
 
     return wrapper
@@ -177,7 +194,10 @@ class EtcdStore:
         heartbeat_interval: float,
         lease_duration: float,
         watch_queue_limit: int = 10_000,
+        watch_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         watch_history_limit: int = 10_000,
+        watch_history_bytes: int = DEFAULT_HISTORY_BYTES,
+        isolation_timeout: float = DEFAULT_ISOLATION_TIMEOUT,
     ) -> None:
         self.clock = clock
         # One endpoint or several ("A,B,C", the members of an etcd cluster): one channel that
@@ -198,7 +218,9 @@ class EtcdStore:
             started_at=now,
             wall_offset=clock.wall() - now,
             watch_queue_limit=watch_queue_limit,
+            watch_queue_bytes=watch_queue_bytes,
             watch_history_limit=watch_history_limit,
+            watch_history_bytes=watch_history_bytes,
             complete_at_start=True,
             on_drained=self._drain_completed,
             mirror=True,
@@ -213,6 +235,9 @@ class EtcdStore:
         self._watch = None
         self._background: set[asyncio.Task] = set()
         self._known: dict[bytes, bytes] = {}  # every key the mirror holds, as last seen
+        self.link = EtcdLink(isolation_timeout, now)
+        self._prober: asyncio.Task[None] | None = None
+        self._health_listeners: list[Callable[[bool], None]] = []
 
     # ----- lifecycle and the mirror -----
 
@@ -220,8 +245,71 @@ class EtcdStore:
     async def start(self) -> None:
         await self._client.connect()
         await self._sync()
+        self.link.followed(self.clock.monotonic())
         self._follower = asyncio.create_task(self._follow_forever(), name="etcd-follow")
+        self._prober = asyncio.create_task(self._watch_link(), name="etcd-link")
         self._expiry.start()
+
+    def on_health(self, listener: Callable[[bool], None]) -> None:
+        self._health_listeners.append(listener)
+
+    def _refuse_if_isolated(self) -> None:
+        """Raises StoreIsolated while this replica is cut off from etcd: its mirror is frozen, so
+        neither a write (it cannot reach etcd) nor a read (it would be stale) is answered here."""
+        if self.link.isolated:
+            silent = self.link.silent_for(self.clock.monotonic())
+            raise StoreIsolated(
+                f"this discovery replica has not reached etcd for {silent:.1f} s "
+                f"(limit {self.link.timeout:g} s); call another replica"
+            )
+
+    async def _watch_link(self) -> None:
+        """Asks etcd a few times per isolation timeout whether it is there (a watch with no
+        changes says nothing), and acts when the link is lost or regained."""
+        while True:
+            await self.clock.sleep(self.link.probe_interval)
+            try:
+                async with asyncio.timeout(self.link.probe_interval):
+                    await self._etcd_revision()
+                self.link.contact(self.clock.monotonic())
+            except (TimeoutError, aetcd.exceptions.ClientError, grpc.RpcError, OSError):
+                pass  # silence: the check below counts it
+            change = self.link.check(self.clock.monotonic())
+            if change is LinkChange.LOST:
+                log.warning(
+                    "etcd unreachable; this replica stops serving (NOT_SERVING, watches ended) until it re-syncs",
+                    silent_s=round(self.link.silent_for(self.clock.monotonic()), 2),
+                    isolation_timeout_s=self.link.timeout,
+                    applied_revision=self._applied,
+                )
+                self.directory.close_watchers(WatcherClosed.ISOLATED)
+                self._tell(serving=False)
+                await self._restart_follower()
+            elif change is LinkChange.REGAINED:
+                log.info("etcd reachable again; mirror re-synced, serving", applied_revision=self._applied)
+                self._tell(serving=True)
+
+    def _tell(self, *, serving: bool) -> None:
+        for listener in self._health_listeners:
+            try:
+                listener(serving)
+            except Exception:  # one listener must not keep the others from hearing it
+                log.exception("a health listener failed")
+
+    async def _restart_follower(self) -> None:
+        """Drops the mirror's etcd watch (it may hang on a dead link) and follows etcd afresh:
+        the replica serves again only once its mirror re-synced (link.followed)."""
+        old, watch = self._follower, self._watch
+        if old is not None:
+            old.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await old
+        if watch is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await watch.cancel()
+        self._watch = None
+        self._follower = asyncio.create_task(self._follow_forever(), name="etcd-follow")
 
     async def _sync(self) -> None:
         """Starts following etcd. After a broken watch, from the change after the last one applied
@@ -267,18 +355,20 @@ class EtcdStore:
                     try:
                         if self._watch is None:
                             await self._sync()
+                            self.link.followed(self.clock.monotonic())
                         await self._follow()
                     except aetcd.exceptions.RevisionCompactedError:
                         self._compacted = True
                         raise
                     finally:
                         self._watch = None
+                        self.link.broke()
             log.warning("etcd watch ended; re-syncing")
 
     async def close(self) -> None:
         self.directory.close_watchers()
         await self._expiry.stop()
-        for task in [self._follower, *self._background]:
+        for task in [self._prober, self._follower, *self._background]:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -296,6 +386,7 @@ class EtcdStore:
             self._apply_safely(event.kind, event.kv.key, event.kv.value, prev)
             self._applied = max(self._applied, event.kv.mod_revision)
             self._advanced.set()
+            self.link.contact(self.clock.monotonic())
 
     def _apply_safely(self, kind: str, key: bytes, value: bytes, prev: bytes | None) -> None:
         """_apply, logging instead of raising: one bad record must not stop the mirror or its start."""
@@ -363,34 +454,23 @@ class EtcdStore:
 
     @_unavailable
     async def register_pool(self, reg: PoolRegistration) -> RegisterResult:
-        key = _lease_key(reg.pool_id, reg.relay_id)
-        drained = await self._client.get(DRAINED + reg.pool_id.encode() + SEP + reg.relay_id.encode())
-        lease_rules.check_not_drained(reg, int(drained.value) if drained is not None else None)
-        current = await self._client.get(key)
-        held = _decode(current.value) if current is not None else None
-        lease_rules.check_incarnation(
-            (reg.pool_id, reg.relay_id), held[0].incarnation if held is not None else None, reg.incarnation
-        )
-        others = _readable(await self._client.get_prefix(LEASES + reg.pool_id.encode() + SEP))
-        holder = lease_rules.conflicting_holder(reg, others)
-        if holder is not None:
-            if held is not None:  # the refusal shows the ended lease, as every reply shows its write
-                await self._caught_up(await self._end(key, held[0], held[1], Removal.UNREGISTERED))
-            raise lease_rules.ModelConflict(holder)
-        # Taken before etcd renews the lease, so etcd's own expiry is never earlier than this.
-        expire_wall = self.clock.wall() + self._ttl
-        lease_id = await self._lease_for(held[1] if held is not None else None)
-        stored = dataclasses.replace(reg, expire_wall=expire_wall)
-        # Written only if nobody changed the key since we read it (another replica, a newer relay).
-        t = self._client.transactions
-        ok, responses = await self._client.transaction(
-            compare=[t.mod(key) == (current.mod_revision if current is not None else 0)],
-            success=[t.put(key, _encode(stored, lease_id), lease=lease_id)],
-            failure=[],
-        )
-        if not ok:
-            raise StoreUnavailable(f"lease {reg.pool_id!r}/{reg.relay_id!r} changed concurrently; retry")
-        await self._caught_up(responses[0].response_put.header.revision)
+        self._refuse_if_isolated()
+        # Read, decide, write as one step: the write commits only if nothing it was decided on
+        # changed (another replica registering into the same pool); else it is decided again.
+        try:
+            async for attempt in AsyncRetrying(
+                stop=REGISTER_STOP,
+                wait=REGISTER_WAIT,
+                retry=retry_if_exception_type(_Contended),
+                reraise=True,
+            ):
+                with attempt:
+                    expire_wall, revision = await self._register_once(reg)
+        except _Contended as exc:
+            raise StoreUnavailable(
+                f"pool {reg.pool_id!r} kept changing concurrently ({REGISTER_ATTEMPTS} tries); retry"
+            ) from exc
+        await self._caught_up(revision)
         now = self.clock.monotonic()
         view = self.directory.get_pool(reg.pool_id, now)
         if view is None:  # it left the directory while it registered (removed, drained)
@@ -403,6 +483,60 @@ class EtcdStore:
             drain_deadline_wall=drain_wall,
         )
 
+    async def _register_once(self, reg: PoolRegistration) -> tuple[float, int]:
+        """One read-decide-write of a registration: (the lease's expiry, the write's revision).
+        Raises _Contended when the pool changed between the read and the write."""
+        key = _lease_key(reg.pool_id, reg.relay_id)
+        drained_key = DRAINED + reg.pool_id.encode() + SEP + reg.relay_id.encode()
+        pool_start = LEASES + reg.pool_id.encode() + SEP
+        pool_end = prefix_range_end(pool_start)
+        # One read of everything the decision uses, all at one etcd revision.
+        read = await self._client.kvstub.Txn(
+            rpc.TxnRequest(
+                success=[
+                    rpc.RequestOp(request_range=rpc.RangeRequest(key=drained_key)),
+                    rpc.RequestOp(request_range=rpc.RangeRequest(key=pool_start, range_end=pool_end)),
+                ]
+            ),
+            timeout=self.link.timeout,  # longer means this replica is losing etcd: the caller retries
+            metadata=self._client.metadata,
+        )
+        seen_at = read.header.revision
+        drained_kvs = read.responses[0].response_range.kvs
+        pool_kvs = read.responses[1].response_range.kvs
+        lease_rules.check_not_drained(reg, int(drained_kvs[0].value) if drained_kvs else None)
+        current = next((kv for kv in pool_kvs if kv.key == key), None)
+        held = _decode(current.value) if current is not None else None
+        lease_rules.check_incarnation(
+            (reg.pool_id, reg.relay_id), held[0].incarnation if held is not None else None, reg.incarnation
+        )
+        holder = lease_rules.conflicting_holder(reg, _readable(pool_kvs))
+        if holder is not None:
+            if held is not None:  # the refusal shows the ended lease, as every reply shows its write
+                await self._caught_up(await self._end(key, held[0], held[1], Removal.UNREGISTERED))
+            raise lease_rules.ModelConflict(holder)
+        # Taken before etcd renews the lease, so etcd's own expiry is never earlier than this.
+        expire_wall = self.clock.wall() + self._ttl
+        lease_id = await self._lease_for(held[1] if held is not None else None)
+        stored = dataclasses.replace(reg, expire_wall=expire_wall)
+        t = self._client.transactions
+        ok, responses = await self._client.transaction(
+            compare=[
+                # Own lease: still the one read (not ended, not renewed by a newer relay).
+                t.mod(key) == (current.mod_revision if current is not None else 0),
+                # No lease of the pool written since the read (a new relay's, through another
+                # replica: the check above would have refused it), and no drain refusal either.
+                # A deletion (a lease ending) cannot make a refusal wrong, so it is not compared.
+                _mod_of_range(pool_start, pool_end) < seen_at + 1,
+                t.mod(drained_key) < seen_at + 1,
+            ],
+            success=[t.put(key, _encode(stored, lease_id), lease=lease_id)],
+            failure=[],
+        )
+        if not ok:
+            raise _Contended()
+        return expire_wall, responses[0].response_put.header.revision
+
     async def _end(self, key: bytes, reg: PoolRegistration, lease_id: int, reason: Removal) -> int:
         """Marks why a lease ends (so every mirror reports it), then deletes it; returns the revision."""
         await self._client.put(key, _encode(reg, lease_id, reason), lease=lease_id)
@@ -411,6 +545,7 @@ class EtcdStore:
 
     @_unavailable
     async def unregister_pool(self, pool_id: str, relay_id: str, incarnation: int, reason: Removal) -> bool:
+        self._refuse_if_isolated()
         key = _lease_key(pool_id, relay_id)
         current = await self._client.get(key)
         if current is None:
@@ -422,6 +557,7 @@ class EtcdStore:
 
     @_unavailable
     async def remove_pool(self, pool_id: str) -> PoolView:
+        self._refuse_if_isolated()
         view = self.directory.get_pool(pool_id, self.clock.monotonic())
         lease_rules.require_listed(pool_id, view)
         assert view is not None
@@ -435,6 +571,7 @@ class EtcdStore:
 
     @_unavailable
     async def drain_pool(self, pool_id: str, timeout: float) -> PoolView:  # noqa: ASYNC109 (a drain length)
+        self._refuse_if_isolated()
         lease_rules.require_listed(pool_id, self.directory.get_pool(pool_id, self.clock.monotonic()))
         key = DRAINS + pool_id.encode()
         body = json.dumps(
@@ -457,12 +594,14 @@ class EtcdStore:
     async def list_pools(
         self, *, model: str, region: str, after: str | None, limit: int
     ) -> tuple[list[PoolView], bool, bool]:
+        self._refuse_if_isolated()
         pools, more = self.directory.list_pools(
             self.clock.monotonic(), model=model, region=region, after=after, limit=limit
         )
         return pools, more, True
 
     async def watch(self, *, model: str, region: str, start_revision: int = 0) -> Watcher:
+        self._refuse_if_isolated()
         if start_revision > 0 and not model and not region:
             if start_revision > self._applied:
                 await self._reach(start_revision)
@@ -521,6 +660,7 @@ class EtcdStore:
             started_at=now,
             wall_offset=self.clock.wall() - now,
             watch_history_limit=self.directory.history_limit,
+            watch_history_bytes=self.directory.history_byte_limit,
             complete_at_start=True,
             mirror=True,
         )
@@ -562,6 +702,7 @@ class EtcdStore:
     async def register_frontend(
         self, frontend_id: str, url: str, region: str, incarnation: int
     ) -> FrontendView:
+        self._refuse_if_isolated()
         key = FRONTENDS + frontend_id.encode()
         current = await self._client.get(key)
         lease_id = None
@@ -585,6 +726,7 @@ class EtcdStore:
 
     @_unavailable
     async def unregister_frontend(self, frontend_id: str, incarnation: int) -> bool:
+        self._refuse_if_isolated()
         key = FRONTENDS + frontend_id.encode()
         current = await self._client.get(key)
         if current is None:
@@ -599,4 +741,5 @@ class EtcdStore:
         return self._frontends_version
 
     async def list_frontends(self) -> tuple[list[FrontendView], bool]:
+        self._refuse_if_isolated()
         return sorted(self._frontends.values(), key=lambda f: f.frontend_id), True

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from globaldiscovery.lease_state import Directory
+from collections.abc import Callable
+
+from globaldiscovery.lease_state import DEFAULT_HISTORY_BYTES, DEFAULT_QUEUE_BYTES, Directory
 from globaldiscovery.records import FrontendView, PoolRegistration, PoolView, RegisterResult, Removal
 from globaldiscovery.store.expiry import Expiry
 from globaldiscovery.watch_fanout import Watcher
@@ -19,7 +21,9 @@ class MemoryStore:
         heartbeat_interval: float,
         lease_duration: float,
         watch_queue_limit: int = 10_000,
+        watch_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         watch_history_limit: int = 10_000,
+        watch_history_bytes: int = DEFAULT_HISTORY_BYTES,
     ) -> None:
         self.clock = clock
         self.heartbeat_interval = heartbeat_interval
@@ -30,7 +34,9 @@ class MemoryStore:
             started_at=now,
             wall_offset=clock.wall() - now,
             watch_queue_limit=watch_queue_limit,
+            watch_queue_bytes=watch_queue_bytes,
             watch_history_limit=watch_history_limit,
+            watch_history_bytes=watch_history_bytes,
         )
         self._expiry = Expiry(self.directory, clock)
 
@@ -40,6 +46,9 @@ class MemoryStore:
     async def close(self) -> None:
         self.directory.close_watchers()
         await self._expiry.stop()
+
+    def on_health(self, listener: Callable[[bool], None]) -> None:
+        """Never called: this process is the whole directory."""
 
     def _now(self) -> float:
         return self.clock.monotonic()

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Any, cast
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from typing import Any, TypeVar, cast
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
@@ -20,7 +20,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from globalrouter.aliases import Resolved, ResolveError, model_cards
 from globalrouter.detokenizer import TextStream
+from globalrouter.encoding import Encoder, EncoderBusy
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.http_api.content_type import JsonBodiesOnly
 from globalrouter.http_api.errors import ApiError, from_grpc
@@ -28,20 +30,22 @@ from globalrouter.http_api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     InvalidField,
+    InvalidJson,
     check_supported,
-    parse,
+    parse_json,
 )
 from globalrouter.http_api.security import AuthMiddleware
 from globalrouter.http_api.status_page import PAGE, status
 from globalrouter.http_api.streaming import EventStreamResponse, check_streamable
-from globalrouter.migration import GenerateError, GenerateRun
+from globalrouter.migration import GenerateError, Output
+from globalrouter.request_path import PathRun, RequestPath
 from globalrouter.router_api import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS
-from globalrouter.routing import RoutingCore, describe_filtered
-from globalrouter.serving import ServingLinks
+from globalrouter.routing import RoutingCore
 from globalrouter.tokenizer import ModelTokenizer, TokenizerError, Tokenizers, prompt_context
 from globalrouter.v1 import router_pb2, sampling_pb2
 from meshkit.authz import UNCHECKED, Authorizer
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
+from meshkit.errors import Reason
 from meshkit.ids import request_id_from
 from meshkit.limits import LimitExceeded, Slots
 from meshkit.logs import get_logger
@@ -49,10 +53,9 @@ from meshkit.logs import get_logger
 log = get_logger(module="globalrouter.http_api")
 
 REQUEST_ID_HEADER = "x-request-id"
-# Prompts longer than this (characters) are encoded in a worker thread: a 16k-token prompt takes
-# tens of milliseconds to encode, which would otherwise stall every other stream on the loop.
-ENCODE_IN_THREAD_CHARS = 8192
-_FINISH = {router_pb2.FINISH_REASON_LENGTH: "length", router_pb2.FINISH_REASON_STOP: "stop"}
+CLIENT_CLOSED_REQUEST = 499
+"""The status counted for a request whose client left before its answer (nginx's convention; never sent)."""
+_FINISH: dict[int, str] = {router_pb2.FINISH_REASON_LENGTH: "length", router_pb2.FINISH_REASON_STOP: "stop"}
 
 
 class HttpMetrics:
@@ -98,8 +101,14 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
 
 
+CACHED_SOURCE_HEADER = "x-cached-tokens-source"
+"""Says where usage.prompt_tokens_details.cached_tokens comes from: "pool" (the pool reported what
+it reused) or "estimate" (the frontend's routing estimate); a streamed response says it in an SSE
+comment before its usage chunk."""
+
+
 def _error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=dict(error.headers) or None)
 
 
 def _sampling(req: CompletionRequest | ChatCompletionRequest) -> sampling_pb2.SamplingParams:
@@ -111,10 +120,53 @@ def _sampling(req: CompletionRequest | ChatCompletionRequest) -> sampling_pb2.Sa
     return params
 
 
-async def _encode(tokenizer: ModelTokenizer, text: str, *, add_special_tokens: bool) -> list[int]:
-    if len(text) > ENCODE_IN_THREAD_CHARS:
-        return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=add_special_tokens)
-    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+def _chat_ids(tokenizer: ModelTokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """A conversation through the model's chat template, encoded (one job in the encoder's threads)."""
+    return tokenizer.encode(tokenizer.render_chat(messages), add_special_tokens=False)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer: the work for it was cancelled."""
+
+
+T = TypeVar("T")
+
+
+async def _wait_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_client_leaves(receive, work: Awaitable[T]) -> T:
+    """Awaits `work`; when the client disconnects first, cancels it (so the pool's stream is
+    closed and the pool stops generating for nobody) and raises ClientGone. `receive` is the
+    ASGI receive of a request whose body was read: its next message is the disconnect.
+
+    The work runs in the calling task (one watcher task, no second task per request): the
+    watcher cancels the caller, and the cancellation is told apart from any other by uncancel()."""
+    task = asyncio.current_task()
+    assert task is not None
+    watching = True
+    left = False
+
+    def on_disconnect(watcher: asyncio.Future) -> None:
+        nonlocal left
+        # `watching`: a disconnect seen after the work ended must not cancel what the task does next.
+        if watching and not watcher.cancelled() and watcher.exception() is None:
+            left = True
+            task.cancel()
+
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    watcher.add_done_callback(on_disconnect)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if left and task.uncancel() == 0:
+            raise ClientGone() from None
+        raise
+    finally:
+        watching = False
+        watcher.cancel()
 
 
 class OpenAIFront:
@@ -123,12 +175,11 @@ class OpenAIFront:
     def __init__(
         self,
         core: RoutingCore,
-        links: ServingLinks,
+        path: RequestPath,
         tokenizers: Tokenizers,
         config: HttpConfig,
         *,
-        migration_limit: int,
-        admission_tries: int,
+        encoder: Encoder | None = None,
         frontend_id: str = "",
         authorizer: Authorizer | None = None,
         streams: Slots | None = None,
@@ -142,11 +193,12 @@ class OpenAIFront:
         """Concurrent generations per identity, shared with gRPC Generate."""
         self.max_prompt_tokens = max_prompt_tokens
         self.max_output_tokens = max_output_tokens
-        self.links = links
+        self.path = path
+        """Decides, runs and counts requests: the same path as gRPC Generate, same configuration."""
+        self.encoder = encoder or Encoder()
+        """Encodes prompts off the event loop (shared with gRPC Generate)."""
         self.tokenizers = tokenizers
         self.config = config
-        self.migration_limit = migration_limit
-        self.admission_tries = admission_tries
         self.frontend_id = frontend_id
         self.serving = True
         self.metrics = HttpMetrics(core.metrics.registry)
@@ -157,6 +209,8 @@ class OpenAIFront:
             Route("/", self.page, methods=["GET"]),
             Route("/status.json", self.status_json, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/livez", self.health, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -180,23 +234,28 @@ class OpenAIFront:
         return JSONResponse(status(self.core, self.frontend_id), headers={"cache-control": "no-store"})
 
     async def health(self, request: Request) -> Response:
+        """/health and /livez: alive and not stopping (a liveness probe; readiness is /readyz)."""
         if not self.serving:
             return JSONResponse({"status": "stopping"}, status_code=503)
         return JSONResponse({"status": "ok"})
+
+    readiness: Any = None
+    """The frontend's globalrouter.readiness.Readiness (set by the server; None: always ready)."""
+
+    async def readyz(self, request: Request) -> Response:
+        """503 until the frontend can route (directory synced, pools' KV state or the bounded wait)."""
+        if not self.serving:
+            return JSONResponse({"status": "stopping"}, status_code=503)
+        state = self.readiness.status() if self.readiness is not None else {"status": "ready"}
+        return JSONResponse(state, status_code=200 if state["status"] == "ready" else 503)
 
     async def prometheus(self, request: Request) -> Response:
         return Response(generate_latest(self.core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def models(self, request: Request) -> Response:
-        served = sorted({p.model for p in self.core.table.pools.values() if p.listed and p.model})
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {"id": m, "object": "model", "created": 0, "owned_by": "globalrouter"} for m in served
-                ],
-            }
-        )
+        # Models, the LoRA adapters served on them and the aliases, as vLLM lists them.
+        cards = model_cards(self.core.table.pools.values(), self.core.resolver.aliases, "globalrouter")
+        return JSONResponse({"object": "list", "data": cards})
 
     async def _not_found(self, request: Request, exc: Exception) -> Response:
         return _error_response(ApiError(404, f"no route {request.url.path}", code="not_found"))
@@ -228,17 +287,24 @@ class OpenAIFront:
         request_id: str = request.state.request_id
         route = request.url.path
         try:
-            body = await self._read_json(request)
-            if kind == "chat":
-                req = parse(ChatCompletionRequest, body)
-            else:
-                req = parse(CompletionRequest, body)
+            body = await self._read_body(request)
+            try:
+                req = parse_json(ChatCompletionRequest if kind == "chat" else CompletionRequest, body)
+            except InvalidJson as exc:
+                raise ApiError(
+                    400, f"request body is not valid JSON: {exc.message}", code="invalid_json"
+                ) from None
             check_supported(req)
             check_streamable(request.scope, req.stream)
             if req.user:
                 structlog.contextvars.bind_contextvars(user=req.user)  # the end user, in every log line
-            tokenizer = self.tokenizers.for_model(req.model)
-            prompt = await self._prompt(req, tokenizer)
+            # The model name resolved once (alias, model:adapter, adapter), before tokenizing.
+            try:
+                target = self.path.resolve(req.model, request_id)
+            except ResolveError as exc:
+                raise InvalidField("model", f"model: {exc}") from None
+            tokenizer = self.tokenizers.for_model(target.model)
+            prompt = await self._prompt(req, tokenizer, target.model)
             self._check_max_tokens(req)
             caller = str(request.scope.get("state", {}).get("identity", UNCHECKED))
             try:
@@ -246,7 +312,7 @@ class OpenAIFront:
             except LimitExceeded as exc:
                 raise ApiError(429, str(exc), type="rate_limit_error", code="LIMIT_EXCEEDED") from None
             try:
-                response = await self._generate(request_id, kind, req, tokenizer, prompt)
+                response = await self._generate(request, request_id, kind, req, target, tokenizer, prompt)
             except BaseException:
                 self.streams.release(caller)
                 raise
@@ -255,11 +321,14 @@ class OpenAIFront:
             response = _error_response(ApiError(400, exc.message, param=exc.param, code="invalid_value"))
         except ApiError as exc:
             response = _error_response(exc)
+        except ClientGone:
+            log.info("client left before its answer; request cancelled")
+            response = Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it: counted only
         self.metrics.responses.labels(route, str(response.status_code)).inc()
         return response
 
-    async def _read_json(self, request: Request) -> Any:
-        """The body, bounded in size and in the time the client takes to send it, as JSON."""
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, bounded in size and in the time the client takes to send it."""
         limit = self.config.max_body_bytes
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
@@ -285,33 +354,28 @@ class OpenAIFront:
             raise ApiError(
                 400, "client disconnected while sending the body", code="client_disconnected"
             ) from None
-        try:
-            return json.loads(b"".join(chunks))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
-        except RecursionError:
-            raise ApiError(400, "request body is nested too deeply", code="invalid_json") from None
+        return b"".join(chunks)
 
     async def _prompt(
-        self, req: CompletionRequest | ChatCompletionRequest, tokenizer: ModelTokenizer
+        self, req: CompletionRequest | ChatCompletionRequest, tokenizer: ModelTokenizer, model: str
     ) -> list[int]:
         """The prompt as token ids: chat messages through the model's chat template, text encoded."""
         if isinstance(req, ChatCompletionRequest):
             messages = [{"role": m.role, "content": m.text()} for m in req.messages]
             try:
-                text = tokenizer.render_chat(messages)
+                ids = await self._encode(_chat_ids, tokenizer, messages)
             except TokenizerError as exc:
                 raise InvalidField("messages", f"messages: {exc}") from None
-            ids = await _encode(tokenizer, text, add_special_tokens=False)
         else:
             prompt = req.prompt
             if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
                 prompt = prompt[0]  # one prompt in a list (more are refused by check_supported)
             if isinstance(prompt, str):
-                ids = await _encode(tokenizer, prompt, add_special_tokens=True)
+                ids = await self._encode(tokenizer.encode, prompt, add_special_tokens=True)
             else:
-                ids = [int(t) for t in cast("list[int]", prompt)]  # token ids, range-checked by the schema
-                if (unknown := self.tokenizers.unknown_token(req.model, ids)) is not None:
+                # Token ids: ints, range-checked by the schema, in a list of this request's own.
+                ids = cast("list[int]", prompt)
+                if (unknown := self.tokenizers.unknown_token(model, ids)) is not None:
                     raise InvalidField("prompt", f"prompt[{unknown[0]}]: {unknown[1]}")
         if not ids:
             raise InvalidField("prompt", "prompt: encodes to no token")
@@ -320,6 +384,13 @@ class OpenAIFront:
                 "prompt", f"prompt: {len(ids)} tokens; at most {self.max_prompt_tokens} are allowed"
             )
         return ids
+
+    async def _encode(self, fn, *args, **kwargs) -> list[int]:
+        """Runs an encoding job in the encoder's threads; a full encoder is 429, naming the bound."""
+        try:
+            return await self.encoder.run(fn, *args, **kwargs)
+        except EncoderBusy as exc:
+            raise ApiError(429, str(exc), type="rate_limit_error", code="LIMIT_EXCEEDED") from None
 
     def _check_max_tokens(self, req: CompletionRequest | ChatCompletionRequest) -> None:
         """The configured output cap (the same as gRPC's --max-output-tokens)."""
@@ -330,9 +401,11 @@ class OpenAIFront:
 
     async def _generate(
         self,
+        request: Request,
         request_id: str,
         kind: str,
         req: CompletionRequest | ChatCompletionRequest,
+        target: Resolved,
         tokenizer: ModelTokenizer,
         prompt: list[int],
     ) -> Response:
@@ -341,59 +414,64 @@ class OpenAIFront:
             or req.max_tokens
             or min(self.config.default_max_tokens, self.max_output_tokens)
         )
-        core = self.core
-        decision = core.decide(req.model, prompt, max_tokens)
-        if not decision.model_served:
-            core.metrics.requests.labels("(not served)", "NOT_FOUND").inc()
-            raise ApiError(
-                404, f"the model {req.model!r} does not exist", param="model", code="model_not_found"
+        try:
+            run = await self.path.start(
+                request_id=request_id,
+                model=target.model,
+                prompt=prompt,
+                max_tokens=max_tokens,
+                sampling=_sampling(req),
+                adapter=target.adapter,
+                identity=request.scope.get("state", {}).get("identity", UNCHECKED),
             )
-        if not decision.candidates:
-            core.metrics.requests.labels(req.model, "UNAVAILABLE").inc()
-            raise ApiError(
-                503,
-                f"pools serve model {req.model!r} but none is eligible: {describe_filtered(decision)}",
-                type="service_unavailable_error",
-                code="NO_ELIGIBLE_POOL",
-            )
-        run = GenerateRun(
-            core,
-            self.links,
-            request_id=request_id,
-            model=req.model,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            migration_limit=self.migration_limit,
-            admission_tries=self.admission_tries,
-            sampling=_sampling(req),
-        )
+        except GenerateError as exc:
+            if exc.reason == Reason.NO_POOL_FOR_MODEL:
+                raise ApiError(
+                    404, f"the model {req.model!r} does not exist", param="model", code="model_not_found"
+                ) from None
+            # A tenant refusal (tenancy.TenantRefusal) brings its x-ratelimit-*, Retry-After and
+            # OpenAI error type ("tokens", "requests").
+            raise from_grpc(
+                exc.code,
+                exc.message,
+                exc.reason,
+                headers=getattr(exc, "headers", ()),
+                type=getattr(exc, "http_type", ""),
+            ) from None
         text = TextStream(
             tokenizer,
             prompt_context(prompt),
             stop=req.stop_strings(),
             stop_token_ids=req.stop_token_ids or (),
         )
-        generation = Generation(self, run, decision, kind, req, text, request_id, len(prompt))
+        generation = Generation(self, run, kind, req, text, request_id, len(prompt))
         # Admission happens before any byte is sent, so that a refusal or an unreachable pool is a
-        # proper HTTP status even for a streaming request.
+        # proper HTTP status even for a streaming request. A client that leaves meanwhile (or,
+        # not streaming, before its whole answer) cancels the request at the pool.
+        # (One watch per request: a watcher task is a measurable share of a request's CPU.)
         try:
-            await generation.start()
+            if req.stream:
+                await unless_client_leaves(request.receive, generation.start())
+            else:
+                body = await unless_client_leaves(request.receive, generation.whole())
         except GenerateError as exc:
-            raise from_grpc(exc.code, exc.message, getattr(exc, "reason", None)) from None
+            raise from_grpc(exc.code, exc.message, exc.reason) from None
         if req.stream:
             return EventStreamResponse(
                 generation.sse(),
-                headers={},
+                headers=dict(run.ratelimit_headers()),  # x-ratelimit-* under --policy budgets
                 write_timeout=self.config.write_timeout,
                 on_slow_client=self.metrics.slow_clients.inc,
             )  # type: ignore[return-value]
-        try:
-            body = await generation.complete()
-        except GenerateError as exc:
-            raise from_grpc(exc.code, exc.message, getattr(exc, "reason", None)) from None
         rec = run.record
         return JSONResponse(
-            body, headers={"x-pools": ",".join(rec.pools), "x-migrations": str(rec.migrations)}
+            body,
+            headers={
+                "x-pools": ",".join(rec.pools),
+                "x-migrations": str(rec.migrations),
+                **dict(run.ratelimit_headers()),
+                CACHED_SOURCE_HEADER: generation.cached_tokens()[1],
+            },
         )
 
 
@@ -414,13 +492,12 @@ class _Releasing:
 
 
 class Generation:
-    """One OpenAI request's output: pulls GenerateRun's token stream and turns it into text chunks."""
+    """One OpenAI request's output: pulls the request path's outputs and turns them into text chunks."""
 
     def __init__(
         self,
         front: OpenAIFront,
-        run: GenerateRun,
-        decision,
+        run: PathRun,
         kind: str,
         req: CompletionRequest | ChatCompletionRequest,
         text: TextStream,
@@ -437,71 +514,66 @@ class Generation:
         self.finish_reason: str | None = None
         self.created = int(time.time())
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
-        self._stream: AsyncIterator[router_pb2.GenerateResponse] = run.stream(decision)
-        self._first: router_pb2.GenerateResponse | None = None
-        self._outcome = "OK"
-        self._recorded = False
+        self._outputs: AsyncGenerator[Output, None] = run.outputs
+        self._first: Output | None = None
 
     async def start(self) -> None:
-        """Waits for the first message (a pool admitted the request and sent its first tokens)."""
+        """Waits for the first output (a pool admitted the request and sent its first tokens)."""
         try:
-            self._first = await anext(self._stream)
-        except GenerateError as exc:
-            self._record(exc.code.name)
+            self._first = await anext(self._outputs)
+        except BaseException as exc:
+            await self.run.end(exc)
             raise
 
     async def _texts(self) -> AsyncIterator[str]:
         """The output text, in final pieces; sets finish_reason and completion_tokens."""
+        error: BaseException | None = None
         try:
-            message = self._first
-            while message is not None:
-                kind = message.WhichOneof("payload")
-                if kind == "tokens":
-                    delta = self.text.push(list(message.tokens.token_ids))
+            out = self._first
+            while out is not None:
+                if out.token_ids:
+                    delta = self.text.push(out.token_ids)
                     self.completion_tokens += delta.tokens_used
                     if delta.text:
                         yield delta.text
                     if delta.stopped:
                         self.finish_reason = "stop"
                         return
-                elif kind == "summary":
+                if out.finish is not None:
                     tail = self.text.finish()
                     if tail:
                         yield tail
-                    self.finish_reason = (
-                        "stop" if self.text.stopped else _FINISH.get(message.summary.finish_reason, "length")
-                    )
+                    self.finish_reason = "stop" if self.text.stopped else _FINISH.get(out.finish, "length")
                     return
-                message = await anext(self._stream, None)
-        except GenerateError as exc:
-            self._outcome = exc.code.name
-            raise
-        except asyncio.CancelledError:
-            self._outcome = "CANCELLED"
+                out = await anext(self._outputs, None)
+        except BaseException as exc:
+            error = exc
             raise
         finally:
-            await self._stream.aclose()  # type: ignore[attr-defined]
-            self._record(self._outcome)
+            await self.run.end(error)
 
-    def _record(self, outcome: str) -> None:
-        """Counts the request once in the metric the gRPC API counts it in."""
-        if not self._recorded:
-            self._recorded = True
-            self.front.core.metrics.requests.labels(self.req.model, outcome).inc()
+    def cached_tokens(self) -> tuple[int, str]:
+        """The prompt tokens found cached at the first pool and who says so ("pool" or "estimate")."""
+        rec = self.run.record
+        if not rec.pools:
+            return 0, "estimate"
+        pool = self.front.core.table.pools.get(rec.pools[0])
+        block = pool.block_size if pool is not None and pool.block_size > 0 else DEFAULT_BLOCK_SIZE
+        return rec.cached_tokens(self.prompt_tokens, block)
 
     def usage(self) -> dict[str, Any]:
-        rec = self.run.record
-        cached = 0
-        if rec.pools:
-            pool = self.front.core.table.pools.get(rec.pools[0])
-            block = pool.block_size if pool is not None and pool.block_size > 0 else DEFAULT_BLOCK_SIZE
-            cached = min(self.prompt_tokens, rec.cached_blocks * block)
+        cached, _ = self.cached_tokens()
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached},
         }
+
+    async def whole(self) -> dict[str, Any]:
+        """start() then complete()."""
+        await self.start()
+        return await self.complete()
 
     async def complete(self) -> dict[str, Any]:
         """The whole response of a non-streaming request."""
@@ -582,6 +654,8 @@ class Generation:
             await texts.aclose()  # type: ignore[attr-defined]
         yield event(self._chunk(None if self.kind == "chat" else "", self.finish_reason))
         if self._include_usage:
+            # Headers are long gone: an SSE comment (ignored by clients) names the figure's source.
+            yield f": {CACHED_SOURCE_HEADER}: {self.cached_tokens()[1]}\n\n"
             yield event(
                 {
                     "id": self.id,

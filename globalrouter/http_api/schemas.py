@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -153,6 +154,37 @@ def parse(model: type[BaseModel], body: Any) -> Any:
         # that is not Unicode inside a list): the member whose type matched says what is wrong.
         checked = [e for e in errors if e["type"] == "value_error"]
         first = min(checked or errors, key=lambda e: len(e["loc"]))
+        path = field_path(tuple(first["loc"]))
+        raise InvalidField(path or None, f"{path or 'body'}: {first['msg']}") from None
+
+
+class InvalidJson(Exception):
+    """The request body is not JSON (or not UTF-8, or nested too deeply): `message` says where."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def parse_json(model: type[BaseModel], data: bytes) -> Any:
+    """Parses and validates a JSON body into `model` in one pass (no intermediate dict); raises
+    InvalidJson when it is not JSON, InvalidField naming the first bad field otherwise."""
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        first = min(errors, key=lambda e: len(e["loc"]))
+        if first["type"] == "json_invalid":
+            # pydantic's parser refuses an escaped lone surrogate ("\\ud800") as invalid JSON, with no
+            # field named; the standard parser accepts it, so the schema's own check can say which
+            # field holds text that is not Unicode. Only bodies already refused are parsed again.
+            try:
+                body = json.loads(data)
+            except (ValueError, RecursionError):
+                raise InvalidJson(first["msg"].removeprefix("Invalid JSON: ")) from None
+            return parse(model, body)
+        if not first["loc"]:
+            raise InvalidField(None, "the request body must be a JSON object") from None
         path = field_path(tuple(first["loc"]))
         raise InvalidField(path or None, f"{path or 'body'}: {first['msg']}") from None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -10,7 +11,8 @@ import grpc
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from meshkit.authz import Authorizer, Refusal
+from meshkit.authz import HTTP, Authorizer, Refusal
+from meshkit.errors import Reason
 from meshkit.identity import certificate_uris
 
 PEER_URIS = "mesh.peer_uris"
@@ -178,22 +180,60 @@ class AuthMiddleware:
         try:
             identity = self.authorizer.admit_http(scope["path"], uris, authorization)
         except Refusal as refusal:
-            status = _HTTP_STATUS.get(refusal.code, 403)
-            body = json.dumps(
-                {
-                    "error": {
-                        "message": str(refusal),
-                        "type": _ERROR_TYPE[status],
-                        "param": None,
-                        "code": str(refusal.reason),
-                    }
-                }
-            ).encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-            if status == 401:
-                headers.append((b"www-authenticate", b'Bearer realm="globalrouter"'))
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            await _refuse(send, refusal)
             return
         scope.setdefault("state", {})["identity"] = identity
-        await self.app(scope, receive, send)
+        if not identity.key:
+            await self.app(scope, receive, send)
+            return
+        refused: Refusal | None = None
+
+        async def checked(message: dict[str, Any]) -> None:
+            # A caller identified by an API key: once a reload (SIGHUP) revokes the key, nothing
+            # more is sent (a dict lookup per message).
+            nonlocal refused
+            if refused is not None:
+                return  # the 401 went out instead of the app's response; the rest is dropped
+            if not self.authorizer.key_in_force(identity):
+                refused = Refusal(
+                    grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED, "the API key was revoked"
+                )
+                self.authorizer.record(HTTP + scope["path"], refused)
+                if message["type"] == "http.response.start":
+                    await _refuse(send, refused)
+                    return
+                # Mid-response (a stream): the rest is not sent; the server closes the connection,
+                # so the client sees the response end incomplete.
+                raise KeyRevoked(refused)
+            await send(message)
+
+        with contextlib.suppress(KeyRevoked):
+            await self.app(scope, receive, checked)
+
+
+class KeyRevoked(Exception):
+    """The API key of a request in progress was revoked: the rest of its response is not sent."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(str(refusal))
+        self.refusal = refusal
+
+
+async def _refuse(send: Any, refusal: Refusal) -> None:
+    """A refusal as 401 (with WWW-Authenticate) or 403, in OpenAI's error shape."""
+    status = _HTTP_STATUS.get(refusal.code, 403)
+    body = json.dumps(
+        {
+            "error": {
+                "message": str(refusal),
+                "type": _ERROR_TYPE[status],
+                "param": None,
+                "code": str(refusal.reason),
+            }
+        }
+    ).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="globalrouter"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

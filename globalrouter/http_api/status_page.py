@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 from globalrouter.routing import RoutingCore
@@ -18,9 +19,33 @@ def pool_state(core: RoutingCore, pool, now: float) -> str:
     return "ready" if pool.ready(pool.model, now, limits) else "not-ready"
 
 
+def pool_states(core: RoutingCore) -> Counter[str]:
+    """Pools of the directory by state (pool_state), for the globalrouter_pools metric.
+
+    Read from the metrics endpoint's thread: list() copies the table's values in one step."""
+    now = core.clock.monotonic()
+    return Counter(pool_state(core, p, now) for p in list(core.table.pools.values()) if p.listed)
+
+
+def cached_prefix(decisions: list[dict[str, Any]]) -> dict[str, Any]:
+    """Available vs achieved over the recent decisions shown: the mean cached share the admitting
+    pools had and the mean best share any eligible pool had (as the KV index saw them), and how
+    many decisions gave some of it up (the load or a refusal moved them off the best cache)."""
+    rated = [d for d in decisions if d.get("achieved_share") is not None]
+    if not rated:
+        return {"decisions": 0, "achieved_mean": None, "available_mean": None, "gave_up": 0}
+    return {
+        "decisions": len(rated),
+        "achieved_mean": round(sum(d["achieved_share"] for d in rated) / len(rated), 4),
+        "available_mean": round(sum(d["available_share"] for d in rated) / len(rated), 4),
+        "gave_up": sum(1 for d in rated if d["achieved_share"] < d["available_share"]),
+    }
+
+
 def status(core: RoutingCore, frontend_id: str) -> dict[str, Any]:
     """What the page shows: pools by region with their signals, and the recent events of the core."""
     now = core.clock.monotonic()
+    limits = core.selector_limits
     regions: dict[str, list[dict[str, Any]]] = {}
     for pool in sorted(core.table.pools.values(), key=lambda p: (p.region, p.pool_id)):
         if not pool.listed:
@@ -39,16 +64,22 @@ def status(core: RoutingCore, frontend_id: str) -> dict[str, Any]:
                 "kv_blocks_total": load.kv_blocks_total if load else None,
                 "indexed_blocks": max((core.index.block_count(s) for s in pool.kv_sources), default=0),
                 "telemetry_age_s": round(min(ages), 3) if ages else None,
+                # The KV view alone: past --kv-max-age the pool's cached blocks count as none, however
+                # fresh its load reports (telemetry_age_s is the youngest of the three signals).
+                "kv_age_s": round(now - pool.kv_at, 3) if pool.kv_at is not None else None,
+                "kv_fresh": pool.kv_fresh(now, limits),
                 "pending_requests": pool.pending_requests,
             }
         )
     events = getattr(core, "events", None)
     recent = [e.as_dict() for e in events.latest(100)] if events is not None else []
+    decisions = [e for e in recent if e["kind"] == "decision"][:30]
     return {
         "frontend_id": frontend_id,
         "time": time.time(),
         "regions": [{"region": r, "pools": pools} for r, pools in sorted(regions.items())],
-        "decisions": [e for e in recent if e["kind"] == "decision"][:30],
+        "decisions": decisions,
+        "cached_prefix": cached_prefix(decisions),
         "migrations": [e for e in recent if e["kind"] == "migration"][:20],
         "refusals": [e for e in recent if e["kind"] == "refusal"][:20],
     }
@@ -67,13 +98,14 @@ th{background:#eef1f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .state{font-weight:600;padding:0 6px;border-radius:3px}
 .ready{background:#d8f5dc;color:#116329}.draining{background:#fff1c2;color:#7a4d00}
 .stale{background:#eee;color:#555}.not-ready{background:#ffd8d3;color:#8c1d18}
+.stale-kv{color:#8c1d18}#prefix{color:#57606a;margin-bottom:.4em}
 #meta{color:#57606a}.empty{color:#8c959f;font-style:italic}
 </style></head>
 <body>
 <h1>Global Router</h1>
 <div id="meta">loading…</div>
 <h2>Pools</h2><div id="pools"></div>
-<h2>Recent decisions</h2><div id="decisions"></div>
+<h2>Recent decisions</h2><div id="prefix"></div><div id="decisions"></div>
 <h2>Migrations</h2><div id="migrations"></div>
 <h2>Refusals</h2><div id="refusals"></div>
 <script>
@@ -101,6 +133,8 @@ function table(headers, rows) {
 function wrap(node) { const td = el("td"); td.append(node); return td; }
 function clock(wall) { return new Date(wall * 1000).toLocaleTimeString(); }
 function share(e) { return e.prompt_blocks ? Math.round(100 * e.cached_blocks / e.prompt_blocks) + "%" : "–"; }
+function pct(x) { return x === null || x === undefined ? "–" : Math.round(100 * x) + "%"; }
+function age(x) { return x === null ? null : x.toFixed(1) + " s"; }
 function render(s) {
   document.getElementById("meta").textContent =
     "frontend " + s.frontend_id + " · updated " + clock(s.time);
@@ -110,15 +144,25 @@ function render(s) {
   for (const region of s.regions) {
     pools.append(el("h3", {}, "region " + region.region));
     pools.append(table(
-      ["pool", "model", "state", "running", "waiting", "KV blocks used / total", "indexed blocks", "telemetry age"],
+      ["pool", "model", "state", "running", "waiting", "KV blocks used / total", "indexed blocks", "KV view age", "telemetry age"],
       region.pools.map(p => [
         p.pool_id, p.model, el("span", {class: "state " + p.state, "data-pool": p.pool_id}, p.state),
         p.requests_running, p.requests_waiting,
         p.kv_blocks_used === null ? null : p.kv_blocks_used + " / " + p.kv_blocks_total,
-        p.indexed_blocks, p.telemetry_age_s === null ? null : p.telemetry_age_s.toFixed(1) + " s"])));
+        p.indexed_blocks, el("span", {class: p.kv_fresh ? "" : "stale-kv", "data-kv-pool": p.pool_id},
+          p.kv_age_s === null ? "no KV yet" : age(p.kv_age_s) + (p.kv_fresh ? "" : " (stale: counts as uncached)")),
+        age(p.telemetry_age_s)])));
   }
-  document.getElementById("decisions").replaceChildren(table(["time", "request", "model", "pool", "cached share"],
-    s.decisions.map(e => [clock(e.wall), e.request_id, e.model, e.pool_id, share(e)])));
+  const q = s.cached_prefix;
+  document.getElementById("prefix").textContent = q.decisions
+    ? "cached prefix over the last " + q.decisions + " decisions: achieved " + pct(q.achieved_mean) +
+      " of the prompt on average, available " + pct(q.available_mean) + " at the best-cached eligible pool; " +
+      q.gave_up + " gave some of it up"
+    : "";
+  document.getElementById("decisions").replaceChildren(table(
+    ["time", "request", "model", "pool", "cached share (pool)", "achieved (index)", "available (index)"],
+    s.decisions.map(e => [clock(e.wall), e.request_id, e.model, e.pool_id, share(e),
+                          pct(e.achieved_share), pct(e.available_share)])));
   document.getElementById("migrations").replaceChildren(table(["time", "request", "left pool", "why"],
     s.migrations.map(e => [clock(e.wall), e.request_id, e.pool_id, e.detail])));
   document.getElementById("refusals").replaceChildren(table(["time", "request", "pool", "reason"],

@@ -25,27 +25,27 @@ _sym_db = _symbol_database.Default()
 from globalrouter.v1 import sampling_pb2 as globalrouter_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#globalrouter/v1/pool_frontend.proto\x12\x0fglobalrouter.v1\x1a\x1eglobalrouter/v1/sampling.proto\"\xd2\x01\n\"PoolFrontendServiceGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x31\n\x08sampling\x18\x05 \x01(\x0b\x32\x1f.globalrouter.v1.SamplingParams\x12\x18\n\x10\x63ombine_messages\x18\x06 \x01(\x08\x12\x15\n\rqueue_updates\x18\x07 \x01(\x08\"}\n\rPoolAdmission\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rcached_blocks\x18\x02 \x01(\r\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12+\n\x06tokens\x18\x04 \x01(\x0b\x32\x1b.globalrouter.v1.PoolTokens\"L\n\nPoolTokens\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12+\n\x06\x66inish\x18\x02 \x01(\x0b\x32\x1b.globalrouter.v1.PoolFinish\"\x1e\n\nPoolQueued\x12\x10\n\x08position\x18\x01 \x01(\r\"Y\n\nPoolFinish\x12\x31\n\x06reason\x18\x01 \x01(\x0e\x32!.globalrouter.v1.PoolFinishReason\x12\x18\n\x10tokens_generated\x18\x02 \x01(\r\"\xf2\x01\n#PoolFrontendServiceGenerateResponse\x12\x33\n\tadmission\x18\x01 \x01(\x0b\x32\x1e.globalrouter.v1.PoolAdmissionH\x00\x12-\n\x06tokens\x18\x02 \x01(\x0b\x32\x1b.globalrouter.v1.PoolTokensH\x00\x12-\n\x06\x66inish\x18\x03 \x01(\x0b\x32\x1b.globalrouter.v1.PoolFinishH\x00\x12-\n\x06queued\x18\x04 \x01(\x0b\x32\x1b.globalrouter.v1.PoolQueuedH\x00\x42\t\n\x07payload*r\n\x10PoolFinishReason\x12\"\n\x1ePOOL_FINISH_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19POOL_FINISH_REASON_LENGTH\x10\x01\x12\x1b\n\x17POOL_FINISH_REASON_STOP\x10\x02\x32\x8e\x01\n\x13PoolFrontendService\x12w\n\x08Generate\x12\x33.globalrouter.v1.PoolFrontendServiceGenerateRequest\x1a\x34.globalrouter.v1.PoolFrontendServiceGenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#globalrouter/v1/pool_frontend.proto\x12\x0fglobalrouter.v1\x1a\x1eglobalrouter/v1/sampling.proto\"\xe3\x01\n\"PoolFrontendServiceGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x31\n\x08sampling\x18\x05 \x01(\x0b\x32\x1f.globalrouter.v1.SamplingParams\x12\x18\n\x10\x63ombine_messages\x18\x06 \x01(\x08\x12\x15\n\rqueue_updates\x18\x07 \x01(\x08\x12\x0f\n\x07\x61\x64\x61pter\x18\x08 \x01(\t\"}\n\rPoolAdmission\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rcached_blocks\x18\x02 \x01(\r\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12+\n\x06tokens\x18\x04 \x01(\x0b\x32\x1b.globalrouter.v1.PoolTokens\"L\n\nPoolTokens\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12+\n\x06\x66inish\x18\x02 \x01(\x0b\x32\x1b.globalrouter.v1.PoolFinish\"\x1e\n\nPoolQueued\x12\x10\n\x08position\x18\x01 \x01(\r\"\x87\x01\n\nPoolFinish\x12\x31\n\x06reason\x18\x01 \x01(\x0e\x32!.globalrouter.v1.PoolFinishReason\x12\x18\n\x10tokens_generated\x18\x02 \x01(\r\x12\x1a\n\rcached_tokens\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x10\n\x0e_cached_tokens\"\xf2\x01\n#PoolFrontendServiceGenerateResponse\x12\x33\n\tadmission\x18\x01 \x01(\x0b\x32\x1e.globalrouter.v1.PoolAdmissionH\x00\x12-\n\x06tokens\x18\x02 \x01(\x0b\x32\x1b.globalrouter.v1.PoolTokensH\x00\x12-\n\x06\x66inish\x18\x03 \x01(\x0b\x32\x1b.globalrouter.v1.PoolFinishH\x00\x12-\n\x06queued\x18\x04 \x01(\x0b\x32\x1b.globalrouter.v1.PoolQueuedH\x00\x42\t\n\x07payload*r\n\x10PoolFinishReason\x12\"\n\x1ePOOL_FINISH_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19POOL_FINISH_REASON_LENGTH\x10\x01\x12\x1b\n\x17POOL_FINISH_REASON_STOP\x10\x02\x32\x8e\x01\n\x13PoolFrontendService\x12w\n\x08Generate\x12\x33.globalrouter.v1.PoolFrontendServiceGenerateRequest\x1a\x34.globalrouter.v1.PoolFrontendServiceGenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'globalrouter.v1.pool_frontend_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_POOLFINISHREASON']._serialized_start=874
-  _globals['_POOLFINISHREASON']._serialized_end=988
+  _globals['_POOLFINISHREASON']._serialized_start=938
+  _globals['_POOLFINISHREASON']._serialized_end=1052
   _globals['_POOLFRONTENDSERVICEGENERATEREQUEST']._serialized_start=89
-  _globals['_POOLFRONTENDSERVICEGENERATEREQUEST']._serialized_end=299
-  _globals['_POOLADMISSION']._serialized_start=301
-  _globals['_POOLADMISSION']._serialized_end=426
-  _globals['_POOLTOKENS']._serialized_start=428
-  _globals['_POOLTOKENS']._serialized_end=504
-  _globals['_POOLQUEUED']._serialized_start=506
-  _globals['_POOLQUEUED']._serialized_end=536
-  _globals['_POOLFINISH']._serialized_start=538
-  _globals['_POOLFINISH']._serialized_end=627
-  _globals['_POOLFRONTENDSERVICEGENERATERESPONSE']._serialized_start=630
-  _globals['_POOLFRONTENDSERVICEGENERATERESPONSE']._serialized_end=872
-  _globals['_POOLFRONTENDSERVICE']._serialized_start=991
-  _globals['_POOLFRONTENDSERVICE']._serialized_end=1133
+  _globals['_POOLFRONTENDSERVICEGENERATEREQUEST']._serialized_end=316
+  _globals['_POOLADMISSION']._serialized_start=318
+  _globals['_POOLADMISSION']._serialized_end=443
+  _globals['_POOLTOKENS']._serialized_start=445
+  _globals['_POOLTOKENS']._serialized_end=521
+  _globals['_POOLQUEUED']._serialized_start=523
+  _globals['_POOLQUEUED']._serialized_end=553
+  _globals['_POOLFINISH']._serialized_start=556
+  _globals['_POOLFINISH']._serialized_end=691
+  _globals['_POOLFRONTENDSERVICEGENERATERESPONSE']._serialized_start=694
+  _globals['_POOLFRONTENDSERVICEGENERATERESPONSE']._serialized_end=936
+  _globals['_POOLFRONTENDSERVICE']._serialized_start=1055
+  _globals['_POOLFRONTENDSERVICE']._serialized_end=1197
 # @@protoc_insertion_point(module_scope)

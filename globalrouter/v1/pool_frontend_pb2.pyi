@@ -18,7 +18,7 @@ POOL_FINISH_REASON_LENGTH: PoolFinishReason
 POOL_FINISH_REASON_STOP: PoolFinishReason
 
 class PoolFrontendServiceGenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "token_ids", "max_tokens", "sampling", "combine_messages", "queue_updates")
+    __slots__ = ("request_id", "model", "token_ids", "max_tokens", "sampling", "combine_messages", "queue_updates", "adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class PoolFrontendServiceGenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     COMBINE_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -33,7 +34,8 @@ class PoolFrontendServiceGenerateRequest(_message.Message):
     sampling: _sampling_pb2.SamplingParams
     combine_messages: bool
     queue_updates: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., combine_messages: _Optional[bool] = ..., queue_updates: _Optional[bool] = ...) -> None: ...
+    adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., combine_messages: _Optional[bool] = ..., queue_updates: _Optional[bool] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class PoolAdmission(_message.Message):
     __slots__ = ("worker_id", "cached_blocks", "prompt_blocks", "tokens")
@@ -62,12 +64,14 @@ class PoolQueued(_message.Message):
     def __init__(self, position: _Optional[int] = ...) -> None: ...
 
 class PoolFinish(_message.Message):
-    __slots__ = ("reason", "tokens_generated")
+    __slots__ = ("reason", "tokens_generated", "cached_tokens")
     REASON_FIELD_NUMBER: _ClassVar[int]
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     reason: PoolFinishReason
     tokens_generated: int
-    def __init__(self, reason: _Optional[_Union[PoolFinishReason, str]] = ..., tokens_generated: _Optional[int] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, reason: _Optional[_Union[PoolFinishReason, str]] = ..., tokens_generated: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class PoolFrontendServiceGenerateResponse(_message.Message):
     __slots__ = ("admission", "tokens", "finish", "queued")

@@ -26,17 +26,19 @@ from globalrouter.v1 import sampling_pb2 as globalrouter_dot_v1_dot_sampling__pb
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cglobalrouter/v1/router.proto\x12\x0fglobalrouter.v1\x1a\x1eglobalrouter/v1/sampling.proto\x1a\x1egoogle/protobuf/duration.proto\"S\n\x06Prompt\x12.\n\ttoken_ids\x18\x01 \x01(\x0b\x32\x19.globalrouter.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x42\t\n\x07\x63ontent\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xbe\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x06prompt\x18\x02 \x01(\x0b\x32\x17.globalrouter.v1.Prompt\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x31\n\x08sampling\x18\x05 \x01(\x0b\x32\x1f.globalrouter.v1.SamplingParams\x12\x18\n\x10\x63ombine_messages\x18\x06 \x01(\x08\"s\n\nTokenChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06offset\x18\x02 \x01(\r\x12\x0f\n\x07pool_id\x18\x03 \x01(\t\x12\x31\n\x07summary\x18\x04 \x01(\x0b\x32 .globalrouter.v1.GenerateSummary\"\xda\x01\n\x0fGenerateSummary\x12\x34\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1d.globalrouter.v1.FinishReason\x12\r\n\x05pools\x18\x02 \x03(\t\x12\x15\n\rcached_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_blocks\x18\x04 \x01(\r\x12\x12\n\nmigrations\x18\x05 \x01(\r\x12\x18\n\x10tokens_generated\x18\x06 \x01(\r\x12\x12\n\nrefused_by\x18\x07 \x03(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\"\x81\x01\n\x10GenerateResponse\x12-\n\x06tokens\x18\x01 \x01(\x0b\x32\x1b.globalrouter.v1.TokenChunkH\x00\x12\x33\n\x07summary\x18\x02 \x01(\x0b\x32 .globalrouter.v1.GenerateSummaryH\x00\x42\t\n\x07payload\"Z\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x06prompt\x18\x02 \x01(\x0b\x32\x17.globalrouter.v1.Prompt\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\"\xcf\x01\n\tCandidate\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\ntotal_cost\x18\x03 \x01(\x01\x12\x14\n\x0cprefill_cost\x18\x04 \x01(\x01\x12\x11\n\tload_cost\x18\x05 \x01(\x01\x12\x14\n\x0cpending_cost\x18\x06 \x01(\x01\x12\x15\n\rcached_blocks\x18\x07 \x01(\r\x12\x15\n\rprompt_blocks\x18\x08 \x01(\r\x12\x12\n\nload_known\x18\t \x01(\x08\x12\x0e\n\x06region\x18\n \x01(\t\"^\n\x0c\x46ilteredPool\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12-\n\x06reason\x18\x02 \x01(\x0e\x32\x1d.globalrouter.v1.FilterReason\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\x87\x01\n\rRouteResponse\x12.\n\ncandidates\x18\x01 \x03(\x0b\x32\x1a.globalrouter.v1.Candidate\x12/\n\x08\x66iltered\x18\x02 \x03(\x0b\x32\x1d.globalrouter.v1.FilteredPool\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\"H\n\x10ListPoolsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"H\n\x0fSignalFreshness\x12\r\n\x05\x66resh\x18\x01 \x01(\x08\x12&\n\x03\x61ge\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xd4\x01\n\x0cPoolLoadView\x12\x18\n\x10requests_waiting\x18\x01 \x01(\r\x12\x18\n\x10requests_running\x18\x02 \x01(\r\x12 \n\x18prefill_tokens_in_flight\x18\x03 \x01(\x04\x12\x16\n\x0ekv_blocks_used\x18\x04 \x01(\x04\x12\x17\n\x0fkv_blocks_total\x18\x05 \x01(\x04\x12\x1c\n\x14max_running_requests\x18\x06 \x01(\r\x12\x1f\n\x17\x64\x65\x63ode_tokens_in_flight\x18\x07 \x01(\x04\"\xc0\x03\n\x08PoolView\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x11\n\tfrontends\x18\x04 \x03(\t\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\r\n\x05ready\x18\x06 \x01(\x08\x12+\n\x04load\x18\x07 \x01(\x0b\x32\x1d.globalrouter.v1.PoolLoadView\x12\x38\n\x0eload_freshness\x18\x08 \x01(\x0b\x32 .globalrouter.v1.SignalFreshness\x12\x36\n\x0ckv_freshness\x18\t \x01(\x0b\x32 .globalrouter.v1.SignalFreshness\x12\x39\n\x0fstate_freshness\x18\n \x01(\x0b\x32 .globalrouter.v1.SignalFreshness\x12\x16\n\x0eindexed_blocks\x18\x0b \x01(\x04\x12\x19\n\x11telemetry_streams\x18\x0c \x01(\r\x12\x18\n\x10pending_requests\x18\r \x01(\r\x12\x0e\n\x06listed\x18\x0e \x01(\x08\x12\x19\n\x11\x66rontend_protocol\x18\x0f \x01(\t\"V\n\x11ListPoolsResponse\x12(\n\x05pools\x18\x01 \x03(\x0b\x32\x19.globalrouter.v1.PoolView\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02*\xc4\x01\n\x0c\x46ilterReason\x12\x1d\n\x19\x46ILTER_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x46ILTER_REASON_OTHER_MODEL\x10\x01\x12\x1b\n\x17\x46ILTER_REASON_NOT_READY\x10\x02\x12\x1a\n\x16\x46ILTER_REASON_DRAINING\x10\x03\x12\x1d\n\x19\x46ILTER_REASON_NO_FRONTEND\x10\x04\x12\x1e\n\x1a\x46ILTER_REASON_LINK_BACKOFF\x10\x05\x32\xfe\x01\n\rRouterService\x12Q\n\x08Generate\x12 .globalrouter.v1.GenerateRequest\x1a!.globalrouter.v1.GenerateResponse0\x01\x12\x46\n\x05Route\x12\x1d.globalrouter.v1.RouteRequest\x1a\x1e.globalrouter.v1.RouteResponse\x12R\n\tListPools\x12!.globalrouter.v1.ListPoolsRequest\x1a\".globalrouter.v1.ListPoolsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cglobalrouter/v1/router.proto\x12\x0fglobalrouter.v1\x1a\x1eglobalrouter/v1/sampling.proto\x1a\x1egoogle/protobuf/duration.proto\"S\n\x06Prompt\x12.\n\ttoken_ids\x18\x01 \x01(\x0b\x32\x19.globalrouter.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x42\t\n\x07\x63ontent\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xbe\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x06prompt\x18\x02 \x01(\x0b\x32\x17.globalrouter.v1.Prompt\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x31\n\x08sampling\x18\x05 \x01(\x0b\x32\x1f.globalrouter.v1.SamplingParams\x12\x18\n\x10\x63ombine_messages\x18\x06 \x01(\x08\"s\n\nTokenChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06offset\x18\x02 \x01(\r\x12\x0f\n\x07pool_id\x18\x03 \x01(\t\x12\x31\n\x07summary\x18\x04 \x01(\x0b\x32 .globalrouter.v1.GenerateSummary\"\xb4\x02\n\x0fGenerateSummary\x12\x34\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1d.globalrouter.v1.FinishReason\x12\r\n\x05pools\x18\x02 \x03(\t\x12\x15\n\rcached_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_blocks\x18\x04 \x01(\r\x12\x12\n\nmigrations\x18\x05 \x01(\r\x12\x18\n\x10tokens_generated\x18\x06 \x01(\r\x12\x12\n\nrefused_by\x18\x07 \x03(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x15\n\rcached_tokens\x18\t \x01(\r\x12\x41\n\x14\x63\x61\x63hed_tokens_source\x18\n \x01(\x0e\x32#.globalrouter.v1.CachedTokensSource\"\x81\x01\n\x10GenerateResponse\x12-\n\x06tokens\x18\x01 \x01(\x0b\x32\x1b.globalrouter.v1.TokenChunkH\x00\x12\x33\n\x07summary\x18\x02 \x01(\x0b\x32 .globalrouter.v1.GenerateSummaryH\x00\x42\t\n\x07payload\"Z\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x06prompt\x18\x02 \x01(\x0b\x32\x17.globalrouter.v1.Prompt\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\"\xcf\x01\n\tCandidate\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\ntotal_cost\x18\x03 \x01(\x01\x12\x14\n\x0cprefill_cost\x18\x04 \x01(\x01\x12\x11\n\tload_cost\x18\x05 \x01(\x01\x12\x14\n\x0cpending_cost\x18\x06 \x01(\x01\x12\x15\n\rcached_blocks\x18\x07 \x01(\r\x12\x15\n\rprompt_blocks\x18\x08 \x01(\r\x12\x12\n\nload_known\x18\t \x01(\x08\x12\x0e\n\x06region\x18\n \x01(\t\"^\n\x0c\x46ilteredPool\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12-\n\x06reason\x18\x02 \x01(\x0e\x32\x1d.globalrouter.v1.FilterReason\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\x87\x01\n\rRouteResponse\x12.\n\ncandidates\x18\x01 \x03(\x0b\x32\x1a.globalrouter.v1.Candidate\x12/\n\x08\x66iltered\x18\x02 \x03(\x0b\x32\x1d.globalrouter.v1.FilteredPool\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\"H\n\x10ListPoolsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"H\n\x0fSignalFreshness\x12\r\n\x05\x66resh\x18\x01 \x01(\x08\x12&\n\x03\x61ge\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xd4\x01\n\x0cPoolLoadView\x12\x18\n\x10requests_waiting\x18\x01 \x01(\r\x12\x18\n\x10requests_running\x18\x02 \x01(\r\x12 \n\x18prefill_tokens_in_flight\x18\x03 \x01(\x04\x12\x16\n\x0ekv_blocks_used\x18\x04 \x01(\x04\x12\x17\n\x0fkv_blocks_total\x18\x05 \x01(\x04\x12\x1c\n\x14max_running_requests\x18\x06 \x01(\r\x12\x1f\n\x17\x64\x65\x63ode_tokens_in_flight\x18\x07 \x01(\x04\"\xc0\x03\n\x08PoolView\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x11\n\tfrontends\x18\x04 \x03(\t\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\r\n\x05ready\x18\x06 \x01(\x08\x12+\n\x04load\x18\x07 \x01(\x0b\x32\x1d.globalrouter.v1.PoolLoadView\x12\x38\n\x0eload_freshness\x18\x08 \x01(\x0b\x32 .globalrouter.v1.SignalFreshness\x12\x36\n\x0ckv_freshness\x18\t \x01(\x0b\x32 .globalrouter.v1.SignalFreshness\x12\x39\n\x0fstate_freshness\x18\n \x01(\x0b\x32 .globalrouter.v1.SignalFreshness\x12\x16\n\x0eindexed_blocks\x18\x0b \x01(\x04\x12\x19\n\x11telemetry_streams\x18\x0c \x01(\r\x12\x18\n\x10pending_requests\x18\r \x01(\r\x12\x0e\n\x06listed\x18\x0e \x01(\x08\x12\x19\n\x11\x66rontend_protocol\x18\x0f \x01(\t\"V\n\x11ListPoolsResponse\x12(\n\x05pools\x18\x01 \x03(\x0b\x32\x19.globalrouter.v1.PoolView\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02*|\n\x12\x43\x61\x63hedTokensSource\x12$\n CACHED_TOKENS_SOURCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43\x41\x43HED_TOKENS_SOURCE_POOL\x10\x01\x12!\n\x1d\x43\x41\x43HED_TOKENS_SOURCE_ESTIMATE\x10\x02*\x90\x02\n\x0c\x46ilterReason\x12\x1d\n\x19\x46ILTER_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x46ILTER_REASON_OTHER_MODEL\x10\x01\x12\x1b\n\x17\x46ILTER_REASON_NOT_READY\x10\x02\x12\x1a\n\x16\x46ILTER_REASON_DRAINING\x10\x03\x12\x1d\n\x19\x46ILTER_REASON_NO_FRONTEND\x10\x04\x12\x1e\n\x1a\x46ILTER_REASON_LINK_BACKOFF\x10\x05\x12$\n FILTER_REASON_REGION_NOT_ALLOWED\x10\x06\x12$\n FILTER_REASON_ADAPTER_NOT_SERVED\x10\x07\x32\xfe\x01\n\rRouterService\x12Q\n\x08Generate\x12 .globalrouter.v1.GenerateRequest\x1a!.globalrouter.v1.GenerateResponse0\x01\x12\x46\n\x05Route\x12\x1d.globalrouter.v1.RouteRequest\x1a\x1e.globalrouter.v1.RouteResponse\x12R\n\tListPools\x12!.globalrouter.v1.ListPoolsRequest\x1a\".globalrouter.v1.ListPoolsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'globalrouter.v1.router_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2324
-  _globals['_FINISHREASON']._serialized_end=2419
-  _globals['_FILTERREASON']._serialized_start=2422
-  _globals['_FILTERREASON']._serialized_end=2618
+  _globals['_FINISHREASON']._serialized_start=2414
+  _globals['_FINISHREASON']._serialized_end=2509
+  _globals['_CACHEDTOKENSSOURCE']._serialized_start=2511
+  _globals['_CACHEDTOKENSSOURCE']._serialized_end=2635
+  _globals['_FILTERREASON']._serialized_start=2638
+  _globals['_FILTERREASON']._serialized_end=2910
   _globals['_PROMPT']._serialized_start=113
   _globals['_PROMPT']._serialized_end=196
   _globals['_TOKENIDS']._serialized_start=198
@@ -46,27 +48,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENCHUNK']._serialized_start=416
   _globals['_TOKENCHUNK']._serialized_end=531
   _globals['_GENERATESUMMARY']._serialized_start=534
-  _globals['_GENERATESUMMARY']._serialized_end=752
-  _globals['_GENERATERESPONSE']._serialized_start=755
-  _globals['_GENERATERESPONSE']._serialized_end=884
-  _globals['_ROUTEREQUEST']._serialized_start=886
-  _globals['_ROUTEREQUEST']._serialized_end=976
-  _globals['_CANDIDATE']._serialized_start=979
-  _globals['_CANDIDATE']._serialized_end=1186
-  _globals['_FILTEREDPOOL']._serialized_start=1188
-  _globals['_FILTEREDPOOL']._serialized_end=1282
-  _globals['_ROUTERESPONSE']._serialized_start=1285
-  _globals['_ROUTERESPONSE']._serialized_end=1420
-  _globals['_LISTPOOLSREQUEST']._serialized_start=1422
-  _globals['_LISTPOOLSREQUEST']._serialized_end=1494
-  _globals['_SIGNALFRESHNESS']._serialized_start=1496
-  _globals['_SIGNALFRESHNESS']._serialized_end=1568
-  _globals['_POOLLOADVIEW']._serialized_start=1571
-  _globals['_POOLLOADVIEW']._serialized_end=1783
-  _globals['_POOLVIEW']._serialized_start=1786
-  _globals['_POOLVIEW']._serialized_end=2234
-  _globals['_LISTPOOLSRESPONSE']._serialized_start=2236
-  _globals['_LISTPOOLSRESPONSE']._serialized_end=2322
-  _globals['_ROUTERSERVICE']._serialized_start=2621
-  _globals['_ROUTERSERVICE']._serialized_end=2875
+  _globals['_GENERATESUMMARY']._serialized_end=842
+  _globals['_GENERATERESPONSE']._serialized_start=845
+  _globals['_GENERATERESPONSE']._serialized_end=974
+  _globals['_ROUTEREQUEST']._serialized_start=976
+  _globals['_ROUTEREQUEST']._serialized_end=1066
+  _globals['_CANDIDATE']._serialized_start=1069
+  _globals['_CANDIDATE']._serialized_end=1276
+  _globals['_FILTEREDPOOL']._serialized_start=1278
+  _globals['_FILTEREDPOOL']._serialized_end=1372
+  _globals['_ROUTERESPONSE']._serialized_start=1375
+  _globals['_ROUTERESPONSE']._serialized_end=1510
+  _globals['_LISTPOOLSREQUEST']._serialized_start=1512
+  _globals['_LISTPOOLSREQUEST']._serialized_end=1584
+  _globals['_SIGNALFRESHNESS']._serialized_start=1586
+  _globals['_SIGNALFRESHNESS']._serialized_end=1658
+  _globals['_POOLLOADVIEW']._serialized_start=1661
+  _globals['_POOLLOADVIEW']._serialized_end=1873
+  _globals['_POOLVIEW']._serialized_start=1876
+  _globals['_POOLVIEW']._serialized_end=2324
+  _globals['_LISTPOOLSRESPONSE']._serialized_start=2326
+  _globals['_LISTPOOLSRESPONSE']._serialized_end=2412
+  _globals['_ROUTERSERVICE']._serialized_start=2913
+  _globals['_ROUTERSERVICE']._serialized_end=3167
 # @@protoc_insertion_point(module_scope)

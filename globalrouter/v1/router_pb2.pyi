@@ -17,6 +17,12 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_STOP: _ClassVar[FinishReason]
 
+class CachedTokensSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHED_TOKENS_SOURCE_UNSPECIFIED: _ClassVar[CachedTokensSource]
+    CACHED_TOKENS_SOURCE_POOL: _ClassVar[CachedTokensSource]
+    CACHED_TOKENS_SOURCE_ESTIMATE: _ClassVar[CachedTokensSource]
+
 class FilterReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FILTER_REASON_UNSPECIFIED: _ClassVar[FilterReason]
@@ -25,15 +31,22 @@ class FilterReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FILTER_REASON_DRAINING: _ClassVar[FilterReason]
     FILTER_REASON_NO_FRONTEND: _ClassVar[FilterReason]
     FILTER_REASON_LINK_BACKOFF: _ClassVar[FilterReason]
+    FILTER_REASON_REGION_NOT_ALLOWED: _ClassVar[FilterReason]
+    FILTER_REASON_ADAPTER_NOT_SERVED: _ClassVar[FilterReason]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_STOP: FinishReason
+CACHED_TOKENS_SOURCE_UNSPECIFIED: CachedTokensSource
+CACHED_TOKENS_SOURCE_POOL: CachedTokensSource
+CACHED_TOKENS_SOURCE_ESTIMATE: CachedTokensSource
 FILTER_REASON_UNSPECIFIED: FilterReason
 FILTER_REASON_OTHER_MODEL: FilterReason
 FILTER_REASON_NOT_READY: FilterReason
 FILTER_REASON_DRAINING: FilterReason
 FILTER_REASON_NO_FRONTEND: FilterReason
 FILTER_REASON_LINK_BACKOFF: FilterReason
+FILTER_REASON_REGION_NOT_ALLOWED: FilterReason
+FILTER_REASON_ADAPTER_NOT_SERVED: FilterReason
 
 class Prompt(_message.Message):
     __slots__ = ("token_ids", "text")
@@ -78,7 +91,7 @@ class TokenChunk(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., pool_id: _Optional[str] = ..., summary: _Optional[_Union[GenerateSummary, _Mapping]] = ...) -> None: ...
 
 class GenerateSummary(_message.Message):
-    __slots__ = ("finish_reason", "pools", "cached_blocks", "prompt_blocks", "migrations", "tokens_generated", "refused_by", "request_id")
+    __slots__ = ("finish_reason", "pools", "cached_blocks", "prompt_blocks", "migrations", "tokens_generated", "refused_by", "request_id", "cached_tokens", "cached_tokens_source")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +100,8 @@ class GenerateSummary(_message.Message):
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_BY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_SOURCE_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     pools: _containers.RepeatedScalarFieldContainer[str]
     cached_blocks: int
@@ -95,7 +110,9 @@ class GenerateSummary(_message.Message):
     tokens_generated: int
     refused_by: _containers.RepeatedScalarFieldContainer[str]
     request_id: str
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., pools: _Optional[_Iterable[str]] = ..., cached_blocks: _Optional[int] = ..., prompt_blocks: _Optional[int] = ..., migrations: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., refused_by: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    cached_tokens: int
+    cached_tokens_source: CachedTokensSource
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., pools: _Optional[_Iterable[str]] = ..., cached_blocks: _Optional[int] = ..., prompt_blocks: _Optional[int] = ..., migrations: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., refused_by: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., cached_tokens: _Optional[int] = ..., cached_tokens_source: _Optional[_Union[CachedTokensSource, str]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("tokens", "summary")

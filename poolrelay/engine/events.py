@@ -37,6 +37,7 @@ _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 MAX_EVENTS_PER_BATCH = 100_000
 MAX_TOKENS_PER_EVENT = 1_048_576
 MAX_HASHES_PER_EVENT = 65_536
+MAX_ADAPTER_NAME = 1024
 
 _decoder = msgspec.msgpack.Decoder()
 
@@ -56,11 +57,14 @@ class BlockStored:
     block_size: int
     medium: str | None = None
     group_idx: int | None = None
-    adapter: bool = False
-    """True when a LoRA adapter's KV (lora_id / lora_name set): not the base model's cache."""
+    adapter: str = ""
+    """The LoRA adapter whose KV this is (vLLM's lora_name); "" for the base model's cache."""
+    unnamed_adapter: bool = False
+    """True when a LoRA adapter's KV comes without its name (lora_id alone, older engines): the
+    relay cannot tell which adapter's it is."""
     extra_keys: tuple[bool, ...] = ()
-    """Per block: True when the block's engine hash covers more than its tokens (multimodal
-    inputs, cache salt, prompt embeddings); empty when the event carries none."""
+    """Per block: True when the block's engine hash covers more than its tokens and its adapter's
+    name (multimodal inputs, cache salt, prompt embeddings); empty when the event carries none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,9 @@ def _stored(f: dict) -> BlockStored:
     extra = f.get("extra_keys")
     if extra is not None and not isinstance(extra, list):
         raise Malformed("BlockStored.extra_keys must be a list or nil")
+    lora_name = _optional_str(f.get("lora_name"), "BlockStored.lora_name")
+    if lora_name is not None and not 0 < len(lora_name) <= MAX_ADAPTER_NAME:
+        raise Malformed(f"BlockStored.lora_name must be 1 to {MAX_ADAPTER_NAME} characters")
     return BlockStored(
         block_hashes=hashes,
         parent_block_hash=parent,
@@ -159,8 +166,20 @@ def _stored(f: dict) -> BlockStored:
         block_size=size,
         medium=_optional_str(f.get("medium"), "BlockStored.medium"),
         group_idx=_optional_int(f.get("group_idx"), "BlockStored.group_idx"),
-        adapter=f.get("lora_id") is not None or f.get("lora_name") is not None,
-        extra_keys=tuple(e is not None for e in extra) if extra else (),
+        adapter=lora_name or "",
+        unnamed_adapter=lora_name is None and f.get("lora_id") is not None,
+        # vLLM puts the adapter's name first in every block's extra keys: a block whose keys are
+        # that name alone is the adapter's plain token block, hashed from the adapter's seed.
+        extra_keys=tuple(_beyond_adapter(e, lora_name) for e in extra) if extra else (),
+    )
+
+
+def _beyond_adapter(keys: object, lora_name: str | None) -> bool:
+    """Whether a block's extra keys hold more than its adapter's name."""
+    if keys is None:
+        return False
+    return not (
+        lora_name is not None and isinstance(keys, (list, tuple)) and len(keys) == 1 and keys[0] == lora_name
     )
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from meshkit.validation import Violations, check_identifier
+
 # Bound on the text the relay parses (outside input).
 MAX_METRICS_BYTES = 8 * 1024 * 1024
 
@@ -97,16 +99,50 @@ def parse_load(text: str, names: MetricNames) -> EngineLoad:
     )
 
 
-def parse_models(body: object) -> list[str]:
-    """Model ids from a `GET /v1/models` body (OpenAI list form); raises ValueError otherwise."""
+MAX_ADAPTERS_PER_MODEL = 256
+"""Adapters the relay reports per model (outside input; vLLM's --max-loras is far below)."""
+
+
+@dataclass(frozen=True)
+class ModelList:
+    """What `GET /v1/models` lists: base models, and the LoRA adapters served on each."""
+
+    models: list[str]
+    """Base model ids, sorted."""
+    adapters: dict[str, list[str]]
+    """Base model id -> its adapters' ids, sorted (only models that have some)."""
+
+
+def parse_model_list(body: object) -> ModelList:
+    """Models and adapters from a `GET /v1/models` body (OpenAI list form); raises ValueError
+    otherwise. vLLM lists each LoRA adapter as an entry of its own whose `parent` names its base
+    model (`root` is the adapter's path); an adapter whose name is not a valid id (the mesh's id
+    rules) is left out, as are adapters past MAX_ADAPTERS_PER_MODEL of one model."""
     if not isinstance(body, dict) or not isinstance(body.get("data"), list):
         raise ValueError("a model list must be an object with a data list")
-    out = []
+    models: set[str] = set()
+    adapters: dict[str, set[str]] = {}
     for entry in body["data"][:1000]:
-        if isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry["id"]:
-            # vLLM lists LoRA adapters beside their base model; they name their parent.
-            parent = entry.get("parent")
-            if parent and parent != entry["id"]:
-                continue
-            out.append(entry["id"][:128])
-    return sorted(set(out))
+        if not (isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry["id"]):
+            continue
+        name = entry["id"]
+        parent = entry.get("parent")
+        if isinstance(parent, str) and parent and parent != name:
+            if _valid_id(name) and _valid_id(parent):
+                served = adapters.setdefault(parent, set())
+                if len(served) < MAX_ADAPTERS_PER_MODEL:
+                    served.add(name)
+            continue
+        models.add(name[:128])
+    return ModelList(sorted(models), {m: sorted(a) for m, a in sorted(adapters.items())})
+
+
+def _valid_id(value: str) -> bool:
+    v = Violations()
+    check_identifier(v, "id", value)
+    return not v
+
+
+def parse_models(body: object) -> list[str]:
+    """Base model ids from a `GET /v1/models` body (LoRA adapters left out); raises ValueError otherwise."""
+    return parse_model_list(body).models

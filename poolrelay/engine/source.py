@@ -22,7 +22,14 @@ from meshkit.logs import get_logger
 from meshkit.timeconv import timestamp
 from poolrelay.engine.config import EngineConfig, EngineWorker
 from poolrelay.engine.feed import WorkerFeed, ZmqWorkerTransport, cancel_all, clip
-from poolrelay.engine.metrics import MAX_METRICS_BYTES, NAMES, EngineLoad, parse_load, parse_models
+from poolrelay.engine.metrics import (
+    MAX_ADAPTERS_PER_MODEL,
+    MAX_METRICS_BYTES,
+    NAMES,
+    EngineLoad,
+    parse_load,
+    parse_model_list,
+)
 from poolrelay.engine.translate import Transition, WorkerBlocks, check_block_sizes
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.v1 import pool_events_pb2 as pe
@@ -43,6 +50,8 @@ class WorkerState:
     read_failures: int = 0
     """Polls in a row whose /health answered but whose /metrics or /v1/models read failed."""
     models: list[str] = field(default_factory=list)
+    adapters: dict[str, list[str]] = field(default_factory=dict)
+    """Base model -> the LoRA adapters the worker lists on it (its /v1/models `parent`)."""
     load: EngineLoad | None = None
     last_error: str = ""
     """The last failed poll's error (cut to MAX_REASON_CHARS); empty once a poll succeeds."""
@@ -123,7 +132,8 @@ class EngineSource:
             status, body = await self._get(session, f"{base}/v1/models")
             if status != 200:
                 raise ConnectionError(f"/v1/models answered {status}")
-            models = parse_models(json.loads(body))
+            listed = parse_model_list(json.loads(body))
+            models = listed.models
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError, ConnectionError) as exc:
             # Alive (it answered /health) but its load or models could not be read: a busy vLLM
             # renders every histogram on /metrics and can take seconds to. Taking a serving pool
@@ -146,6 +156,7 @@ class EngineSource:
         if not st.healthy:
             log.info("engine worker up", worker=st.worker.worker_id, models=models)
         st.healthy, st.failures, st.load, st.models, st.last_error = True, 0, load, models, ""
+        st.adapters = listed.adapters
         st.read_failures = 0
 
     def load_known(self) -> bool:
@@ -162,6 +173,12 @@ class EngineSource:
         states = list(self.workers.values())
         ready = {m for st in states if st.healthy for m in st.models}
         known = {m for st in states for m in st.models}
+        # An adapter is reported while some up worker serves it (vLLM loads adapters per server).
+        adapters: dict[str, set[str]] = {}
+        for st in states:
+            if st.healthy:
+                for m, names in st.adapters.items():
+                    adapters.setdefault(m, set()).update(names)
         load = pe.PoolLoad()
         seen_urls: set[str] = set()
         workers = []
@@ -195,7 +212,9 @@ class EngineSource:
         reply = pe.WatchPoolStatusResponse(
             models=[
                 pe.ModelStatus(
-                    model=m, state=pe.MODEL_STATE_READY if m in ready else pe.MODEL_STATE_NOT_READY
+                    model=m,
+                    state=pe.MODEL_STATE_READY if m in ready else pe.MODEL_STATE_NOT_READY,
+                    adapters=sorted(adapters.get(m, ()))[:MAX_ADAPTERS_PER_MODEL],
                 )
                 for m in sorted(known)
             ],

@@ -5,9 +5,11 @@ blocks (meshkit.blocks). A BlockStored event carries the tokens of its blocks an
 of the parent, so the mesh hash at the end of every engine block is known once its parent's is:
 an engine block of k × 16 tokens is k mesh blocks, hashed on from the parent's last mesh hash.
 
-A block is not routable, and is skipped with its descendants, when its engine hash covers more
-than its tokens (a LoRA adapter, multimodal inputs, a cache salt): a token-only request never hits
-it. A block whose parent the relay never saw is skipped too: the relay cannot vouch for its
+A LoRA adapter's blocks (vLLM names the adapter in the event and in each block's extra keys) are
+hashed from the adapter's seed (meshkit.blocks.adapter_seed), so they match only requests naming
+that adapter. A block is not routable, and is skipped with its descendants, when its engine hash
+covers more than its tokens and its adapter (multimodal inputs, a cache salt, an adapter the event
+does not name): a token-only request never hits it. A block whose parent the relay never saw is skipped too: the relay cannot vouch for its
 prefix. What a worker holds is counted per mesh hash, so the caller sees only 0↔1 transitions.
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from meshkit.blocks import block_hashes
+from meshkit.blocks import adapter_seed, block_hashes
 from poolrelay.engine.events import (
     AllBlocksCleared,
     Batch,
@@ -102,10 +104,10 @@ class WorkerBlocks:
         if len(chain) > self._chain_entries:
             chain.popitem(last=False)
 
-    def _parent_tail(self, parent: EngineHash | None) -> tuple[bool, int | None]:
-        """(known, mesh hash to chain from); the root chains from 0."""
+    def _parent_tail(self, parent: EngineHash | None, adapter: str) -> tuple[bool, int | None]:
+        """(known, mesh hash to chain from); the root chains from the adapter's seed (0: none)."""
         if parent is None:
-            return True, 0
+            return True, adapter_seed(adapter)
         chain = self._chain
         if parent not in chain:
             return False, None
@@ -119,11 +121,13 @@ class WorkerBlocks:
         if size % mesh or len(ev.token_ids) != n * size:
             counts.skipped_bad_size += n
             return
-        known, tail = self._parent_tail(ev.parent_block_hash)
+        known, tail = self._parent_tail(ev.parent_block_hash, ev.adapter)
         tokens = ev.token_ids
         per_block = size // mesh
         for i, engine_hash in enumerate(ev.block_hashes):
-            routable = not ev.adapter and not (ev.extra_keys and i < len(ev.extra_keys) and ev.extra_keys[i])
+            routable = not ev.unnamed_adapter and not (
+                ev.extra_keys and i < len(ev.extra_keys) and ev.extra_keys[i]
+            )
             if not known:
                 counts.skipped_unknown_parent += 1
                 continue

@@ -26,41 +26,41 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epoolrelay/v1/pool_events.proto\x12\x0cpoolrelay.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"E\n\x16WatchPoolStatusRequest\x12+\n\x08interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\"E\n\x0bModelStatus\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.poolrelay.v1.ModelState\"\x8a\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x17\n\x0fkv_blocks_total\x18\x02 \x01(\x04\x12\x16\n\x0ekv_blocks_used\x18\x03 \x01(\x04\x12\x18\n\x10requests_running\x18\x04 \x01(\r\x12\x1c\n\x14max_running_requests\x18\x05 \x01(\r\"\xee\x01\n\x08PoolLoad\x12\x18\n\x10requests_waiting\x18\x01 \x01(\r\x12\x18\n\x10requests_running\x18\x02 \x01(\r\x12 \n\x18prefill_tokens_in_flight\x18\x03 \x01(\x04\x12\x16\n\x0ekv_blocks_used\x18\x04 \x01(\x04\x12\x17\n\x0fkv_blocks_total\x18\x05 \x01(\x04\x12\x1c\n\x14max_running_requests\x18\x06 \x01(\r\x12\x1c\n\x14max_waiting_requests\x18\x07 \x01(\r\x12\x1f\n\x17\x64\x65\x63ode_tokens_in_flight\x18\x08 \x01(\x04\"d\n\x0b\x44rainStatus\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.poolrelay.v1.DrainState\x12,\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9b\x02\n\x17WatchPoolStatusResponse\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.poolrelay.v1.ModelStatus\x12+\n\x07workers\x18\x02 \x03(\x0b\x32\x1a.poolrelay.v1.WorkerStatus\x12$\n\x04load\x18\x03 \x01(\x0b\x32\x16.poolrelay.v1.PoolLoad\x12(\n\x05\x64rain\x18\x04 \x01(\x0b\x32\x19.poolrelay.v1.DrainStatus\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x0f\n\x07pool_id\x18\x06 \x01(\t\x12\x10\n\x08sequence\x18\x07 \x01(\x04\x12!\n\x19prefill_tokens_per_second\x18\x08 \x01(\x04\"\x16\n\x14WatchKvEventsRequest\"M\n\x10WorkerKvSnapshot\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\x04\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x06\"f\n\rWorkerKvEvent\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\x04\x12\x0e\n\x06stored\x18\x03 \x03(\x06\x12\x0f\n\x07removed\x18\x04 \x03(\x06\x12\x0f\n\x07\x63leared\x18\x05 \x01(\x08\"\x84\x01\n\x15WatchKvEventsResponse\x12\x32\n\x08snapshot\x18\x01 \x01(\x0b\x32\x1e.poolrelay.v1.WorkerKvSnapshotH\x00\x12,\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x1b.poolrelay.v1.WorkerKvEventH\x00\x42\t\n\x07payload\"O\n\x11StartDrainRequest\x12*\n\x07timeout\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06reason\x18\x02 \x01(\t\">\n\x12StartDrainResponse\x12(\n\x05\x64rain\x18\x01 \x01(\x0b\x32\x19.poolrelay.v1.DrainStatus*[\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11MODEL_STATE_READY\x10\x01\x12\x19\n\x15MODEL_STATE_NOT_READY\x10\x02*t\n\nDrainState\x12\x1b\n\x17\x44RAIN_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44RAIN_STATE_ACTIVE\x10\x01\x12\x18\n\x14\x44RAIN_STATE_DRAINING\x10\x02\x12\x17\n\x13\x44RAIN_STATE_DRAINED\x10\x03\x32\xa2\x02\n\x11PoolEventsService\x12`\n\x0fWatchPoolStatus\x12$.poolrelay.v1.WatchPoolStatusRequest\x1a%.poolrelay.v1.WatchPoolStatusResponse0\x01\x12Z\n\rWatchKvEvents\x12\".poolrelay.v1.WatchKvEventsRequest\x1a#.poolrelay.v1.WatchKvEventsResponse0\x01\x12O\n\nStartDrain\x12\x1f.poolrelay.v1.StartDrainRequest\x1a .poolrelay.v1.StartDrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epoolrelay/v1/pool_events.proto\x12\x0cpoolrelay.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"E\n\x16WatchPoolStatusRequest\x12+\n\x08interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\"W\n\x0bModelStatus\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.poolrelay.v1.ModelState\x12\x10\n\x08\x61\x64\x61pters\x18\x03 \x03(\t\"\x8a\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x17\n\x0fkv_blocks_total\x18\x02 \x01(\x04\x12\x16\n\x0ekv_blocks_used\x18\x03 \x01(\x04\x12\x18\n\x10requests_running\x18\x04 \x01(\r\x12\x1c\n\x14max_running_requests\x18\x05 \x01(\r\"\xee\x01\n\x08PoolLoad\x12\x18\n\x10requests_waiting\x18\x01 \x01(\r\x12\x18\n\x10requests_running\x18\x02 \x01(\r\x12 \n\x18prefill_tokens_in_flight\x18\x03 \x01(\x04\x12\x16\n\x0ekv_blocks_used\x18\x04 \x01(\x04\x12\x17\n\x0fkv_blocks_total\x18\x05 \x01(\x04\x12\x1c\n\x14max_running_requests\x18\x06 \x01(\r\x12\x1c\n\x14max_waiting_requests\x18\x07 \x01(\r\x12\x1f\n\x17\x64\x65\x63ode_tokens_in_flight\x18\x08 \x01(\x04\"d\n\x0b\x44rainStatus\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.poolrelay.v1.DrainState\x12,\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9b\x02\n\x17WatchPoolStatusResponse\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.poolrelay.v1.ModelStatus\x12+\n\x07workers\x18\x02 \x03(\x0b\x32\x1a.poolrelay.v1.WorkerStatus\x12$\n\x04load\x18\x03 \x01(\x0b\x32\x16.poolrelay.v1.PoolLoad\x12(\n\x05\x64rain\x18\x04 \x01(\x0b\x32\x19.poolrelay.v1.DrainStatus\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x0f\n\x07pool_id\x18\x06 \x01(\t\x12\x10\n\x08sequence\x18\x07 \x01(\x04\x12!\n\x19prefill_tokens_per_second\x18\x08 \x01(\x04\"\x16\n\x14WatchKvEventsRequest\"M\n\x10WorkerKvSnapshot\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\x04\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x06\"f\n\rWorkerKvEvent\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\x04\x12\x0e\n\x06stored\x18\x03 \x03(\x06\x12\x0f\n\x07removed\x18\x04 \x03(\x06\x12\x0f\n\x07\x63leared\x18\x05 \x01(\x08\"\x84\x01\n\x15WatchKvEventsResponse\x12\x32\n\x08snapshot\x18\x01 \x01(\x0b\x32\x1e.poolrelay.v1.WorkerKvSnapshotH\x00\x12,\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x1b.poolrelay.v1.WorkerKvEventH\x00\x42\t\n\x07payload\"O\n\x11StartDrainRequest\x12*\n\x07timeout\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06reason\x18\x02 \x01(\t\">\n\x12StartDrainResponse\x12(\n\x05\x64rain\x18\x01 \x01(\x0b\x32\x19.poolrelay.v1.DrainStatus*[\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11MODEL_STATE_READY\x10\x01\x12\x19\n\x15MODEL_STATE_NOT_READY\x10\x02*t\n\nDrainState\x12\x1b\n\x17\x44RAIN_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44RAIN_STATE_ACTIVE\x10\x01\x12\x18\n\x14\x44RAIN_STATE_DRAINING\x10\x02\x12\x17\n\x13\x44RAIN_STATE_DRAINED\x10\x03\x32\xa2\x02\n\x11PoolEventsService\x12`\n\x0fWatchPoolStatus\x12$.poolrelay.v1.WatchPoolStatusRequest\x1a%.poolrelay.v1.WatchPoolStatusResponse0\x01\x12Z\n\rWatchKvEvents\x12\".poolrelay.v1.WatchKvEventsRequest\x1a#.poolrelay.v1.WatchKvEventsResponse0\x01\x12O\n\nStartDrain\x12\x1f.poolrelay.v1.StartDrainRequest\x1a .poolrelay.v1.StartDrainResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'poolrelay.v1.pool_events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELSTATE']._serialized_start=1512
-  _globals['_MODELSTATE']._serialized_end=1603
-  _globals['_DRAINSTATE']._serialized_start=1605
-  _globals['_DRAINSTATE']._serialized_end=1721
+  _globals['_MODELSTATE']._serialized_start=1530
+  _globals['_MODELSTATE']._serialized_end=1621
+  _globals['_DRAINSTATE']._serialized_start=1623
+  _globals['_DRAINSTATE']._serialized_end=1739
   _globals['_WATCHPOOLSTATUSREQUEST']._serialized_start=113
   _globals['_WATCHPOOLSTATUSREQUEST']._serialized_end=182
   _globals['_MODELSTATUS']._serialized_start=184
-  _globals['_MODELSTATUS']._serialized_end=253
-  _globals['_WORKERSTATUS']._serialized_start=256
-  _globals['_WORKERSTATUS']._serialized_end=394
-  _globals['_POOLLOAD']._serialized_start=397
-  _globals['_POOLLOAD']._serialized_end=635
-  _globals['_DRAINSTATUS']._serialized_start=637
-  _globals['_DRAINSTATUS']._serialized_end=737
-  _globals['_WATCHPOOLSTATUSRESPONSE']._serialized_start=740
-  _globals['_WATCHPOOLSTATUSRESPONSE']._serialized_end=1023
-  _globals['_WATCHKVEVENTSREQUEST']._serialized_start=1025
-  _globals['_WATCHKVEVENTSREQUEST']._serialized_end=1047
-  _globals['_WORKERKVSNAPSHOT']._serialized_start=1049
-  _globals['_WORKERKVSNAPSHOT']._serialized_end=1126
-  _globals['_WORKERKVEVENT']._serialized_start=1128
-  _globals['_WORKERKVEVENT']._serialized_end=1230
-  _globals['_WATCHKVEVENTSRESPONSE']._serialized_start=1233
-  _globals['_WATCHKVEVENTSRESPONSE']._serialized_end=1365
-  _globals['_STARTDRAINREQUEST']._serialized_start=1367
-  _globals['_STARTDRAINREQUEST']._serialized_end=1446
-  _globals['_STARTDRAINRESPONSE']._serialized_start=1448
-  _globals['_STARTDRAINRESPONSE']._serialized_end=1510
-  _globals['_POOLEVENTSSERVICE']._serialized_start=1724
-  _globals['_POOLEVENTSSERVICE']._serialized_end=2014
+  _globals['_MODELSTATUS']._serialized_end=271
+  _globals['_WORKERSTATUS']._serialized_start=274
+  _globals['_WORKERSTATUS']._serialized_end=412
+  _globals['_POOLLOAD']._serialized_start=415
+  _globals['_POOLLOAD']._serialized_end=653
+  _globals['_DRAINSTATUS']._serialized_start=655
+  _globals['_DRAINSTATUS']._serialized_end=755
+  _globals['_WATCHPOOLSTATUSRESPONSE']._serialized_start=758
+  _globals['_WATCHPOOLSTATUSRESPONSE']._serialized_end=1041
+  _globals['_WATCHKVEVENTSREQUEST']._serialized_start=1043
+  _globals['_WATCHKVEVENTSREQUEST']._serialized_end=1065
+  _globals['_WORKERKVSNAPSHOT']._serialized_start=1067
+  _globals['_WORKERKVSNAPSHOT']._serialized_end=1144
+  _globals['_WORKERKVEVENT']._serialized_start=1146
+  _globals['_WORKERKVEVENT']._serialized_end=1248
+  _globals['_WATCHKVEVENTSRESPONSE']._serialized_start=1251
+  _globals['_WATCHKVEVENTSRESPONSE']._serialized_end=1383
+  _globals['_STARTDRAINREQUEST']._serialized_start=1385
+  _globals['_STARTDRAINREQUEST']._serialized_end=1464
+  _globals['_STARTDRAINRESPONSE']._serialized_start=1466
+  _globals['_STARTDRAINRESPONSE']._serialized_end=1528
+  _globals['_POOLEVENTSSERVICE']._serialized_start=1742
+  _globals['_POOLEVENTSSERVICE']._serialized_end=2032
 # @@protoc_insertion_point(module_scope)

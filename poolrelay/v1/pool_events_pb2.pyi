@@ -38,12 +38,14 @@ class WatchPoolStatusRequest(_message.Message):
     def __init__(self, interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class ModelStatus(_message.Message):
-    __slots__ = ("model", "state")
+    __slots__ = ("model", "state", "adapters")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     model: str
     state: ModelState
-    def __init__(self, model: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
     __slots__ = ("worker_id", "kv_blocks_total", "kv_blocks_used", "requests_running", "max_running_requests")

@@ -27,6 +27,7 @@ class TelemetryStreamState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TELEMETRY_STREAM_STATE_STREAMING: _ClassVar[TelemetryStreamState]
     TELEMETRY_STREAM_STATE_BACKING_OFF: _ClassVar[TelemetryStreamState]
     TELEMETRY_STREAM_STATE_CLOSED: _ClassVar[TelemetryStreamState]
+    TELEMETRY_STREAM_STATE_REFUSED: _ClassVar[TelemetryStreamState]
 UNREGISTERED_REASON_UNSPECIFIED: UnregisteredReason
 UNREGISTERED_REASON_NO_MODEL: UnregisteredReason
 UNREGISTERED_REASON_SEVERAL_MODELS: UnregisteredReason
@@ -39,6 +40,7 @@ TELEMETRY_STREAM_STATE_CONNECTING: TelemetryStreamState
 TELEMETRY_STREAM_STATE_STREAMING: TelemetryStreamState
 TELEMETRY_STREAM_STATE_BACKING_OFF: TelemetryStreamState
 TELEMETRY_STREAM_STATE_CLOSED: TelemetryStreamState
+TELEMETRY_STREAM_STATE_REFUSED: TelemetryStreamState
 
 class GetRelayStatusRequest(_message.Message):
     __slots__ = ()

@@ -283,3 +283,26 @@ async def test_unreadable_or_out_of_range_records_in_etcd_never_make_the_directo
     finally:
         await store.close()
         await handle.server.stop(0)
+
+
+async def test_two_replicas_registering_different_models_into_one_pool_have_one_winner(replicas):
+    """Issue 17: the decision was read outside the write's transaction, so two relays of different
+    models registering one pool through two replicas could both commit (the pool flapped)."""
+    a, b = replicas
+    for round_ in range(50):
+        pool = f"race-{round_}"
+        results = await asyncio.gather(
+            a.register_pool(reg(pool, relay="ra", model="model-a")),
+            b.register_pool(reg(pool, relay="rb", model="model-b")),
+            return_exceptions=True,
+        )
+        winners = [r for r in results if not isinstance(r, BaseException)]
+        refused = [r for r in results if isinstance(r, ModelConflict)]
+        assert len(winners) == 1 and len(refused) == 1, f"round {round_}: {results!r}"
+        # etcd holds the winner's lease alone, and so does every mirror.
+        stored = await a._client.get_prefix(_lease_key(pool, ""))
+        assert [_decode(kv.value)[0].model for kv in stored] == [winners[0].pool.model]
+        for store in (a, b):
+            view = store.directory.get_pool(pool, store.clock.monotonic())
+            if view is not None:  # b's mirror may not have applied the write yet
+                assert {lease.relay_id for lease in view.leases} == {winners[0].pool.leases[0].relay_id}

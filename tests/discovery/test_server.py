@@ -57,6 +57,8 @@ BAD_REGISTRATIONS: list[tuple[str, dict[str, Any]]] = [
     ("frontends[0]", {"frontends": ["http://h:1/path"]}),
     ("frontends[0]", {"frontends": ["http://h:1?q=1"]}),
     ("frontends[0]", {"frontends": ["http://user:pw@h:1"]}),
+    ("frontends[0]", {"frontends": ["http://h:0"]}),  # issue 18: relays dialled port 0 and backed off
+    ("frontends[1]", {"frontends": ["http://h:1", "https://h:00"]}),
     ("frontends[1]", {"frontends": ["http://h:1", "http://h:1"]}),
     ("capabilities", {"capabilities": [f"c{i}" for i in range(65)]}),
     ("capabilities[0]", {"capabilities": [""]}),
@@ -119,6 +121,11 @@ BAD_OTHER = [
         ["frontend_id"],
     ),
     ("RegisterFrontend", pb.RegisterFrontendRequest(frontend_id="f", url="h:1", incarnation=1), ["url"]),
+    (
+        "RegisterFrontend",
+        pb.RegisterFrontendRequest(frontend_id="f", url="http://h:0", incarnation=1),
+        ["url"],
+    ),
     (
         "RegisterFrontend",
         pb.RegisterFrontendRequest(frontend_id="f", url="http://h:1", incarnation=0),

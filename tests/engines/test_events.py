@@ -37,7 +37,7 @@ def test_vllm_batch_decodes_every_event_kind():
         block_size=32,
         medium="GPU",
         group_idx=0,
-        adapter=False,
+        adapter="",
         extra_keys=(False, True),
     )
     assert rm == BlockRemoved(block_hashes=(b"h1",), medium="GPU")
@@ -47,7 +47,34 @@ def test_vllm_batch_decodes_every_event_kind():
 def test_integer_hashes_and_lora_blocks():
     batch = decode_batch(encode(stored([7, 8], 6, range(64), lora_id=2, lora_name="a")))
     (ev,) = batch.events
-    assert ev.block_hashes == (7, 8) and ev.parent_block_hash == 6 and ev.adapter
+    assert ev.block_hashes == (7, 8) and ev.parent_block_hash == 6 and ev.adapter == "a"
+    assert not ev.unnamed_adapter
+
+
+def test_adapter_name_in_extra_keys_is_not_an_extra_key_but_a_salt_beside_it_is():
+    # vLLM ≥ 0.11 puts lora_name first in every block's extra keys (kv_cache_utils
+    # generate_block_hash_extra_keys: lora + multimodal + cache salt + prompt embeds).
+    ev = stored(
+        [1, 2, 3],
+        None,
+        range(48),
+        16,
+        lora_id=1,
+        lora_name="sql",
+        extra_keys=[("sql",), ("sql", "salt"), None],
+    )
+    (got,) = decode_batch(encode(ev)).events
+    assert got.adapter == "sql" and got.extra_keys == (False, True, False)
+    # Without the event naming its adapter, a name-like key is an extra key (a cache salt).
+    (plain,) = decode_batch(encode(stored([1], None, range(16), 16, extra_keys=[("sql",)]))).events
+    assert plain.adapter == "" and plain.extra_keys == (True,)
+
+
+def test_an_adapter_without_its_name_is_flagged_and_a_bad_name_refused():
+    (ev,) = decode_batch(encode(stored([1], None, range(16), 16, lora_id=4))).events
+    assert ev.unnamed_adapter and ev.adapter == ""
+    with pytest.raises(Malformed, match="lora_name"):
+        decode_batch(encode(stored([1], None, range(16), 16, lora_id=4, lora_name=7)))
 
 
 def test_unknown_event_type_is_reported_not_an_error():

@@ -8,7 +8,15 @@ import grpc
 import pytest
 from aiohttp import web
 
-from globalrouter.openai_link import LinkError, OpenAIClient, SseParser, completions_url, request_body
+from globalrouter.openai_link import (
+    LinkError,
+    OpenAIClient,
+    PromptJson,
+    SseParser,
+    cached_tokens,
+    completions_url,
+    request_body,
+)
 from globalrouter.serving import StreamBroken
 from globalrouter.v1 import pool_frontend_pb2 as pf
 from meshkit.errors import Reason
@@ -75,6 +83,88 @@ async def test_a_stream_becomes_tokens_then_finish():
     finally:
         await client.close()
         await runner.cleanup()
+
+
+# The end of a vLLM 0.32 streamed completion started with --enable-prompt-tokens-details, as its
+# completion server serializes it: the last token's chunk (exclude_unset), then the usage chunk
+# (choices empty, exclude_none) and [DONE]. Without the flag the usage has no prompt_tokens_details.
+VLLM_TAIL = (
+    b'data: {"id":"cmpl-9f2c","object":"text_completion","created":1764600000,"model":"tiny",'
+    b'"choices":[{"index":0,"text":" b","logprobs":null,"finish_reason":"length","stop_reason":null,'
+    b'"token_ids":[13]}]}\n\n'
+    b'data: {"id":"cmpl-9f2c","object":"text_completion","created":1764600000,"model":"tiny",'
+    b'"choices":[],"usage":{"prompt_tokens":1040,"total_tokens":1043,"completion_tokens":3,'
+    b'"prompt_tokens_details":{"cached_tokens":1024}}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def vllm_stream(tail: bytes):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(chunk([11, 12]))
+        await resp.write(tail)
+        return resp
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("tail", "cached"),
+    [
+        (VLLM_TAIL, 1024),
+        (VLLM_TAIL.replace(b',"prompt_tokens_details":{"cached_tokens":1024}', b""), None),
+        (VLLM_TAIL.replace(b"1024}", b"0}"), 0),  # a miss, stated: 0 is the pool's word too
+    ],
+    ids=["cached", "not-stated", "miss"],
+)
+async def test_the_pools_cached_prompt_tokens_ride_on_the_finish(tail, cached):
+    runner, url = await serve(vllm_stream(tail))
+    client = OpenAIClient()
+    try:
+        msgs = await read_all(await client.open(url, REQUEST, StreamBroken))
+        assert [list(m.tokens.token_ids) for m in msgs if m.HasField("tokens")] == [[11, 12], [13]]
+        finish = msgs[-1].finish
+        assert finish.reason == pf.POOL_FINISH_REASON_LENGTH and finish.tokens_generated == 3
+        assert (finish.cached_tokens if finish.HasField("cached_tokens") else None) == cached
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+async def test_a_stream_cut_after_its_finish_reason_still_finishes():
+    """The usage chunk is a bonus: a pool that closes after the finish reason ended the request."""
+    runner, url = await serve(vllm_stream(VLLM_TAIL.split(b"\n\n")[0] + b"\n\n"))
+    client = OpenAIClient()
+    try:
+        msgs = await read_all(await client.open(url, REQUEST, StreamBroken))
+        assert msgs[-1].finish == pf.PoolFinish(reason=pf.POOL_FINISH_REASON_LENGTH, tokens_generated=3)
+        assert not msgs[-1].finish.HasField("cached_tokens")
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("usage", "cached"),
+    [
+        ({"prompt_tokens_details": {"cached_tokens": 64}}, 64),
+        ({"prompt_tokens_details": {"cached_tokens": 0}}, 0),
+        ({"prompt_tokens": 9}, None),
+        ({"prompt_tokens_details": None}, None),
+        (None, None),
+        ("usage", None),
+        ({"prompt_tokens_details": {"cached_tokens": -1}}, None),
+        ({"prompt_tokens_details": {"cached_tokens": 2**32}}, None),
+        ({"prompt_tokens_details": {"cached_tokens": "64"}}, None),
+        ({"prompt_tokens_details": {"cached_tokens": 64.0}}, None),
+        ({"prompt_tokens_details": {"cached_tokens": True}}, None),
+        ({"prompt_tokens_details": [64]}, None),
+    ],
+)
+def test_cached_tokens_reads_only_a_token_count(usage, cached):
+    assert cached_tokens(usage) == cached
 
 
 @pytest.mark.parametrize(
@@ -165,3 +255,36 @@ def test_sampling_parameters_pass_through_to_the_engine():
     body = request_body(request)
     assert (body["temperature"], body["seed"], body["stop_token_ids"]) == (0.5, 7, [2, 3])
     assert "top_p" not in body and "presence_penalty" not in body
+
+
+def test_a_requests_prompt_is_encoded_once_for_its_tries_and_migrations(monkeypatch):
+    prompts = PromptJson()
+    encoded: list[int] = []
+    real_join = str.join
+
+    class Counting(str):
+        def join(self, parts):  # counts the ids each encoding turns into text
+            parts = list(parts)
+            encoded.append(len(parts))
+            return real_join(self, parts)
+
+    monkeypatch.setattr("globalrouter.openai_link._COMMA", Counting(","))
+    request = pf.PoolFrontendServiceGenerateRequest(
+        request_id="r1", model="m", token_ids=range(1000), max_tokens=3
+    )
+    for _ in range(3):  # three pools asked
+        assert json.loads(prompts.body(request)) == request_body(request)
+    migrated = pf.PoolFrontendServiceGenerateRequest()
+    migrated.CopyFrom(request)
+    migrated.token_ids.extend([7, 8])  # continued elsewhere after two tokens
+    assert json.loads(prompts.body(migrated)) == request_body(migrated)
+    assert encoded == [1000, 2], "the prompt once, then only the tokens generated since"
+    # Another request under the same id (ids come from clients) is encoded afresh, never mixed up.
+    other = pf.PoolFrontendServiceGenerateRequest(
+        request_id="r1", model="m", token_ids=[9, 9, 9, 9], max_tokens=1
+    )
+    assert json.loads(prompts.body(other)) == request_body(other)
+    shorter = pf.PoolFrontendServiceGenerateRequest(
+        request_id="r1", model="m", token_ids=[9, 8], max_tokens=1
+    )
+    assert json.loads(prompts.body(shorter)) == request_body(shorter)

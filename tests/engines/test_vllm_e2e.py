@@ -7,11 +7,13 @@ skipped; under `make test-engines` a missing or broken vLLM fails it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from concurrent import futures
 from dataclasses import dataclass
 from functools import partial
@@ -473,3 +475,81 @@ def test_kill_mid_stream_continues_on_the_other_pool_then_restart_resyncs(em):
     # The restarted engine's first tokens agree with what the killed one streamed.
     again, _ = em.engines[victim].complete(prompt, cut)
     assert again == tokens[:cut]
+
+
+def _chat(url: str, messages: list[dict[str, str]], stream: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    """A chat completion through the HTTP front: (usage, response headers); a streamed one asks
+    for the usage chunk and reads the cached-tokens source from the SSE comment before it."""
+    body: dict[str, Any] = {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(
+        url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        headers = {k.lower(): v for k, v in resp.headers.items()}
+        text = resp.read().decode()
+    if not stream:
+        return json.loads(text)["usage"], headers
+    usage = None
+    for line in text.splitlines():
+        if line.startswith(": x-cached-tokens-source: "):
+            headers["x-cached-tokens-source"] = line.rsplit(" ", 1)[1]
+        elif line.startswith("data: {") and '"usage":{' in line:
+            usage = json.loads(line[6:])["usage"]
+    assert usage is not None, text[-2000:]
+    return usage, headers
+
+
+def _indexed(url: str, pool: str) -> int:
+    """The blocks this frontend's KV index holds for `pool` (its status data)."""
+    status = json.loads(urllib.request.urlopen(url + "/status.json", timeout=5).read())
+    return next(p["indexed_blocks"] for r in status["regions"] for p in r["pools"] if p["pool_id"] == pool)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_chat_usage_reports_the_prefix_vllm_reused(em, stream):
+    """Two chat requests sharing a long prefix through the HTTP front: the second's
+    usage.prompt_tokens_details.cached_tokens is what vLLM reused (its prefix-cache hit counter
+    rose by as many tokens), stated by the pool (x-cached-tokens-source: pool)."""
+    em.ensure_up()
+    http = f"127.0.0.1:{free_port()}"
+    router = em.mesh.start_router("--http-listen", http, "--tokenizer", f"{MODEL}={em.model_dir}")
+    try:
+        em.mesh.wait_routable(router, list(em.engines), timeout=120)
+        url = f"http://{http}"
+        seed = 11 if stream else 12
+        system = " ".join(
+            f"rule {seed}-{i}: answer plainly and cite item {i * 7 % 97}." for i in range(38)
+        )  # about 1,000 tokens
+        first, headers = _chat(
+            url, [{"role": "system", "content": system}, {"role": "user", "content": "hi"}], stream
+        )
+        assert first["prompt_tokens"] >= 900, first
+        holder = headers.get("x-pools", "").split(",")[0] if not stream else None
+        for pool in em.engines:  # the first request's blocks reached the relays, then this frontend
+            wait_until(partial(blocks_match, em, pool), 30, message=f"{pool}: blocks published")
+            wait_until(
+                partial(lambda p: _indexed(url, p) >= len(em.sink.of(p)), pool), 30, message=f"{pool} indexed"
+            )
+        hits = {p: e.metric("vllm:prefix_cache_hits_total") for p, e in em.engines.items()}
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": "and now?"}]
+        usage, headers = _chat(url, msgs, stream)
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        # vLLM counts a step's hits as the step ends; the answer can come first.
+        rose: dict[str, float] = {}
+
+        def counted() -> bool:
+            rose.update(
+                {p: e.metric("vllm:prefix_cache_hits_total") - hits[p] for p, e in em.engines.items()}
+            )
+            return sum(rose.values()) >= cached
+
+        wait_until(counted, 10, message="vLLM counted the hits")
+        assert headers["x-cached-tokens-source"] == "pool"
+        assert cached >= first["prompt_tokens"] // 2, (usage, rose)
+        assert cached == sum(rose.values()), (usage, rose)  # what vLLM counted as hits, token for token
+        if holder:
+            assert rose[holder] == cached and headers["x-pools"].split(",")[0] == holder
+    finally:
+        router.proc.stop()

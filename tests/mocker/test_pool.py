@@ -299,3 +299,38 @@ async def test_a_waiter_that_goes_away_gives_up_its_place(fake_clock):
     await fake_clock.advance(10)
     await first.task
     assert worker.running == 0, "the slot is free, not held by the waiter that left"
+
+
+async def test_an_adapter_request_is_cached_apart_from_the_base_model_and_an_unknown_one_refused(fake_clock):
+    from meshkit.blocks import adapter_seed
+    from mocker.events import pool_status
+
+    pool = make_pool(fake_clock, adapters=("sql",), max_running_per_worker=4, workers=1)
+    prompt = list(range(12))
+    with pytest.raises(Refused) as e:
+        pool.admit("r", "m", prompt, 1, adapter="chat")
+    assert e.value.kind is RefusalKind.UNKNOWN_MODEL and "adapter 'chat'" in e.value.message
+    with pytest.raises(Refused):
+        pool.admit("r", "cold", prompt, 1, adapter="sql")  # adapters are served on the first model
+
+    async def serve() -> None:
+        ticket = pool.admit("r", "m", prompt, 1, adapter="sql")
+        async for _ in pool.run(ticket):
+            pass
+        pool.close(ticket)
+
+    task = asyncio.create_task(serve())
+    await fake_clock.settle()
+    await fake_clock.advance(10)
+    await task
+    seeded = block_hashes(prompt + continue_sequence(prompt, 1), BS, adapter_seed("sql"))
+    assert pool.workers[0].cache.blocks()[: len(seeded)] == seeded
+    # The base model finds none of the adapter's blocks cached; the adapter finds all of them.
+    base = pool.admit("r2", "m", prompt, 1)
+    assert base.cached_blocks == 0
+    again = pool.admit("r3", "m", prompt, 1, adapter="sql")
+    assert again.cached_blocks == 3
+    assert [(m.model, list(m.adapters)) for m in pool_status(pool, 1).models] == [
+        ("cold", []),
+        ("m", ["sql"]),
+    ]

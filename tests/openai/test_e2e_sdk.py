@@ -55,10 +55,13 @@ def test_sdk_chat_and_completions_through_a_real_mesh(procs, tokenizer_dir, hf_t
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage.prompt_tokens == len(prompt) and chunks[-1].usage.completion_tokens == 24
-    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24)
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=MESSAGES, max_tokens=24)
+    reply = raw.parse()
     assert reply.choices[0].message.content == text
-    # The second run found the first one's prompt blocks cached (telemetry steered it there).
+    # The second run found the first one's prompt blocks cached (telemetry steered it there), as
+    # the mocker pool's admission said.
     assert reply.usage.prompt_tokens_details.cached_tokens == len(prompt) // 16 * 16
+    assert raw.headers["x-cached-tokens-source"] == "pool"
     assert [m.id for m in client.models.list().data] == [MODEL]
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=MESSAGES)

@@ -304,6 +304,8 @@ class FakeEngine:
         self.metrics = VLLM_METRICS
         self.metrics_status = 200
         """What /metrics answers (500: up, but its load cannot be read)."""
+        self.models_body: dict = {"object": "list", "data": [{"id": "tiny", "object": "model"}]}
+        """What /v1/models answers."""
 
     async def health(self, request):
         return web.Response(status=200 if self.up else 503)
@@ -314,7 +316,7 @@ class FakeEngine:
         return web.Response(text=self.metrics)
 
     async def models(self, request):
-        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+        return web.json_response(self.models_body)
 
     async def start(self):
         app = web.Application()

@@ -77,7 +77,7 @@ def test_a_status_maps_to_relay_stream_and_state_families() -> None:
         ("poolrelay_telemetry_connects_total", labels(f1)): 2.0,
         ("poolrelay_telemetry_snapshots_sent_total", labels(f1)): 4.0,
     }
-    for state in ("unspecified", "connecting", "streaming", "backing_off", "closed"):
+    for state in ("unspecified", "connecting", "streaming", "backing_off", "closed", "refused"):
         expected[("poolrelay_telemetry_stream_state", labels(f1, ("state", state)))] = float(
             state == "streaming"
         )

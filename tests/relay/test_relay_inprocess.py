@@ -311,3 +311,43 @@ async def _report_intervals_pass(recv: TelemetryReceiver, n: int) -> None:
     its own clock, so at least n - 1 intervals of the relay's time passed (however loaded the machine)."""
     start = recv.heartbeats
     await wait_for(lambda: recv.heartbeats >= start + n, message=f"{n} more telemetry heartbeats")
+
+
+@pytest.mark.timeout(30)
+async def test_a_background_task_that_dies_stops_the_relay(mesh, monkeypatch):
+    """A bug in the heartbeat (not a failed call, which it retries) used to end the task silently:
+    the pool then left the mesh one lease later while the relay said it was healthy."""
+    _pool, _disco, _recv, relay = mesh
+    await wait_for(lambda: relay.registered_model == "m1")
+    assert not relay.stop_requested.is_set()
+
+    def broken() -> None:
+        raise KeyError("injected fault")
+
+    monkeypatch.setattr(relay.heartbeat, "_wanted", broken)
+    relay.heartbeat.poke()
+    await wait_for(relay.stop_requested.is_set)
+    assert relay.supervisor.failure is not None
+    assert (relay.supervisor.failure.task, relay.supervisor.failure.cause) == (
+        "heartbeat",
+        "KeyError: 'injected fault'",
+    )
+
+
+@pytest.mark.timeout(30)
+async def test_a_telemetry_publisher_that_dies_stops_the_relay(mesh):
+    _pool, _disco, _recv, relay = mesh
+    await wait_for(lambda: any(p.snapshots_sent for p in relay.hub.publishers.values()))
+    (publisher,) = relay.hub.publishers.values()
+
+    class Fault(BaseException):
+        """Not an Exception: the session's own retries do not catch it, so the task dies."""
+
+    async def broken(call) -> None:
+        raise Fault("injected fault")
+
+    publisher._send_snapshot = broken
+    publisher.request_snapshot()
+    await wait_for(relay.stop_requested.is_set)
+    assert relay.supervisor.failure is not None
+    assert relay.supervisor.failure.task.startswith("telemetry ")

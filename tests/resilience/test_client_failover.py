@@ -12,7 +12,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from globalrouter.client import FailoverClient, FailoverError, frontend_lost, router_list
+from globalrouter import client as client_module
+from globalrouter.client import FailoverClient, FailoverError, FailoverPolicy, frontend_lost, router_list
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.errors import Reason, grpc_status_for
 from meshlaunch import free_port
@@ -27,13 +28,21 @@ class FakeFrontend(router_pb2_grpc.RouterServiceServicer):
     stream it drops the call as a dying process would (UNAVAILABLE, no reason); `answer` makes it
     refuse with a reasoned status instead."""
 
-    def __init__(self, die_after: int | None = None, answer: tuple[grpc.StatusCode, Reason] | None = None):
+    def __init__(
+        self,
+        die_after: int | None = None,
+        answer: tuple[grpc.StatusCode, Reason] | None = None,
+        crash: bool = False,
+    ):
         self.die_after = die_after
         self.answer = answer
+        self.crash = crash
         self.requests: list[router_pb2.GenerateRequest] = []
 
     def Generate(self, request, context):
         self.requests.append(request)
+        if self.crash:  # a poisonous request: the handler raises (grpc answers UNKNOWN, no reason)
+            raise RuntimeError("poisonous request")
         if self.answer is not None:
             context.abort_with_status(grpc_status_for(self.answer[0], self.answer[1], "a considered no"))
         prompt = list(request.prompt.token_ids.ids)
@@ -124,6 +133,48 @@ def test_frontend_lost_classification():
     assert frontend_lost(lost) and not frontend_lost(final)
 
 
+def test_frontend_lost_by_code_origin_not_text():
+    def error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="x")
+
+    # A lost peer or connection, or an HTTP/2 stream reset: transport failures.
+    for code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL):
+        assert frontend_lost(error(code)), code
+    # The frontend's application raised: it ran the request, another would fail the same way.
+    assert not frontend_lost(error(grpc.StatusCode.UNKNOWN))
+
+
+def test_a_poisonous_request_is_not_retried_across_the_fleet():
+    fleet = [FakeFrontend(crash=True) for _ in range(4)]
+    with frontends(*fleet) as addresses, FailoverClient(addresses) as client:
+        with pytest.raises(FailoverError) as info:
+            client.generate("m", PROMPT, 5)
+    assert info.value.code is grpc.StatusCode.UNKNOWN
+    assert [len(f.requests) for f in fleet] == [1, 0, 0, 0], "one frontend tried, no fail-over"
+
+
+def test_the_failover_budget_is_capped_whatever_the_fleet_size(monkeypatch):
+    monkeypatch.setattr(client_module, "failover_wait", lambda barren: 0.0)
+    dead = [f"127.0.0.1:{free_port()}" for _ in range(50)]
+    with FailoverClient(dead) as client:
+        with pytest.raises(FailoverError) as info:
+            client.generate("m", PROMPT, 5, timeout=20)
+    assert "4 fail-overs of 4 allowed" in info.value.message
+    assert client.current == dead[4], "4 fail-overs (the default cap), not 2 x 50"
+    with FailoverClient(dead, policy=FailoverPolicy(max_failovers=1)) as client:
+        with pytest.raises(FailoverError):
+            client.generate("m", PROMPT, 5, timeout=20)
+    assert client.current == dead[1], "the configured cap"
+
+
+def test_small_meshes_keep_their_budget():
+    assert [FailoverPolicy().limit(n) for n in (1, 2, 3, 50)] == [2, 4, 4, 4]
+    assert FailoverPolicy(per_frontend=1, max_failovers=10).limit(50) == 10
+    for bad in ({"per_frontend": 0}, {"max_failovers": -1}):
+        with pytest.raises(ValueError, match="FailoverPolicy"):
+            FailoverPolicy(**bad)
+
+
 def test_router_list_flag():
     assert router_list("a:1,b:2") == ["a:1", "b:2"]
     for bad in ("", "a:1,a:1", "nohost"):
@@ -153,3 +204,16 @@ def test_generate_cli_takes_several_routers(capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == continue_sequence([1, 2, 3], 6) and out["failovers"] == 1
+
+
+def test_generate_cli_max_failovers(capsys):
+    from globalrouter.cli import main
+
+    dead = ",".join(f"127.0.0.1:{free_port()}" for _ in range(3))
+    argv = ["generate", "--router", dead, "--model", "m", "--tokens", "1,2", "--max-tokens", "2"]
+    assert main([*argv, "--max-failovers", "1", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["error"] == "UNAVAILABLE" and "1 fail-overs of 1 allowed" in out["message"]
+    with pytest.raises(SystemExit):
+        main([*argv, "--max-failovers", "-1"])
+    assert "--max-failovers: must be at least 0" in capsys.readouterr().err

@@ -95,3 +95,17 @@ async def test_generate_prints_the_error_reason(capsys):
     finally:
         await channel.close()
         await router.handle.server.stop(0)
+
+
+def test_aliases_flag_takes_a_good_file_and_refuses_a_bad_one_naming_the_key(tmp_path, capsys):
+    good = tmp_path / "good.toml"
+    good.write_text('[aliases]\nchat = { "llama-v1" = 0.9, "llama-v2" = 0.1 }\n')
+    assert build_parser().parse_args(["serve", "--discovery", "h:1", "--aliases", str(good)]).aliases == str(
+        good
+    )
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[aliases]\nchat = { "llama-v1" = -0.5 }\n')
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["serve", "--discovery", "h:1", "--aliases", str(bad)])
+    assert exit_.value.code == 2
+    assert "aliases.chat.llama-v1: a weight must be a finite number ≥ 0" in capsys.readouterr().err

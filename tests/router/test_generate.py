@@ -281,3 +281,13 @@ async def test_invalid_utf8_in_a_text_prompt_is_invalid_argument_naming_the_fiel
                 await unary(raw, timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert bad_request_fields(err.value) == ["prompt.text"]
+
+
+async def test_each_generated_request_observes_its_time_to_first_token_once(mesh):
+    router, stub, _pools = mesh
+    ttft = router.metrics.time_to_first_token
+    before = ttft._sum.get(), sum(b.get() for b in ttft._buckets)
+    await collect(stub, gen_request(PROMPT, 20))
+    await collect(stub, gen_request(PROMPT, 5))
+    assert sum(b.get() for b in ttft._buckets) - before[1] == 2  # once per request, not per chunk
+    assert ttft._sum.get() > before[0]

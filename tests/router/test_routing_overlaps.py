@@ -7,7 +7,7 @@ from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import PoolState
 from globalrouter.routing import RoutingCore
 from globalrouter.selection import Selector
-from meshkit.blocks import block_hashes
+from meshkit.blocks import adapter_seed, block_hashes
 from meshkit.clock import FakeClock
 
 NOW = 10.0
@@ -54,9 +54,9 @@ def test_the_rest_of_the_prompt_is_not_hashed_when_the_first_block_is_not_held(m
 
     real = routing.block_hashes
 
-    def counting(toks, size):
+    def counting(toks, size, parent=0):
         hashed.append(len(toks))
-        return real(toks, size)
+        return real(toks, size, parent)
 
     monkeypatch.setattr(routing, "block_hashes", counting)
     core.overlaps(pools, [999, *tokens[1:]], NOW)
@@ -64,3 +64,12 @@ def test_the_rest_of_the_prompt_is_not_hashed_when_the_first_block_is_not_held(m
     hashed.clear()
     core.overlaps(pools, tokens, NOW)
     assert hashed == [16, 160]
+
+
+def test_an_adapters_prompt_matches_only_the_blocks_cached_under_that_adapter():
+    core, pools, tokens = setup()
+    sql = block_hashes(tokens, 16, adapter_seed("sql"))
+    core.index.apply_snapshot("b/r/1", sql[:5])  # pool b now holds 5 blocks of the prompt under "sql"
+    assert core.overlaps(pools, tokens, NOW) == {"a": 7, "b": 0}
+    assert core.overlaps(pools, tokens, NOW, adapter_seed("sql")) == {"a": 0, "b": 5}
+    assert core.overlaps(pools, tokens, NOW, adapter_seed("chat")) == {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import cast
 
 import grpc
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from globalrouter.kv_index import KvIndex
+from globalrouter.kv_summary import KvSummary
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.telemetry_ingest import StreamRejected, StreamState, TelemetryIngest
@@ -48,9 +50,14 @@ def delta(sequence: int, stored=(), removed=()):
     )
 
 
-def make(**kw) -> tuple[TelemetryIngest, PoolTable, KvIndex]:
-    table, index = PoolTable(), KvIndex()
+def make(kv_state: str = "exact", **kw) -> tuple[TelemetryIngest, PoolTable, KvIndex]:
+    table = PoolTable()
+    # the summary answers the index's calls (the ingest also calls its build ones)
+    index = cast(KvIndex, KvSummary()) if kv_state == "summary" else KvIndex()
     return TelemetryIngest(table, index, FakeClock(), RouterMetrics(), **kw), table, index
+
+
+KV_STATES = pytest.mark.parametrize("kv_state", ["exact", "summary"])
 
 
 # ---- issue 18 item 6: the snapshot cap is per relay and in total, not per stream ----------------
@@ -162,8 +169,9 @@ def test_a_hello_with_another_block_size_than_the_pools_live_streams_is_refused(
 
 
 # ---- issue 19 item 3: bounded steps --------------------------------------------------------
-def test_a_snapshot_is_applied_in_bounded_steps_then_swapped_in_with_the_deltas_behind_it():
-    ingest, table, index = make(step_blocks=100)
+@KV_STATES
+def test_a_snapshot_is_applied_in_bounded_steps_then_swapped_in_with_the_deltas_behind_it(kv_state):
+    ingest, table, index = make(kv_state, step_blocks=100)
     s = ingest.open(hello())
     ingest.receive(s, chunk(range(1, 501), sequence=4))
     ingest.receive(s, chunk(range(501, 1001), index=1, last=True, sequence=4))
@@ -207,8 +215,9 @@ def test_a_leaving_streams_blocks_are_removed_from_its_own_list_not_a_pass_over_
     assert index.sources() == [kept] and index.total_blocks() == 300
 
 
-def test_an_ending_stream_during_its_snapshot_build_leaves_nothing():
-    ingest, table, index = make(step_blocks=100)
+@KV_STATES
+def test_an_ending_stream_during_its_snapshot_build_leaves_nothing(kv_state):
+    ingest, table, index = make(kv_state, step_blocks=100)
     s = ingest.open(hello())
     ingest.receive(s, chunk(range(1, 1001), last=True))
     ingest.run(300)
@@ -219,8 +228,9 @@ def test_an_ending_stream_during_its_snapshot_build_leaves_nothing():
     assert ingest.snapshot_blocks_held == 0 and "p" not in table.pools
 
 
-async def test_the_serving_loop_applies_a_snapshot_through_its_worker():
-    router, _stub, channel = await start_router(snapshot_step_blocks=1000)
+@KV_STATES
+async def test_the_serving_loop_applies_a_snapshot_through_its_worker(kv_state):
+    router, _stub, channel = await start_router(snapshot_step_blocks=1000, kv_state=kv_state)
     try:
         relay = FakeRelay(f"127.0.0.1:{router.port}")
         await relay.open("p1")
@@ -235,8 +245,9 @@ async def test_the_serving_loop_applies_a_snapshot_through_its_worker():
         await router.handle.server.stop(0)
 
 
-async def test_stop_does_not_remove_leaving_streams_blocks():
-    router, _stub, channel = await start_router()
+@KV_STATES
+async def test_stop_does_not_remove_leaving_streams_blocks(kv_state):
+    router, _stub, channel = await start_router(kv_state=kv_state)
     try:
         relay = FakeRelay(f"127.0.0.1:{router.port}")
         await relay.open("p1")
@@ -300,13 +311,16 @@ async def test_every_refused_hello_is_logged_with_its_reason():
         await router.handle.server.stop(0)
 
 
+@KV_STATES
 @pytest.mark.parametrize("seed", range(12))
-def test_stepped_ingestion_matches_a_plain_set_model(seed):
+def test_stepped_ingestion_matches_a_plain_set_model(seed, kv_state):
     """Random opens (rising or equal incarnations), snapshots, deltas, closes and partial steps:
     whenever the work is done, every live stream's applied set is what its messages say, and once
-    every stream is gone nothing is left in the index or the budgets."""
+    every stream is gone nothing is left in the index or the budgets. (With the summary, whose
+    relays of one pool share the pool's set, each relay streams for a pool of its own.)"""
     rnd = random.Random(seed)
-    ingest, table, index = make(step_blocks=rnd.choice([7, 50, 300]))
+    ingest, table, index = make(kv_state, step_blocks=rnd.choice([7, 50, 300]))
+    summary = kv_state == "summary"
     live: dict[str, StreamState] = {}
     pending: dict[str, set[int]] = {}  # a snapshot sent but maybe not yet swapped in
     incarnation: dict[str, int] = {}
@@ -317,7 +331,8 @@ def test_stepped_ingestion_matches_a_plain_set_model(seed):
         s = live.get(relay)
         if s is None or op < 0.05:
             incarnation[relay] = incarnation.get(relay, 0) + rnd.choice([0, 1])
-            live[relay] = ingest.open(hello(relay=relay, incarnation=max(1, incarnation[relay])))
+            pool = relay if summary else "p"
+            live[relay] = ingest.open(hello(pool=pool, relay=relay, incarnation=max(1, incarnation[relay])))
             pending.pop(relay, None)
         elif op < 0.25:
             blocks = set(rnd.sample(range(1, 400), rnd.randint(0, 120)))

@@ -12,7 +12,7 @@ import pytest
 
 from globalrouter.kv_index import KvIndex
 from globalrouter.metrics import RouterMetrics
-from globalrouter.migration import GenerateError, GenerateRun, known_busy
+from globalrouter.migration import GenerateError, GenerateRun, Output, RunRecord, known_busy
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import FreshnessLimits, LoadSignal, PoolState
 from globalrouter.routing import RoutingCore
@@ -20,7 +20,6 @@ from globalrouter.selection import FilterReason, Selector
 from globalrouter.serving import Admitted, PoolRequest, PoolResponse, ServingLinks
 from globalrouter.stall import FirstTokenWait, StallPolicy, StallWatch
 from globalrouter.v1 import pool_frontend_pb2 as pf
-from globalrouter.v1 import router_pb2
 from meshkit.clock import FakeClock
 from meshkit.errors import Reason
 
@@ -111,8 +110,8 @@ class Mesh:
         return run, task
 
     @staticmethod
-    async def _collect(run: GenerateRun, first) -> list[router_pb2.GenerateResponse]:
-        return [msg async for msg in run.stream(first)]
+    async def _collect(run: GenerateRun, first) -> Collected:
+        return Collected([out async for out in run.stream(first)], run.record)
 
     async def stream_of(self, name: str, index: int = 0) -> ScriptedStream:
         for _ in range(50):
@@ -138,8 +137,16 @@ class Mesh:
         return metrics.refusals.labels(pool, code)._value.get()
 
 
-def summary_of(messages: list[router_pb2.GenerateResponse]) -> router_pb2.GenerateSummary:
-    return messages[-1].summary
+@dataclasses.dataclass
+class Collected:
+    """A run's whole output and its record (which pools served it, which refused)."""
+
+    outputs: list[Output]
+    record: RunRecord
+
+
+def summary_of(collected: Collected) -> RunRecord:
+    return collected.record
 
 
 async def test_a_pool_whose_fresh_load_shows_it_full_is_waited_for_without_backing_off(fake_clock):
@@ -155,7 +162,7 @@ async def test_a_pool_whose_fresh_load_shows_it_full_is_waited_for_without_backi
     messages = await task
     summary = summary_of(messages)
     assert list(summary.pools) == ["a"] and not summary.refused_by
-    assert [t for m in messages[:-1] for t in m.tokens.token_ids] == [7, 8, 9, 10]
+    assert [t for m in messages.outputs for t in m.token_ids] == [7, 8, 9, 10]
     assert mesh.refusals("a", "DEADLINE_EXCEEDED") == 0
     assert mesh.links.requests[0].queue_updates, "the frontend asks for queue reports"
 

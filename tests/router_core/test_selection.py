@@ -262,3 +262,28 @@ def test_fast_ranked_pool_constructor_matches_the_dataclass():
     values = ("p", 1.5, 0.25, 0.75, 0.5, 3, 10, False, "r", 100)
     assert _new_ranked(*values) == RankedPool(*values)
     assert repr(_new_ranked(*values)) == repr(RankedPool(*values))
+
+
+def test_an_adapter_request_goes_only_to_pools_serving_the_adapter():
+    pools = [
+        pool("a", adapters={MODEL: frozenset({"sql"})}),
+        pool("b", adapters={MODEL: frozenset({"chat"})}),
+        pool("c"),  # no readiness report naming adapters: not known to serve it
+        pool("d", model="other", adapters={"other": frozenset({"sql"})}),
+    ]
+    d = Selector().select(pools, MODEL, 64, 16, {}, NOW, adapter="sql")
+    assert order(d) == ["a"] and d.model_served
+    got = {f.pool_id: (f.reason, f.detail) for f in d.filtered}
+    assert got["b"] == (
+        FilterReason.ADAPTER_NOT_SERVED,
+        "does not serve adapter 'sql' of 'm' (it lists chat)",
+    )
+    assert got["c"] == (
+        FilterReason.ADAPTER_NOT_SERVED,
+        "does not serve adapter 'sql' of 'm' (it lists none)",
+    )
+    assert got["d"][0] is FilterReason.OTHER_MODEL
+    # The base model's requests go anywhere; an adapter no pool serves is not served at all.
+    assert {c.pool_id for c in Selector().select(pools, MODEL, 64, 16, {}, NOW).candidates} == {"a", "b", "c"}
+    none = Selector().select(pools, MODEL, 64, 16, {}, NOW, adapter="nope")
+    assert not none.model_served and none.candidates == []

@@ -10,10 +10,13 @@ import contextlib
 import functools
 import http.client
 import json
+import signal
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,9 +31,10 @@ from globalrouter.v1 import router_pb2 as rpb
 from globalrouter.v1 import router_pb2_grpc as rpb_grpc
 from meshkit import pagination
 from meshkit.errors import reason_of, reason_of_status
+from meshkit.identity import hash_api_key, new_api_key
 from meshkit.timeconv import duration
 from meshkit.validation import bad_request_fields
-from meshlaunch import command, free_port
+from meshlaunch import command, free_port, wait_until
 from mocker.v1 import admin_pb2 as apb
 from mocker.v1 import admin_pb2_grpc as apb_grpc
 from poolrelay.engine.events import Malformed, decode_batch
@@ -949,6 +953,79 @@ def _http10_stream(mesh: SecureMesh) -> Outcome:
     return Outcome(f"HTTP {int(head.split()[1])}", fields, error.get("code") or "", error["message"])
 
 
+# ---- API keys: identities, reloads ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _keyed_discovery(mesh: SecureMesh, lines: str, key: str):
+    """A discovery process of its own, plain text on loopback, with an --api-keys file of `lines`;
+    once it answers ListPools with `key`: its address, process and keys file."""
+    tmp = tempfile.TemporaryDirectory(prefix="keys-")
+    keys = Path(tmp.name) / "keys"
+    keys.write_text(lines)
+    address = f"127.0.0.1:{free_port()}"
+    name = f"discovery-{len(mesh.procs)}"
+    proc = mesh.procs[name] = mesh.group.start(
+        name, [command("globaldiscovery"), "serve", "--listen", address, "--api-keys", str(keys)]
+    )
+    try:
+
+        def answers() -> bool:
+            proc.check_alive()
+            return _keyed(address, key, "ListPools", dpb.ListPoolsRequest()).code == "OK"
+
+        wait_until(answers, 30, message="discovery answers with an API key")
+        yield address, proc, keys
+    finally:
+        proc.stop()
+        tmp.cleanup()
+
+
+def _keyed(address: str, key: str, method: str, request) -> Outcome:
+    """One discovery call with `key` as `authorization: Bearer` metadata over plain text."""
+    with grpc.insecure_channel(address) as ch:
+        rpc = getattr(dpb_grpc.DiscoveryServiceStub(ch), method)
+        return _rpc(lambda: rpc(request, timeout=10, metadata=(("authorization", f"Bearer {key}"),)))
+
+
+def _relay_key_for_another_pool(mesh: SecureMesh) -> Outcome:
+    """A key that stands for relay/pool-a/relay-1 registers pool-b as relay-1."""
+    key = new_api_key()
+    with _keyed_discovery(mesh, f"relay/pool-a/relay-1 {hash_api_key(key)}\n", key) as (address, _p, _k):
+        return _keyed(address, key, "RegisterPool", _registration(pool_id="pool-b", relay_id="relay-1"))
+
+
+def _keys_file_in_clear_on_sighup(mesh: SecureMesh) -> Outcome:
+    """The --api-keys file is rewritten with a key in clear and SIGHUP sent: the file is refused
+    (logged naming its line) and the key in force still works."""
+    key = new_api_key()
+    with _keyed_discovery(mesh, f"alice {hash_api_key(key)}\n", key) as (address, proc, keys):
+        keys.write_text(f"alice {hash_api_key(key)}\nbob {new_api_key()}\n")
+        proc.signal(signal.SIGHUP)
+        wait_until(lambda: "API keys NOT reloaded" in proc.output() or not proc.alive(), 30)
+        proc.check_alive()
+        line = next(x for x in proc.output().splitlines() if "API keys NOT reloaded" in x)
+        if _keyed(address, key, "ListPools", dpb.ListPoolsRequest()).code != "OK":
+            return Outcome("KEYS LOST", message=line)
+        return Outcome("file refused, current keys kept", message=line)
+
+
+def _discovery_keys(lines: str) -> Callable[[SecureMesh], Outcome]:
+    """`globaldiscovery serve --api-keys FILE` with `lines` in FILE: its exit code and complaint."""
+
+    def send(_mesh: SecureMesh) -> Outcome:
+        with tempfile.TemporaryDirectory(prefix="keys-") as tmp:
+            keys = Path(tmp) / "keys"
+            keys.write_text(lines)
+            args = [command("globaldiscovery"), "serve", "--listen", f"127.0.0.1:{free_port()}"]
+            done = subprocess.run(
+                [*args, "--api-keys", str(keys)], capture_output=True, text=True, timeout=60, check=False
+            )
+        return Outcome(f"exit {done.returncode}", message=done.stderr)
+
+    return send
+
+
 CASES += [
     Case(
         "http",
@@ -1003,5 +1080,57 @@ CASES += [
         "stream",
         _http10_stream,
         reason="invalid_value",
+    ),
+]
+
+
+CASES += [
+    Case(
+        "discovery",
+        "RegisterPool",
+        "an API key standing for relay/pool-a/relay-1 registering pool-b",
+        "PERMISSION_DENIED",
+        "pool_id",
+        _relay_key_for_another_pool,
+        reason="NOT_AUTHORIZED",
+    ),
+    Case(
+        "discovery",
+        "SIGHUP",
+        "an --api-keys file rewritten with a key in clear",
+        "file refused, current keys kept",
+        "keys:2",
+        _keys_file_in_clear_on_sighup,
+    ),
+    Case(
+        "discovery",
+        "serve flags",
+        "an --api-keys line naming an unknown role (robot/x)",
+        "exit 2",
+        "--api-keys",
+        _discovery_keys(f"robot/x sha256:{'0' * 64}\n"),
+    ),
+]
+
+# Issue 18: a frontend URL on port 0 (relays dialled it and backed off for good).
+CASES += [
+    Case(
+        "discovery",
+        "RegisterPool",
+        "a frontend URL on port 0",
+        IA,
+        "frontends[0]",
+        _discovery("RegisterPool", _registration(frontends=["http://127.0.0.1:0"])),
+    ),
+    Case(
+        "discovery",
+        "RegisterFrontend",
+        "url on port 0",
+        IA,
+        "url",
+        _discovery(
+            "RegisterFrontend",
+            dpb.RegisterFrontendRequest(frontend_id="f", url="http://127.0.0.1:0", incarnation=1),
+        ),
     ),
 ]

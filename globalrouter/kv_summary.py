@@ -1,0 +1,853 @@
+"""Pool-level KV block sets as compact fingerprint tables (about 2.4 bytes a block), searched per pool.
+
+Why: the exact index (kv_index.KvIndex) keeps one mask bit per source per distinct block, so at
+1,000 pools x 2 relays a block costs about 400 bytes and 1,000 pools x 1,000,000 blocks cannot be
+held. Relay replicas of one pool report the same pool-level set, and what routing needs is, per
+pool, "does this pool hold block h" along the prompt's chained block hashes. So here each pool
+has its own table whose memory grows with the blocks that pool holds, whatever the number of
+sources or pools.
+
+A pool's table is a two-choice bucketed fingerprint filter: `buckets` rows of SLOTS uint16 slots,
+all pools' rows in one arena (so one numpy gather reads many pools' rows at once). A block hash is
+mixed (splitmix64: the trace ids are sequential), then its 128-bit product with the bucket count
+gives its first bucket (high part) and a 15-bit fingerprint (the next bits); its second bucket is
+(G(fingerprint) - first) mod buckets, so either bucket and the fingerprint give the other. A slot
+holds fingerprint << 1 | (1 if in the second bucket), 0 when empty. An insert takes the emptier
+of the two rows, and when both are full evicts an entry to that entry's other row (partial-key
+cuckoo), so tables fill to MAX_LOAD; 2 bytes a slot at a load of 0.85 is 2.35 bytes a block, to
+which the arena's unused rows add. Lossy both ways, rarely: another block with the same fingerprint in one of the
+two rows reads as held (false positive, about 2 x SLOTS x load / 2^15 per probe) and, since the
+set is a set (an insert of a fingerprint already there is a no-op), removing one of two such
+blocks hides the other (false negative, as rare).
+
+A table about to pass MAX_LOAD doubles: each entry's first bucket and fingerprint come back
+from its slot, and the product with twice the buckets is twice the old one plus one unknown bit,
+so the first bucket gains the fingerprint's top bit and the fingerprint loses its lowest bit (the
+pool's `lost` bits, masked on every later probe too; a snapshot rebuilds at full precision).
+Tables are sized from the snapshot or from the pool's KV capacity (`expect`: load reports carry
+kv_blocks_total) so that doubling is the exception; past MAX_LOST doublings, blocks that find no
+room are dropped and counted (false negatives) until the next snapshot.
+
+Longest cached prefix: chained hashes make membership mostly monotone along a prompt, so every
+pool is binary-searched at once (one vectorised probe of all still-searching pools per step,
+about log2(blocks) steps). Eviction can leave holes (an LRU that evicts a prompt's first block
+first, or an older suffix outliving a newer middle), so the search's answer is an upper bound;
+the pools with the longest bounds are then checked block by block, VERIFY_TOP at a time, until
+VERIFY_TOP checked pools reach every unchecked pool's bound: the pools that can win on cache
+affinity have exact lengths (up to false positives), and an unchecked pool is never credited
+more than the VERIFY_TOP-th checked one.
+
+Sources: a pool's set is replaced by the snapshot of any of its sources, and changed by the
+deltas of its feeding source (the one whose snapshot came last; when it leaves, another live
+source of the pool). Other replicas' deltas are counted and skipped (they carry the same set).
+The pool's set is dropped when its last source leaves. Deltas are logged and folded into the
+tables vectorised (all pools at once) when the log holds PENDING blocks or before any read.
+
+The live frontend (`globalrouter serve --kv-state summary`) applies a snapshot in bounded steps:
+begin_snapshot gives it a table of its own (a hidden table id, never searched), add_blocks fills
+it a slice at a time, commit_snapshot makes it the pool's in one swap (until then the pool's old
+set answers). remove_blocks is a no-op: a leaving source's blocks are its pool's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence, Sized
+from dataclasses import dataclass
+
+import numpy as np
+
+SLOTS = 8
+"""Slots per bucket (one 16-byte row)."""
+FP_BITS = 15
+"""Fingerprint bits in a slot (the 16th says which of the two buckets the entry is in)."""
+TARGET_LOAD = 0.85
+"""Slots used / slots right after sizing a table (2 bytes / 0.85 = 2.35 bytes a block)."""
+MAX_LOAD = 0.97
+"""A pool's table doubles before it passes this load (a two-choice table of 8-slot rows fills to
+about this before a pair of rows is full)."""
+MIN_BUCKETS = 16
+MAX_LOST = 6
+"""Doublings a table may take before the next snapshot (each costs one fingerprint bit, doubling
+the false-positive rate); past it, blocks that find no room are dropped and counted."""
+VERIFY_TOP = 8
+"""Pools checked block by block after the binary search (see the module docstring)."""
+WAVE = 4096
+WAVES = 16
+"""Batches above WAVE keys are placed in WAVES waves (see _place)."""
+KICK_ROUNDS = 500
+"""Rounds of cuckoo evictions before entries still homeless are dropped (see _settle)."""
+PENDING = 65536
+"""Logged delta blocks that trigger a fold (reads fold first anyway)."""
+
+_M32 = np.uint64(0xFFFF_FFFF)
+_S32 = np.uint64(32)
+_FP_SHIFT = np.uint64(32 - FP_BITS)
+_FP_MASK = np.uint64((1 << FP_BITS) - 1)
+_ALT_MUL = np.uint64(0x9E37_79B9_7F4A_7C15)
+_BYTE_INDEX = np.uint64(0x0001_0203_0405_0607)
+_TOP_BYTE = np.uint64(56)
+
+
+def default_pool_of(source: str) -> str:
+    """The pool of a source key: the telemetry ingest names a stream `pool/relay/incarnation#n`
+    and the simulator `pool/relay`; the pool id is what precedes the last two (or one) parts."""
+    parts = source.rsplit("/", 2)
+    if len(parts) < 2 or not parts[0]:
+        raise ValueError(f"source {source!r} does not name its pool (expected 'pool/relay[/...]')")
+    return parts[0]
+
+
+def mix(keys: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, vectorised: a bijection of uint64 that spreads sequential ids."""
+    z = keys.astype(np.uint64, copy=True)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58_476D_1CE4_E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D0_49BB_1331_11EB)
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _as_keys(hashes: Iterable[int]) -> np.ndarray:
+    if isinstance(hashes, np.ndarray):
+        return hashes.astype(np.uint64, copy=False)
+    if isinstance(hashes, Sized):
+        return np.fromiter(hashes, np.uint64, len(hashes))
+    return np.fromiter(hashes, np.uint64)
+
+
+def _first_match(rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per row, the first slot equal to its value, -1 where none. The 8 comparison bytes of a row
+    read as one uint64: its lowest set byte is the slot."""
+    eq = (rows == values[:, None]).view(np.uint64)[:, 0]
+    low = eq & (~eq + np.uint64(1))
+    pos: np.ndarray = ((low * _BYTE_INDEX) >> _TOP_BYTE).astype(np.int64)
+    pos[eq == 0] = -1
+    return pos
+
+
+def _ranks(rows: np.ndarray) -> np.ndarray:
+    """Each element's rank among the equal elements before it (rows < 2^32). A stable argsort in
+    two radix passes of 16 bits: numpy sorts 16-bit keys by radix, four times as fast as one
+    comparison sort of the int64s."""
+    n = rows.size
+    if not n:
+        return np.zeros(0, np.int64)
+    low = (rows & 0xFFFF).astype(np.uint16)
+    order = np.argsort(low, kind="stable")
+    high = (rows[order] >> 16).astype(np.uint16)
+    order = order[np.argsort(high, kind="stable")]
+    ordered = rows[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+    return rank
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryStats:
+    """Counters of what the summary skipped or lost (for metrics and tests)."""
+
+    pools: int
+    entries: int
+    table_bytes: int
+    arena_bytes: int
+    skipped_deltas: int
+    """Delta blocks from a pool's non-feeding sources (the same set, from another replica)."""
+    dropped_blocks: int
+    """Blocks that found no room (a table past MAX_LOST doublings): false negatives."""
+    doublings: int
+
+
+class KvSummary:
+    """Per-pool fingerprint tables behind KvIndex's interface (sources in, source -> prefix out)."""
+
+    __slots__ = (
+        "_base",
+        "_count",
+        "_doublings",
+        "_dropped",
+        "_feeder",
+        "_floor",
+        "_garbage",
+        "_hidden",
+        "_log_keys",
+        "_log_runs",
+        "_lost",
+        "_nb",
+        "_pool_ids",
+        "_pool_names",
+        "_pool_of",
+        "_pool_sources",
+        "_skipped",
+        "_slots",
+        "_source_pool",
+        "_spare",
+        "_staged",
+        "_top",
+        "verify_top",
+    )
+
+    def __init__(
+        self,
+        *,
+        pool_of: Callable[[str], str] = default_pool_of,
+        reserve_blocks: int = 0,
+        verify_top: int = VERIFY_TOP,
+    ) -> None:
+        if verify_top < 1:
+            raise ValueError(f"verify_top must be at least 1, got {verify_top}")
+        if reserve_blocks < 0:
+            raise ValueError(f"reserve_blocks must be >= 0, got {reserve_blocks}")
+        self._pool_of = pool_of
+        self.verify_top = verify_top
+        self._slots = np.zeros(
+            (max(MIN_BUCKETS, self._buckets_for(reserve_blocks * 101 // 100)), SLOTS), np.uint16
+        )
+        """The arena: every pool's rows, each pool's contiguous (np.zeros: pages cost on first use);
+        `reserve_blocks` (the fleet's pools x blocks, 1% over for the rounding of each table)
+        spares the copies of growing it by a quarter at a time."""
+        self._top = 0
+        """First arena row no pool has used."""
+        self._garbage = 0
+        """Arena rows of regions given up (a doubled or dropped table), reclaimed by compaction."""
+        self._pool_ids: dict[str, int] = {}
+        self._pool_names: list[str] = []
+        self._pool_sources: list[set[str]] = []
+        self._feeder: list[str | None] = []
+        self._floor: list[int] = []
+        """Per pool: the buckets `expect` asked for (a snapshot's table is never smaller)."""
+        self._source_pool: dict[str, int] = {}
+        self._base = np.zeros(0, np.int64)
+        """Per pool: its first arena row."""
+        self._nb = np.zeros(0, np.int64)
+        """Per pool: its buckets (0: no table)."""
+        self._lost = np.zeros(0, np.int64)
+        """Per pool: fingerprint bits lost to doublings since its table was built."""
+        self._count = np.zeros(0, np.int64)
+        """Per pool: entries in its table (blocks held, up to fingerprint collisions)."""
+        self._log_keys: list[int] = []
+        self._log_runs: list[tuple[int, int, int]] = []
+        """(pool, removed blocks, stored blocks) per logged delta, in order."""
+        self._skipped = 0
+        self._dropped = 0
+        self._doublings = 0
+        self._hidden = np.zeros(0, bool)
+        """Per table id: a snapshot being built (begin_snapshot), not a pool: never searched."""
+        self._staged: dict[str, tuple[int, int]] = {}
+        """Source being built -> (its build table's id, its pool's id)."""
+        self._spare: list[int] = []
+        """Build table ids free for the next begin_snapshot."""
+
+    # ---- sizing and the arena --------------------------------------------------------------------
+    @staticmethod
+    def _buckets_for(blocks: int) -> int:
+        return max(MIN_BUCKETS, math.ceil(blocks / (SLOTS * TARGET_LOAD)))
+
+    def _alloc(self, buckets: int) -> int:
+        """First row of a fresh zeroed region of `buckets` rows (compacts or grows the arena)."""
+        if buckets >= 1 << 32:
+            raise ValueError(f"a pool table of {buckets} buckets exceeds 2^32")
+        if self._top + buckets > len(self._slots):
+            live = self._top - self._garbage
+            if self._garbage and live + buckets <= len(self._slots):
+                self._compact(len(self._slots))
+            else:
+                self._compact(max(live + buckets, len(self._slots)) * 5 // 4)
+        base = self._top
+        self._top += buckets
+        self._slots[base : base + buckets] = 0
+        return base
+
+    def _compact(self, rows: int) -> None:
+        """Copies every live table to the front of a new arena of `rows` rows."""
+        new = np.zeros((rows, SLOTS), np.uint16)
+        top = 0
+        for p in np.flatnonzero(self._nb).tolist():
+            b, n = int(self._base[p]), int(self._nb[p])
+            new[top : top + n] = self._slots[b : b + n]
+            self._base[p] = top
+            top += n
+        self._slots, self._top, self._garbage = new, top, 0
+
+    def _release(self, p: int) -> None:
+        self._garbage += int(self._nb[p])
+        self._nb[p] = 0
+        self._count[p] = 0
+        self._lost[p] = 0
+
+    # ---- pools and sources ---------------------------------------------------------------------
+    def _pool_for(self, source: str) -> int:
+        p = self._source_pool.get(source)
+        if p is not None:
+            return p
+        p = self._pool_named(self._pool_of(source))
+        self._source_pool[source] = p
+        self._pool_sources[p].add(source)
+        return p
+
+    def _pool_named(self, name: str) -> int:
+        p = self._pool_ids.get(name)
+        if p is None:
+            p = self._pool_ids[name] = self._new_table(name)
+        return p
+
+    def _new_table(self, name: str) -> int:
+        """A new table id (a pool's, or a build's when `name` is empty) with no rows yet."""
+        p = len(self._pool_names)
+        self._pool_names.append(name)
+        self._pool_sources.append(set())
+        self._feeder.append(None)
+        self._floor.append(MIN_BUCKETS)
+        self._base = np.append(self._base, 0)
+        self._nb = np.append(self._nb, 0)
+        self._lost = np.append(self._lost, 0)
+        self._count = np.append(self._count, 0)
+        self._hidden = np.append(self._hidden, not name)
+        return p
+
+    def expect(self, source: str, blocks: int) -> None:
+        """Sizes the source's pool's table for at least `blocks` blocks (the pool's KV capacity),
+        so that deltas filling an empty pool need not double it. Keeps what the table holds."""
+        if blocks < 0:
+            raise ValueError(f"expected blocks must be >= 0, got {blocks}")
+        self._fold()
+        p = self._pool_for(source)
+        want = self._floor[p] = self._buckets_for(blocks)
+        while 0 < int(self._nb[p]) < want and int(self._lost[p]) < MAX_LOST:
+            self._double(p)
+        if self._nb[p] == 0:
+            self._base[p] = self._alloc(want)
+            self._nb[p] = want
+
+    def expect_pool(self, pool: str, blocks: int) -> None:
+        """Sets the pool's table size floor to hold `blocks` (its KV capacity, from its load
+        reports): its next table (a snapshot's, or the first deltas') is never smaller. A table it
+        has now is left as it is: doubling it now would cost a pass over it on the caller's loop
+        and a fingerprint bit, which deltas that overfill it pay anyway, and only then. O(1)."""
+        if blocks < 0:
+            raise ValueError(f"expected blocks must be >= 0, got {blocks}")
+        self._floor[self._pool_named(pool)] = self._buckets_for(blocks)
+
+    # ---- snapshots built a step at a time (the live frontend's telemetry ingest) ---------------
+    def begin_snapshot(self, source: str, blocks: int, pool: str | None = None) -> None:
+        """Starts building a snapshot of `blocks` blocks under `source` (a key of its own, not yet
+        a source of its pool, which is `pool` or else what pool_of names): add_blocks fills a
+        table of its own, which commit_snapshot makes the pool's. Until then the pool's current
+        table answers."""
+        if blocks < 0:
+            raise ValueError(f"snapshot blocks must be >= 0, got {blocks}")
+        self._drop_build(source)
+        p = self._pool_named(self._pool_of(source) if pool is None else pool)
+        s = self._spare.pop() if self._spare else self._new_table("")
+        want = max(self._buckets_for(blocks), self._floor[p])
+        self._base[s] = self._alloc(want)
+        self._nb[s] = want
+        self._lost[s] = 0
+        self._count[s] = 0
+        self._staged[source] = (s, p)
+
+    def add_blocks(self, source: str, keys: np.ndarray) -> None:
+        """Adds packed block hashes to the snapshot being built under `source` (one bounded step;
+        begun with the pool's floor size if begin_snapshot was not called), or, for a source of a
+        pool, stores them in the pool's set like a delta."""
+        if source in self._source_pool:
+            self.apply_delta(source, _as_keys(keys).tolist(), ())
+            return
+        if source not in self._staged:
+            self.begin_snapshot(source, 0)
+        s = self._staged[source][0]
+        h = mix(_as_keys(keys))
+        if not h.size:
+            return
+        # A snapshot's blocks are distinct (a relay's set), so no probe for those already placed:
+        # two blocks sharing a fingerprint and a row get an entry each, as in apply_snapshot.
+        h = np.unique(h)
+        while (
+            int(self._count[s]) + h.size > MAX_LOAD * SLOTS * int(self._nb[s])
+            and int(self._lost[s]) < MAX_LOST
+        ):
+            self._double(s)
+        b1, b2, v = self._locate(s, h)
+        if self._count[s]:
+            self._place(np.full(h.size, s, np.int64), b1, b2, v)
+        else:
+            self._bulk(s, b1, b2, v)
+
+    def remove_blocks(self, source: str, keys: np.ndarray) -> None:
+        """Nothing: a source's blocks are its pool's, which keeps them while another source of the
+        pool is live and drops them all at once with the last one (drop_source, O(table))."""
+
+    def commit_snapshot(self, source: str) -> None:
+        """The snapshot built under `source` replaces its pool's set; `source` becomes a source of
+        the pool and its feeder (its deltas change the set from now on)."""
+        staged = self._staged.pop(source, None)
+        if staged is None:
+            raise ValueError(f"no snapshot is being built under {source!r}")
+        s, p = staged
+        self._fold()  # logged deltas were for the table being replaced
+        if self._nb[p]:
+            self._release(p)
+        self._base[p], self._nb[p] = self._base[s], self._nb[s]
+        self._lost[p], self._count[p] = self._lost[s], self._count[s]
+        self._nb[s] = self._count[s] = self._lost[s] = 0  # its rows are the pool's now
+        self._spare.append(s)
+        self._source_pool[source] = p
+        self._pool_sources[p].add(source)
+        self._feeder[p] = source
+
+    def _drop_build(self, source: str) -> None:
+        staged = self._staged.pop(source, None)
+        if staged is not None:
+            self._release(staged[0])
+            self._spare.append(staged[0])
+
+    # ---- hashing -------------------------------------------------------------------------------
+    def _locate(self, p: np.ndarray | int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first bucket, second bucket, slot value in the first) of mixed hashes `h` in pools `p`
+        (each pool's own bucket count and lost bits; one int for one pool: scalar operands cost
+        a third of per-element ones)."""
+        nb = np.uint64(self._nb[p]) if isinstance(p, int) else self._nb[p].astype(np.uint64)
+        hi, lo = h >> _S32, h & _M32
+        x = hi * nb + ((lo * nb) >> _S32)
+        b1 = (x >> _S32).astype(np.int64)
+        fp = (x >> _FP_SHIFT) & _FP_MASK
+        return self._finish(p, b1, fp)
+
+    def _finish(
+        self, p: np.ndarray | int, b1: np.ndarray, fp: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first bucket, second bucket, first-bucket slot value) from the first bucket and the
+        raw fingerprint: the pool's lost bits masked, 0 made the smallest value left."""
+        if isinstance(p, int):
+            lost, nb = int(self._lost[p]), int(self._nb[p])
+            if lost:
+                fp = (fp >> np.uint64(lost)) << np.uint64(lost)
+            fp[fp == 0] = np.uint64(1 << lost)
+            b2 = (self._alt(fp) % np.uint64(nb)).astype(np.int64) - b1
+            b2 %= nb
+        else:
+            lost_any = self._lost[p]
+            if lost_any.any():
+                shift = lost_any.astype(np.uint64)
+                fp = (fp >> shift) << shift
+                fp = np.where(fp == 0, np.uint64(1) << shift, fp)
+            else:  # the usual case, a third of the operations
+                fp[fp == 0] = np.uint64(1)
+            nbs = self._nb[p]
+            b2 = (self._alt(fp) % nbs.astype(np.uint64)).astype(np.int64) - b1
+            b2 %= nbs
+        return b1, b2, (fp << np.uint64(1)).astype(np.uint16)
+
+    @staticmethod
+    def _alt(fp: np.ndarray) -> np.ndarray:
+        out: np.ndarray = (fp * _ALT_MUL) >> _S32
+        return out
+
+    # ---- table operations ----------------------------------------------------------------------
+    def _held(self, p: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """Whether pool p[i] holds mixed hash h[i] (up to false positives)."""
+        b1, b2, v = self._locate(p, h)
+        base = self._base[p]
+        slots = self._slots
+        one = (np.take(slots, base + b1, axis=0) == v[:, None]).view(np.uint64)[:, 0]
+        two = (np.take(slots, base + b2, axis=0) == (v | np.uint16(1))[:, None]).view(np.uint64)[:, 0]
+        out: np.ndarray = (one | two) != 0
+        return out
+
+    def _erase(self, p: np.ndarray, h: np.ndarray) -> None:
+        """Removes the entries of (p, h) pairs (distinct pairs) where present."""
+        if not p.size:
+            return
+        b1, b2, v = self._locate(p, h)
+        base = self._base[p]
+        g1, g2 = base + b1, base + b2
+        slots = self._slots
+        at1 = _first_match(slots[g1], v)
+        hit1 = at1 >= 0
+        slots[g1[hit1], at1[hit1]] = 0
+        rest = ~hit1
+        at2 = _first_match(slots[g2[rest]], v[rest] | np.uint16(1))
+        hit2 = at2 >= 0
+        slots[g2[rest][hit2], at2[hit2]] = 0
+        gone = np.concatenate((p[hit1], p[rest][hit2]))
+        self._count -= np.bincount(gone, minlength=self._count.size)
+
+    def _place(self, p: np.ndarray, b1: np.ndarray, b2: np.ndarray, v: np.ndarray) -> None:
+        """Puts absent entries (pool, first bucket, second bucket, first-bucket slot value) into
+        their tables: big batches in waves (keys placed in one round all see the same rows, which
+        balances worse than one at a time)."""
+        base = self._base[p]
+        ga, gb = base + b1, base + b2
+        vb = v | np.uint16(1)
+        self._count += np.bincount(p, minlength=self._count.size)
+        step = max(WAVE, -(-p.size // WAVES))
+        for at in range(0, p.size, step):
+            cut = slice(at, at + step)
+            self._settle(p[cut], ga[cut], v[cut], gb[cut], vb[cut])
+
+    def _bulk(self, p: int, b1: np.ndarray, b2: np.ndarray, v: np.ndarray) -> None:
+        """Fills pool p's empty table with distinct entries without a round per entry: each goes
+        to one of its rows by a fingerprint bit (so rows get even shares), takes the slot its
+        rank among that row's entries gives; those past a full row go to their other row the same
+        way (after what it already holds); the few left go the generic way (cuckoo evictions)."""
+        base, nb = int(self._base[p]), int(self._nb[p])
+        region = self._slots[base : base + nb]
+        second = (v & np.uint16(2)) != 0
+        rows = np.where(second, b2, b1)
+        fill = np.zeros(nb, np.int64)
+        todo = np.arange(b1.size)
+        for attempt in range(2):
+            if attempt:  # the overflow, to its other row
+                second = ~second[todo]
+                rows = np.where(second, b2[todo], b1[todo])
+            slot = fill[rows] + _ranks(rows)
+            ok = slot < SLOTS
+            region[rows[ok], slot[ok]] = v[todo[ok]] | second[ok].astype(np.uint16)
+            fill += np.bincount(rows[ok], minlength=nb)
+            todo = todo[~ok]
+            if not todo.size:
+                break
+        self._count[p] += b1.size - todo.size
+        if todo.size:
+            self._place(np.full(todo.size, p, np.int64), b1[todo], b2[todo], v[todo])
+
+    def _settle(self, p: np.ndarray, ga: np.ndarray, va: np.ndarray, gb: np.ndarray, vb: np.ndarray) -> None:
+        """Places entries that may go to arena row ga (as value va) or gb (as vb): each into the
+        emptier row; where both are full, it evicts a random entry of one of them (partial-key
+        cuckoo), which then goes to its own other row (both of its choices), and so on, for at
+        most KICK_ROUNDS rounds (past them the homeless entries are dropped and counted: the
+        tables double before MAX_LOAD, where that is not seen)."""
+        slots = self._slots
+        rng = np.random.default_rng(int(p.size))
+        rounds = 0
+        while p.size:
+            rounds += 1
+            if rounds > KICK_ROUNDS:
+                self._dropped += int(p.size)
+                self._count -= np.bincount(p, minlength=self._count.size)
+                return
+            free_a = np.take(slots, ga, axis=0) == 0
+            free_b = np.take(slots, gb, axis=0) == 0
+            ca, cb = free_a.sum(axis=1), free_b.sum(axis=1)
+            # Ties (empty rows) split by a fingerprint bit, so a fresh table fills both ways.
+            second = (cb > ca) | ((cb == ca) & ((va & np.uint16(2)) != 0))
+            g = np.where(second, gb, ga)
+            c = np.where(second, cb, ca)
+            free = np.where(second[:, None], free_b, free_a)
+            # The k-th entry aimed at a row takes its k-th free slot (sorted by row).
+            n = g.size
+            order = np.argsort(g, kind="stable")
+            sg = g[order]
+            head = np.concatenate(([True], sg[1:] != sg[:-1]))
+            starts = np.flatnonzero(head)
+            rank = np.empty(n, np.int64)
+            rank[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+            ok = np.flatnonzero(rank < c)
+            nth = np.cumsum(free[ok], axis=1) == (rank[ok] + 1)[:, None]
+            pos = (nth & free[ok]).argmax(axis=1)
+            slots[g[ok], pos] = np.where(second[ok], vb[ok], va[ok])
+            left = np.ones(n, bool)
+            left[ok] = False
+            # Both rows full: the first entry aimed at each such row evicts a random slot's entry.
+            kick = np.flatnonzero(left & (c == 0) & (rank == 0))
+            if kick.size:
+                row = np.where(rng.random(kick.size) < 0.5, ga[kick], gb[kick])
+                slot = rng.integers(0, SLOTS, kick.size)
+                # Two kickers may share a row (one's first row, the other's second): one each.
+                _, once = np.unique(row, return_index=True)
+                kick, row, slot = kick[once], row[once], slot[once]
+                victim = slots[row, slot].copy()
+                slots[row, slot] = np.where(row == ga[kick], va[kick], vb[kick])
+                left[kick] = False
+                vp = p[kick]
+                nb = self._nb[vp]
+                vbase = self._base[vp]
+                fp = (victim >> np.uint16(1)).astype(np.uint64)
+                other = vbase + ((self._alt(fp) % nb.astype(np.uint64)).astype(np.int64) - (row - vbase)) % nb
+                vv = victim ^ np.uint16(1)
+                p = np.concatenate((p[left], vp))
+                ga = np.concatenate((ga[left], other))
+                gb = np.concatenate((gb[left], other))
+                va = np.concatenate((va[left], vv))
+                vb = np.concatenate((vb[left], vv))
+            else:
+                p, ga, gb, va, vb = p[left], ga[left], gb[left], va[left], vb[left]
+
+    def _double(self, p: int) -> None:
+        """Rebuilds pool p's table at twice the buckets from its entries alone (see the module
+        docstring: one fingerprint bit becomes a bucket bit)."""
+        nb, base, lost = int(self._nb[p]), int(self._base[p]), int(self._lost[p])
+        region = self._slots[base : base + nb]
+        rows, cols = np.nonzero(region)
+        val = region[rows, cols].astype(np.uint64)
+        fp, alt = val >> np.uint64(1), (val & np.uint64(1)).astype(bool)
+        bucket = rows.astype(np.int64)
+        first = np.where(alt, (self._alt(fp) % np.uint64(nb)).astype(np.int64) - bucket, bucket) % nb
+        b1 = 2 * first + (fp >> np.uint64(FP_BITS - 1)).astype(np.int64)
+        fp = (fp << np.uint64(1)) & _FP_MASK
+        self._release(p)
+        self._base[p] = self._alloc(2 * nb)
+        self._nb[p] = 2 * nb
+        self._lost[p] = lost + 1
+        b1, b2, v = self._finish(p, b1, fp)
+        self._place(np.full(b1.size, p, np.int64), b1, b2, v)
+        self._doublings += 1
+
+    def _fill(self, p: int, keys: np.ndarray) -> None:
+        """Replaces pool p's table with one holding `keys` (sized for them, full precision)."""
+        h = mix(keys)
+        if h.size > 1:
+            h = np.sort(h)
+            h = h[np.concatenate(([True], h[1:] != h[:-1]))]
+        want = max(self._buckets_for(int(h.size)), self._floor[p])
+        if int(self._nb[p]) == want and int(self._lost[p]) == 0:
+            base = int(self._base[p])
+            self._slots[base : base + want] = 0
+            self._count[p] = 0
+        else:
+            if self._nb[p]:
+                self._release(p)
+            self._base[p] = self._alloc(want)
+            self._nb[p] = want
+        b1, b2, v = self._locate(p, h)
+        self._bulk(p, b1, b2, v)
+
+    # ---- writers -------------------------------------------------------------------------------
+    def apply_snapshot(self, source: str, hashes: Iterable[int]) -> None:
+        """Replaces the source's pool's whole block set; the source becomes the pool's feeder."""
+        self._fold()
+        p = self._pool_for(source)
+        self._feeder[p] = source
+        self._fill(p, _as_keys(hashes))
+
+    def apply_delta(self, source: str, stored: Iterable[int], removed: Iterable[int]) -> None:
+        """Logs one batch of 0<->1 transitions of the source's pool (`removed` first, then
+        `stored`); skipped unless the source feeds its pool. Folded before the next read."""
+        p = self._source_pool.get(source)
+        if p is None:
+            p = self._pool_for(source)
+        feeder = self._feeder[p]
+        if feeder is None:
+            self._feeder[p] = source
+        elif feeder != source:
+            self._skipped += len(stored) if isinstance(stored, Sized) else 0
+            self._skipped += len(removed) if isinstance(removed, Sized) else 0
+            return
+        keys = self._log_keys
+        before = len(keys)
+        keys.extend(removed)
+        mid = len(keys)
+        keys.extend(stored)
+        after = len(keys)
+        if after > before:
+            self._log_runs.append((p, mid - before, after - mid))
+            if after > PENDING:
+                self._fold()
+
+    def drop_source(self, source: str) -> None:
+        """Forgets one source (its stream ended). The pool keeps its set while another of its
+        sources is live (replicas carry the same set), which then feeds it; else the set goes.
+        A snapshot being built under `source` goes too."""
+        self._drop_build(source)
+        p = self._source_pool.pop(source, None)
+        if p is None:
+            return
+        self._fold()
+        members = self._pool_sources[p]
+        members.discard(source)
+        if self._feeder[p] == source:
+            self._feeder[p] = min(members) if members else None
+        if not members and self._nb[p]:
+            self._release(p)
+
+    def _fold(self) -> None:
+        """Applies the logged deltas to the tables, all pools at once: per (pool, block) the last
+        logged transition wins (a set: stored means present, removed means absent)."""
+        if not self._log_keys:
+            return
+        keys, runs = self._log_keys, self._log_runs
+        self._log_keys, self._log_runs = [], []
+        n = len(keys)
+        h = mix(np.fromiter(keys, np.uint64, n))
+        del keys
+        run = np.array(runs, np.int64).reshape(-1, 3)
+        lengths = run[:, 1:].ravel()
+        pools = np.repeat(np.repeat(run[:, 0], 2), lengths)
+        store = np.repeat(np.tile(np.array([False, True]), run.shape[0]), lengths)
+        # Last transition per (pool, block): lexsort is stable, so within equal pairs the log's
+        # order stays and the last of each run of equal pairs is the latest.
+        order = np.lexsort((h, pools))
+        sp, sh = pools[order], h[order]
+        last = np.ones(n, bool)
+        last[:-1] = (sp[1:] != sp[:-1]) | (sh[1:] != sh[:-1])
+        pick = order[last]
+        pools, h, store = pools[pick], h[pick], store[pick]
+        live = self._nb[pools] > 0
+        # A pool with no table yet (deltas before any snapshot) gets one sized for them.
+        for q in np.unique(pools[~live]).tolist():
+            want = max(self._buckets_for(int(np.count_nonzero(pools == q))), self._floor[q])
+            self._base[q] = self._alloc(want)
+            self._nb[q] = want
+        gone = ~store
+        self._erase(pools[gone], h[gone])
+        p, h = pools[store], h[store]
+        if not p.size:
+            return
+        absent = ~self._held(p, h)
+        p, h = p[absent], h[absent]
+        # Double the pools these inserts would take past MAX_LOAD before placing them.
+        need = self._count + np.bincount(p, minlength=self._count.size)
+        over = np.flatnonzero(need > MAX_LOAD * SLOTS * self._nb)
+        for q in over.tolist():
+            while int(need[q]) > MAX_LOAD * SLOTS * int(self._nb[q]) and int(self._lost[q]) < MAX_LOST:
+                self._double(q)
+        b1, b2, v = self._locate(p, h)
+        self._place(p, b1, b2, v)
+
+    # ---- readers -------------------------------------------------------------------------------
+    def sources(self) -> list[str]:
+        """Sources with state in the summary, sorted."""
+        return sorted(self._source_pool)
+
+    def pools(self) -> list[str]:
+        """Pools with a live source, sorted."""
+        return sorted(self._pool_names[p] for p in set(self._source_pool.values()))
+
+    def block_count(self, source: str) -> int:
+        """Blocks the source's pool holds (its table's entries; 0 for an unknown source)."""
+        p = self._source_pool.get(source)
+        if p is None:
+            return 0
+        self._fold()
+        return int(self._count[p])
+
+    def pool_block_count(self, pool: str) -> int:
+        """Blocks the pool holds (its table's entries; 0 for an unknown pool)."""
+        p = self._pool_ids.get(pool)
+        if p is None:
+            return 0
+        self._fold()
+        return int(self._count[p])
+
+    def total_blocks(self) -> int:
+        """(pool, block) entries over all pools (not distinct blocks, unlike KvIndex: a block two
+        pools hold counts twice)."""
+        self._fold()
+        return int(self._count[~self._hidden].sum())
+
+    def memory_bytes(self) -> int:
+        """Bytes of the arena (every pool's table, plus room not yet used or given up)."""
+        return int(self._slots.nbytes)
+
+    def table_bytes(self) -> int:
+        """Bytes of the live pools' tables alone."""
+        return int(self._nb.sum()) * SLOTS * 2
+
+    def stats(self) -> SummaryStats:
+        self._fold()
+        return SummaryStats(
+            pools=int(np.count_nonzero(self._nb[~self._hidden])),
+            entries=int(self._count[~self._hidden].sum()),
+            table_bytes=self.table_bytes(),
+            arena_bytes=self.memory_bytes(),
+            skipped_deltas=self._skipped,
+            dropped_blocks=self._dropped,
+            doublings=self._doublings,
+        )
+
+    def _active(self) -> np.ndarray:
+        out: np.ndarray = np.flatnonzero((self._count > 0) & ~self._hidden)
+        return out
+
+    def holds(self, block_hash: int) -> bool:
+        """Whether any pool holds this block (up to false positives)."""
+        self._fold()
+        pools = self._active()
+        if not pools.size:
+            return False
+        h = mix(np.full(pools.size, block_hash, np.uint64))
+        return bool(self._held(pools, h).any())
+
+    def pool_holds(self, pool: str, block_hash: int) -> bool:
+        """Whether this pool holds this block (up to false positives)."""
+        p = self._pool_ids.get(pool)
+        if p is None:
+            return False
+        self._fold()
+        if not self._count[p]:
+            return False
+        return bool(self._held(np.array([p]), mix(np.array([block_hash], np.uint64)))[0])
+
+    def pool_prefixes(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """Pool -> leading blocks of the prompt it holds (pools with 0 omitted)."""
+        pools, lengths = self._prefix_lengths(block_hashes)
+        names = self._pool_names
+        return {names[p]: n for p, n in zip(pools.tolist(), lengths.tolist(), strict=True) if n}
+
+    def prefix_overlaps(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """Source -> leading blocks of the prompt its pool holds (sources with 0 omitted): what
+        KvIndex.prefix_overlaps answers, every source of a pool getting the pool's length."""
+        pools, lengths = self._prefix_lengths(block_hashes)
+        members = self._pool_sources
+        out: dict[str, int] = {}
+        for p, n in zip(pools.tolist(), lengths.tolist(), strict=True):
+            if n:
+                for source in members[p]:
+                    out[source] = n
+        return out
+
+    def _prefix_lengths(self, block_hashes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(pools, leading blocks held) for the pools holding the prompt's first block."""
+        empty = np.zeros(0, np.int64)
+        if not len(block_hashes):
+            return empty, empty
+        self._fold()
+        pools = self._active()
+        if not pools.size:
+            return empty, empty
+        h = mix(_as_keys(block_hashes))
+        total = h.size
+        pools = pools[self._held(pools, np.full(pools.size, h[0]))]
+        if not pools.size or total == 1:
+            return pools, np.ones(pools.size, np.int64)
+        # Binary search, every pool at once: lo blocks are known held (block lo-1 was), hi is
+        # the most it can be; each step probes block mid-1 of each pool still searching.
+        lo = np.ones(pools.size, np.int64)
+        hi = np.full(pools.size, total, np.int64)
+        todo = np.arange(pools.size)
+        while todo.size:
+            mid = (lo[todo] + hi[todo] + 1) >> 1
+            ok = self._held(pools[todo], h[mid - 1])
+            lo[todo] = np.where(ok, mid, lo[todo])
+            hi[todo] = np.where(ok, hi[todo], mid - 1)
+            todo = todo[lo[todo] < hi[todo]]
+        return pools, self._verify(pools, lo, h)
+
+    def _verify(self, pools: np.ndarray, bound: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """Checks the search's bounds block by block for the pools with the longest, VERIFY_TOP at
+        a time, until VERIFY_TOP checked pools reach the longest unchecked bound."""
+        out = bound.copy()
+        order = np.argsort(-bound, kind="stable")
+        k = self.verify_top
+        done = 0
+        while done < order.size:
+            batch = order[done : done + k]
+            done += batch.size
+            need = bound[batch] - 1  # blocks 1 .. bound-1 (block 0 is known held)
+            if need.sum():
+                owner = np.repeat(np.arange(batch.size), need)
+                starts = np.cumsum(need) - need
+                block = np.arange(int(need.sum())) - np.repeat(starts, need) + 1
+                held = self._held(pools[batch][owner], h[block])
+                miss = ~held
+                # each pool's first miss: the smallest block index among its misses
+                firsts = np.full(batch.size, np.iinfo(np.int64).max, np.int64)
+                np.minimum.at(firsts, owner[miss], block[miss])
+                out[batch] = np.minimum(bound[batch], firsts)
+            if done >= order.size:
+                break
+            if np.count_nonzero(out[order[:done]] >= bound[order[done]]) >= k:
+                break
+        return out

@@ -1,0 +1,219 @@
+"""The one request path both fronts (gRPC Generate, OpenAI HTTP) call: pass the tenant gate
+(model access, budget, residency), decide, refuse with a reason, run (admit, stream, migrate
+under the configured stall policy), count the outcome, settle the budget."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Sequence
+
+import grpc
+
+from globalrouter.aliases import Resolved, Target
+from globalrouter.config import RouterConfig
+from globalrouter.migration import GenerateError, GenerateRun, Output, RunRecord
+from globalrouter.routing import RoutingCore, describe_filtered
+from globalrouter.selection import Decision
+from globalrouter.serving import ServingLinks
+from globalrouter.stall import StallPolicy
+from globalrouter.tenancy import Admission, TenantGate
+from globalrouter.v1 import sampling_pb2
+from meshkit.authz import UNCHECKED
+from meshkit.errors import Reason
+from meshkit.identity import Identity
+
+NOT_SERVED_LABEL = "(not served)"
+"""The metric's model label of a model no pool serves: clients must not grow the label set."""
+
+
+class RequestPath:
+    """Routes and runs generation requests for every front of one global frontend, with one
+    configuration (migration limit, admission tries, stall policy) and one set of metrics."""
+
+    def __init__(
+        self,
+        core: RoutingCore,
+        links: ServingLinks,
+        *,
+        migration_limit: int,
+        admission_tries: int,
+        stall: StallPolicy,
+        gate: TenantGate | None = None,
+    ) -> None:
+        self.core = core
+        self.links = links
+        self.migration_limit = migration_limit
+        self.admission_tries = admission_tries
+        self.stall = stall
+        self.gate = gate
+        """The tenant policy (--policy): model access, budgets, residency; None lets everyone in."""
+
+    @classmethod
+    def of(
+        cls, core: RoutingCore, links: ServingLinks, config: RouterConfig, *, gate: TenantGate | None = None
+    ) -> RequestPath:
+        return cls(
+            core,
+            links,
+            migration_limit=config.migration_limit,
+            admission_tries=config.admission_tries,
+            stall=config.stall,
+            gate=gate,
+        )
+
+    def resolve(self, name: str, request_id: str) -> Resolved:
+        """The model (and LoRA adapter) a request's model name stands for: an alias (its split
+        picked by the request id), a model, model:adapter or an adapter's name (globalrouter.aliases).
+        Called before the prompt is tokenized (an alias's model has its own tokenizer); raises
+        ResolveError for an adapter name served on several models."""
+        return self.core.resolve(name, request_id)
+
+    async def start(
+        self,
+        *,
+        request_id: str,
+        model: str,
+        prompt: Sequence[int],
+        max_tokens: int,
+        sampling: sampling_pb2.SamplingParams | None = None,
+        adapter: str = "",
+        identity: Identity = UNCHECKED,
+    ) -> PathRun:
+        """Lets `identity` use `model` (the resolved model: the policy names models, not aliases)
+        under its budget (tenancy.TenantRefusal: PERMISSION_DENIED MODEL_NOT_ALLOWED,
+        RESOURCE_EXHAUSTED BUDGET_EXCEEDED, counted in the tenant metrics), then decides where the
+        request goes (with its `adapter`, "" for none) within the identity's allowed regions;
+        raises GenerateError (NOT_FOUND NO_POOL_FOR_MODEL, UNAVAILABLE NO_ELIGIBLE_POOL), counted,
+        when no pool can take it. Nothing is sent to a pool until the returned run's outputs() is
+        iterated."""
+        admission = None
+        if self.gate is not None:
+            # Prompt + max_tokens reserved now; the run's end gives back what was not generated.
+            admission = await self.gate.admit(identity, model, len(prompt), max_tokens)
+        try:
+            return self._start(request_id, model, prompt, max_tokens, sampling, adapter, admission)
+        except BaseException:
+            if admission is not None:
+                admission.finish(0)  # nothing was sent to a pool
+            raise
+
+    def _start(
+        self,
+        request_id: str,
+        model: str,
+        prompt: Sequence[int],
+        max_tokens: int,
+        sampling: sampling_pb2.SamplingParams | None,
+        adapter: str,
+        admission: Admission | None,
+    ) -> PathRun:
+        core = self.core
+        regions = admission.regions if admission is not None else None
+        decision = core.decide(model, prompt, max_tokens, adapter=adapter, regions=regions)
+        error = _no_candidate_error(str(Target(model, adapter)), decision)
+        if error is not None:
+            metrics = core.metrics
+            label = model if decision.model_served else NOT_SERVED_LABEL
+            metrics.labelled(metrics.requests, label, error.code.name).inc()
+            if admission is not None:
+                admission.no_pool(decision)
+            raise error
+        run = GenerateRun(
+            core,
+            self.links,
+            request_id=request_id,
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            migration_limit=self.migration_limit,
+            admission_tries=self.admission_tries,
+            sampling=sampling,
+            stall=self.stall,
+            adapter=adapter,
+        )
+        return PathRun(core, run, decision, model, admission, len(prompt))
+
+
+class PathRun:
+    """One routed request: its outputs as plain values, its record, its outcome counted once.
+
+    Used as `async with run as outputs: async for out in outputs: ...`, or, when the output is
+    pulled from several places (the HTTP front's start, then its text stream), through `outputs`
+    and end(): either way the run's stream is closed and the request counted exactly once. (A
+    context rather than a wrapping generator: no extra layer on every output of the hot path.)"""
+
+    __slots__ = ("_admission", "_core", "_ended", "_model", "_prompt_tokens", "_run", "outputs")
+
+    def __init__(
+        self,
+        core: RoutingCore,
+        run: GenerateRun,
+        decision: Decision,
+        model: str,
+        admission: Admission | None = None,
+        prompt_tokens: int = 0,
+    ) -> None:
+        self._core = core
+        self._run = run
+        self._model = model
+        self._admission = admission
+        self._prompt_tokens = prompt_tokens
+        self._ended = False
+        self.outputs: AsyncGenerator[Output, None] = run.stream(decision)  # type: ignore[assignment]
+        """The run's outputs (the last carries the finish); raises GenerateError on failure."""
+
+    @property
+    def record(self) -> RunRecord:
+        """What happened so far: pools, migrations, refusals, cached blocks, tokens."""
+        return self._run.record
+
+    def ratelimit_headers(self) -> list[tuple[str, str]]:
+        """OpenAI's x-ratelimit-* headers after this request's admission ([] without a budget)."""
+        return self._admission.headers() if self._admission is not None else []
+
+    async def __aenter__(self) -> AsyncGenerator[Output, None]:
+        return self.outputs
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self.end(exc)
+
+    async def end(self, error: BaseException | None) -> None:
+        """Closes the run's stream (its pool call is let go) and counts the request in
+        globalrouter_requests by its outcome: OK, the gRPC code name of a GenerateError, or
+        CANCELLED. Only the first call counts."""
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            await self.outputs.aclose()
+        finally:
+            outcome = "OK"
+            if isinstance(error, GenerateError):
+                outcome = error.code.name
+            elif isinstance(error, asyncio.CancelledError):
+                outcome = "CANCELLED"
+            elif isinstance(error, GeneratorExit):
+                # Closed before its end: a consumer that had all it wanted (a stop string) is OK;
+                # one whose task is being cancelled (its client left) is not.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    outcome = "CANCELLED"
+            metrics = self._core.metrics
+            metrics.labelled(metrics.requests, self._model, outcome).inc()
+            if self._admission is not None:
+                # Prompt plus what was generated: the rest of the max_tokens reservation returns.
+                self._admission.finish(self._prompt_tokens + len(self._run.record.tokens))
+
+
+def _no_candidate_error(model: str, decision: Decision) -> GenerateError | None:
+    if not decision.model_served:
+        return GenerateError(
+            grpc.StatusCode.NOT_FOUND, Reason.NO_POOL_FOR_MODEL, f"no listed pool serves model {model!r}"
+        )
+    if not decision.candidates:
+        return GenerateError(
+            grpc.StatusCode.UNAVAILABLE,
+            Reason.NO_ELIGIBLE_POOL,
+            f"pools serve model {model!r} but none is eligible: {describe_filtered(decision)}",
+        )
+    return None

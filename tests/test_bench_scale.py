@@ -1,0 +1,133 @@
+"""The scale harness's building blocks at tiny size: simulated relays against a real frontend."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import bench_scale, scale_sim
+from meshlaunch import local_mesh, wait_until
+from poolrelay.v1 import telemetry_pb2 as tm
+
+ROOT = Path(__file__).resolve().parent.parent
+POOLS = 3
+RELAYS = 2
+BLOCKS = 100
+
+
+def test_messages_are_what_protobuf_writes():
+    """The simulator writes pre-encoded bytes: they must be the messages protobuf would write."""
+    stored = np.array([1, 2**64 - 1, 12345], dtype=np.uint64)
+    removed = np.array([7], dtype=np.uint64)
+    want = tm.PublishPoolTelemetryRequest(
+        kv_delta=tm.KvDelta(sequence=300, stored=stored.tolist(), removed=[7])
+    )
+    assert scale_sim.delta_message(300, stored, removed) == want.SerializeToString()
+    empty = np.zeros(0, dtype=np.uint64)
+    assert tm.PublishPoolTelemetryRequest.FromString(
+        scale_sim.delta_message(1, empty, removed)
+    ).kv_delta.removed == [7]
+    chunk = tm.PublishPoolTelemetryRequest.FromString(scale_sim.snapshot_chunk(4, 9, 2, True, stored))
+    assert chunk.kv_snapshot == tm.KvSnapshot(
+        snapshot_id=4, sequence=9, chunk_index=2, last=True, block_hashes=stored.tolist()
+    )
+
+
+def test_a_simulated_pool_keeps_its_size_and_sends_only_transitions():
+    nodes = np.arange(1, 1 + 64 * scale_sim.NODE_BLOCKS, dtype=np.uint64).reshape(-1, scale_sim.NODE_BLOCKS)
+    pool = scale_sim.SimPool(0, nodes, np.ones(len(nodes)), shared_nodes=4, own_blocks=200, seed=1)
+    held = set(pool.blocks().tolist())
+    assert len(held) == pool.size == 4 * scale_sim.NODE_BLOCKS + 200
+    for _ in range(200):
+        change = pool.churn(100, 0.5)
+        if change is None:
+            continue
+        stored, removed = (set(a.tolist()) for a in change)
+        assert not stored & held and removed <= held  # 0->1 and 1->0 transitions only
+        held = (held - removed) | stored
+        assert held == set(pool.blocks().tolist()) and len(held) == pool.size
+    assert pool.sequence > 50
+
+
+def test_histogram_quantiles_between_two_scrapes():
+    before = 'x_bucket{le="0.001"} 1\nx_bucket{le="0.01"} 1\nx_bucket{le="+Inf"} 1\nx_sum 0.0005\nx_count 1\n'
+    after = (
+        'x_bucket{le="0.001"} 51\nx_bucket{le="0.01"} 100\nx_bucket{le="+Inf"} 101\nx_sum 0.2\nx_count 101\n'
+    )
+    q = bench_scale.histogram_quantiles(before, after, "x")
+    assert q is not None and q["p50_s"] == 0.001 and q["p99_s"] == 0.01 and q["count"] == 100
+    assert bench_scale.histogram_quantiles(before, after, "absent") is None
+
+
+@pytest.mark.timeout(60)
+def test_simulated_relays_are_accepted_by_a_real_frontend(tmp_path):
+    """3 pools x 2 relays register with a real discovery, stream to a real frontend, churn for 2 s,
+    and the frontend lists every pool with fresh KV and exactly its blocks, with no gap asked about."""
+    nodes = tmp_path / "nodes.npz"
+    rng = np.random.default_rng(5)
+    hashes = rng.integers(1, 2**63, size=(40, scale_sim.NODE_BLOCKS), dtype=np.uint64)
+    np.savez(nodes, hashes=hashes, uses=np.ones(len(hashes)))
+    stats = tmp_path / "sim.json"
+    with local_mesh(tmp_path) as mesh:
+        mesh.start_discovery()
+        router = mesh.start_router()
+        sim = mesh.group.start(
+            "sim",
+            [
+                *(sys.executable, "-m", "bench.scale_sim", "pools", "--frontend", f"http://{router.address}"),
+                *("--discovery", mesh.discovery, "--nodes", str(nodes), "--count", str(POOLS)),
+                *("--relays", str(RELAYS), "--blocks", str(BLOCKS), "--rate", "100", "--tick", "0.1"),
+                *("--traffic-seconds", "2", "--stats", str(stats), "--seconds", "50"),
+            ],
+            env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+        )
+
+        def counters() -> dict:
+            sim.check_alive()
+            try:
+                return dict(json.loads(stats.read_text()))
+            except (OSError, ValueError):
+                return {}
+
+        # Churn runs for 2 s after start; then every pool must show exactly its blocks.
+        wait_until(lambda: counters().get("deltas", 0) > 0, 30, message="deltas sent")
+        time.sleep(2.5)  # the churn stops 2 s after the simulator started
+
+        def settled() -> bool:
+            views = router.pools()
+            return bench_scale.ready_count(views, POOLS, BLOCKS) == POOLS and all(
+                views[f"scale-{i:04d}"].indexed_blocks == BLOCKS
+                and views[f"scale-{i:04d}"].telemetry_streams == RELAYS
+                for i in range(POOLS)
+            )
+
+        wait_until(settled, 30, interval=0.2, message="every simulated pool listed with its blocks")
+        c = counters()
+        assert c["registered"] == POOLS * RELAYS
+        assert c["hello_acks"] == POOLS * RELAYS and c["streaming"] == POOLS * RELAYS
+        assert c["snapshot_blocks"] >= POOLS * RELAYS * BLOCKS
+        assert c["deltas"] > 0 and c["delta_events"] > 0
+        assert c["snapshot_requests"] == 0 and c["stream_errors"] == 0, c["last_error"]
+        assert router.metric("globalrouter_telemetry_snapshot_requests_total") == 0
+
+
+def test_a_pool_is_ready_holding_nearly_all_its_blocks_as_the_summary_counts_them():
+    from globalrouter.v1 import router_pb2
+
+    def view(indexed: int) -> router_pb2.PoolView:
+        return router_pb2.PoolView(
+            pool_id="scale-0000",
+            listed=True,
+            kv_freshness=router_pb2.SignalFreshness(fresh=True),
+            indexed_blocks=indexed,
+        )
+
+    assert bench_scale.ready_count({"scale-0000": view(99_999)}, 1, 100_000) == 1  # a collision or two
+    assert bench_scale.ready_count({"scale-0000": view(99_000)}, 1, 100_000) == 0
+    assert bench_scale.ready_count({"scale-0000": view(0)}, 1, 100_000) == 0
