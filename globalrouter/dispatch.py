@@ -292,7 +292,9 @@ class DispatchQueue(Generic[T]):
             # the fast path: an empty queue and a free pool dispatch without queueing
             decision = self._rank(request, now)
             if not decision.model_served:
-                return self._shed(request, ShedReason.MODEL_NOT_SERVED, now, now, "no listed pool serves it")
+                return self._shed(
+                    request, ShedReason.MODEL_NOT_SERVED, now, now, "no listed pool serves it", queued=False
+                )
             pools = self._by_id()
             reserve = cfg.reserved_pools.get(request.priority, 0)
             for ranked in decision.candidates[:1]:
@@ -307,8 +309,7 @@ class DispatchQueue(Generic[T]):
             if queue is None:
                 queue = self._queues[request.model] = []
         if len(queue) >= cfg.max_queued:
-            victim = queue[-1][1]
-            lowest = min(e.request.priority for _, e in queue)
+            lowest = queue[-1][1].request.priority  # sorted by class, highest first
             if lowest >= request.priority:
                 return self._shed(
                     request,
@@ -316,6 +317,7 @@ class DispatchQueue(Generic[T]):
                     now,
                     now,
                     f"{len(queue)} requests of class {lowest} or higher are queued for {request.model!r}",
+                    queued=False,
                 )
             # the newest request of the lowest class makes room (it has waited least)
             victim = max((e for _, e in queue if e.request.priority == lowest), key=lambda e: e.queued_at)
@@ -515,12 +517,20 @@ class DispatchQueue(Generic[T]):
                 del cls.finish[t]
 
     def _shed(
-        self, request: DispatchRequest[T], reason: ShedReason, now: float, queued_at: float, detail: str
+        self,
+        request: DispatchRequest[T],
+        reason: ShedReason,
+        now: float,
+        queued_at: float,
+        detail: str,
+        *,
+        queued: bool = True,
     ) -> Shed[T]:
-        if queued_at != now or reason is not ShedReason.MODEL_NOT_SERVED:
-            # a shed request leaves its tenant's count (a refused one never entered it)
+        if queued:
+            # a request dropped from the queue leaves its tenant's count (one refused at the
+            # door, `queued` False, never entered it)
             cls = self._classes.get((request.model, request.priority))
-            if cls is not None and request.tenant in cls.queued and reason is not ShedReason.QUEUE_FULL:
+            if cls is not None and request.tenant in cls.queued:
                 self._forget(cls, request.tenant)
         return Shed(request, reason, self.retry_after(request.model, now), detail, now - queued_at)
 

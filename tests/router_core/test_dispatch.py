@@ -256,3 +256,16 @@ def test_a_lower_class_leaves_reserved_pools_free_for_higher_ones():
     assert names(h.at(NOW + 1.0)) == ["low2"]
     with pytest.raises(ValueError, match=r"reserved_pools\[0\]"):
         Harness([pool("a")], reserved_pools={0: -1})
+
+
+def test_tenant_state_is_let_go_whatever_way_requests_leave():
+    h = Harness([pool("a", backlog_tokens=10_000)], max_queued=2, shed_after_seconds={0: 1.0})
+    assert h.q.enqueue(h.req("r1", tenant="A")) is None
+    assert h.q.enqueue(h.req("r2", tenant="B")) is None
+    assert isinstance(h.q.enqueue(h.req("r3", tenant="C")), Shed)  # refused at the door
+    assert isinstance(h.q.enqueue(h.req("x", tenant="D", model="other")), Shed)
+    out = h.at(NOW + 1.0)  # both shed (OVERLOADED)
+    assert sorted(o.request.payload for o in out) == ["r1", "r2"]
+    cls = h.q._classes[(MODEL, 0)]
+    assert cls.queued == {}
+    assert set(cls.finish) <= {"A", "B"}
