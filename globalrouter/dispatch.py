@@ -141,6 +141,10 @@ class DispatchRequest(Generic[T]):
     """The tenant's share within its class (positive)."""
     deadline: float | None = None
     """Clock time after which the request is shed if not dispatched (None: the config's)."""
+    regions: frozenset[str] | None = None
+    """The regions the request may use (residency, as `Selector.select` takes them; None: any)."""
+    adapter: str = ""
+    """LoRA adapter of `model` ("" for none), as `Selector.select` takes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -580,6 +584,8 @@ class DispatchQueue(Generic[T]):
             now,
             affinity_key=request.affinity_key,
             observe=False,
+            regions=request.regions,
+            adapter=request.adapter,
         )
 
 

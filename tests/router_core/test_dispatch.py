@@ -269,3 +269,12 @@ def test_tenant_state_is_let_go_whatever_way_requests_leave():
     cls = h.q._classes[(MODEL, 0)]
     assert cls.queued == {}
     assert set(cls.finish) <= {"A", "B"}
+
+
+def test_residency_filters_apply_at_dispatch():
+    a, b = pool("a"), pool("b")
+    b.region = "eu"
+    h = Harness([a, b])
+    out = h.q.enqueue(h.req("r1", regions=frozenset({"eu"})))
+    assert isinstance(out, Dispatched) and out.pool.pool_id == "b"
+    assert [f.pool_id for f in out.decision.filtered] == ["a"]
