@@ -58,6 +58,8 @@ class ShedReason(enum.Enum):
     """No pool could start the request before its deadline."""
     MODEL_NOT_SERVED = 5
     """No listed pool serves the model."""
+    NO_ELIGIBLE_POOL = 6
+    """Pools serve the model but every one is filtered out (at arrival, with nothing queued)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,9 @@ class DispatchConfig:
     only while more pools than that can take work. Pools do not preempt, so without a reserve a
     request of a higher class arriving under a flood of a lower one waits for a pool to finish
     a lower-class request."""
+    record_sends: bool = True
+    """Whether a dispatch counts the request in its pool's `PoolState.record_sent` (False when
+    the caller's send path records it, as the live frontend's GenerateRun does)."""
     scan_limit: int = 256
     """Queued requests ranked per dispatch round at most (in dispatch order)."""
     min_retry_after_seconds: float = 1.0
@@ -170,6 +175,8 @@ class Shed(Generic[T]):
     """Hint for Retry-After (whole seconds, within the config's bounds)."""
     detail: str
     queued_seconds: float = 0.0
+    decision: Decision | None = None
+    """The ranking that refused it (MODEL_NOT_SERVED, NO_ELIGIBLE_POOL at arrival), else None."""
 
 
 Outcome = Dispatched[T] | Shed[T]
@@ -295,10 +302,12 @@ class DispatchQueue(Generic[T]):
         if not queue:
             # the fast path: an empty queue and a free pool dispatch without queueing
             decision = self._rank(request, now)
-            if not decision.model_served:
-                return self._shed(
-                    request, ShedReason.MODEL_NOT_SERVED, now, now, "no listed pool serves it", queued=False
+            if not decision.model_served or not decision.candidates:
+                reason = (
+                    ShedReason.MODEL_NOT_SERVED if not decision.model_served else ShedReason.NO_ELIGIBLE_POOL
                 )
+                shed = self._shed(request, reason, now, now, "no pool can take it", queued=False)
+                return Shed(shed.request, reason, shed.retry_after_seconds, shed.detail, 0.0, decision)
             pools = self._by_id()
             reserve = cfg.reserved_pools.get(request.priority, 0)
             for ranked in decision.candidates[:1]:
@@ -361,6 +370,18 @@ class DispatchQueue(Generic[T]):
             start,
             next(self._seq),
         )
+
+    def withdraw(self, request: DispatchRequest[T]) -> bool:
+        """Takes a queued request out (its caller gave up, e.g. the client left); False when it
+        is not queued (dispatched or shed already)."""
+        for _, e in self._queues.get(request.model, ()):
+            if e.request is request:
+                self._remove(e)
+                cls = self._classes.get((request.model, request.priority))
+                if cls is not None and request.tenant in cls.queued:
+                    self._forget(cls, request.tenant)
+                return True
+        return False
 
     # ---- dispatch -----------------------------------------------------------------------
     def poll(self) -> list[Outcome[T]]:
@@ -483,8 +504,9 @@ class DispatchQueue(Generic[T]):
             wait + (ranked.uncached_tokens + self.selector.config.decode_weight * e.request.max_tokens) / rate
         )
         b.at = now
-        # recorded here, not by the caller, so the next request ranked in the same round sees it
-        pool.record_sent(ranked.uncached_tokens, e.request.max_tokens)
+        if self.config.record_sends:
+            # recorded here, not by the caller, so the next request ranked in the same round sees it
+            pool.record_sent(ranked.uncached_tokens, e.request.max_tokens)
         cls = self._classes.get((e.request.model, e.request.priority))
         if cls is not None:
             if e.tag > cls.vtime:

@@ -11,6 +11,7 @@ import grpc
 
 from globalrouter.aliases import Resolved, Target
 from globalrouter.config import RouterConfig
+from globalrouter.dispatch_live import LateBinder
 from globalrouter.migration import GenerateError, GenerateRun, Output, RunRecord
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import Decision
@@ -39,6 +40,7 @@ class RequestPath:
         admission_tries: int,
         stall: StallPolicy,
         gate: TenantGate | None = None,
+        binder: LateBinder | None = None,
     ) -> None:
         self.core = core
         self.links = links
@@ -47,10 +49,18 @@ class RequestPath:
         self.stall = stall
         self.gate = gate
         """The tenant policy (--policy): model access, budgets, residency; None lets everyone in."""
+        self.binder = binder
+        """Late binding (--dispatch late): requests wait for a pool in its queue; None decides at once."""
 
     @classmethod
     def of(
-        cls, core: RoutingCore, links: ServingLinks, config: RouterConfig, *, gate: TenantGate | None = None
+        cls,
+        core: RoutingCore,
+        links: ServingLinks,
+        config: RouterConfig,
+        *,
+        gate: TenantGate | None = None,
+        binder: LateBinder | None = None,
     ) -> RequestPath:
         return cls(
             core,
@@ -59,6 +69,7 @@ class RequestPath:
             admission_tries=config.admission_tries,
             stall=config.stall,
             gate=gate,
+            binder=binder,
         )
 
     def resolve(self, name: str, request_id: str) -> Resolved:
@@ -91,7 +102,20 @@ class RequestPath:
             # Prompt + max_tokens reserved now; the run's end gives back what was not generated.
             admission = await self.gate.admit(identity, model, len(prompt), max_tokens)
         try:
-            return self._start(request_id, model, prompt, max_tokens, sampling, adapter, admission)
+            decision = None
+            if self.binder is not None:
+                # late binding: the request waits here until a pool can start it (or is shed)
+                decision = await self.binder.decide(
+                    model,
+                    prompt,
+                    max_tokens,
+                    regions=admission.regions if admission is not None else None,
+                    adapter=adapter,
+                    priority=admission.priority if admission is not None else 0,
+                    tenant=admission.tenant if admission is not None else "",
+                    weight=admission.weight if admission is not None else 1.0,
+                )
+            return self._start(request_id, model, prompt, max_tokens, sampling, adapter, admission, decision)
         except BaseException:
             if admission is not None:
                 admission.finish(0)  # nothing was sent to a pool
@@ -106,10 +130,12 @@ class RequestPath:
         sampling: sampling_pb2.SamplingParams | None,
         adapter: str,
         admission: Admission | None,
+        decision: Decision | None = None,
     ) -> PathRun:
         core = self.core
         regions = admission.regions if admission is not None else None
-        decision = core.decide(model, prompt, max_tokens, adapter=adapter, regions=regions)
+        if decision is None:
+            decision = core.decide(model, prompt, max_tokens, adapter=adapter, regions=regions)
         error = _no_candidate_error(str(Target(model, adapter)), decision)
         if error is not None:
             metrics = core.metrics
