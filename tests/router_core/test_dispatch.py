@@ -278,3 +278,12 @@ def test_residency_filters_apply_at_dispatch():
     out = h.q.enqueue(h.req("r1", regions=frozenset({"eu"})))
     assert isinstance(out, Dispatched) and out.pool.pool_id == "b"
     assert [f.pool_id for f in out.decision.filtered] == ["a"]
+
+
+def test_no_eligible_pool_at_arrival_is_refused_with_the_decision():
+    h = Harness([pool("a")])
+    h.pools[0].directory_draining = True
+    out = h.q.enqueue(h.req("r1"))
+    assert isinstance(out, Shed) and out.reason is ShedReason.NO_ELIGIBLE_POOL
+    assert out.decision is not None and [f.pool_id for f in out.decision.filtered] == ["a"]
+    assert h.q.queued() == 0
