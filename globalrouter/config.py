@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from globalrouter.dispatch import DispatchConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
 from globalrouter.stall import StallPolicy
@@ -66,6 +67,9 @@ class RouterConfig:
     wait_slo: WaitSlo | None = None
     """When set, the ranking runs under this wait SLO instead of fixed weights
     (`SelectionConfig.wait_slo`)."""
+    dispatch: DispatchConfig | None = None
+    """Late binding (`globalrouter.dispatch`): requests wait in this frontend's dispatch queue
+    until a pool can start them; None (the default) commits each request at arrival."""
     max_streams_per_client: int = 64
     """Concurrent Generate streams one client identity may hold (enforced with TLS or API keys)."""
     max_generate_streams: int = 10_000

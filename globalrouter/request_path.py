@@ -12,6 +12,7 @@ import grpc
 
 from globalrouter.aliases import Resolved, Target
 from globalrouter.config import RouterConfig
+from globalrouter.dispatch_live import LateBinder
 from globalrouter.migration import GenerateError, GenerateRun, Output, RunRecord, decision_attributes
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import Decision
@@ -45,6 +46,7 @@ class RequestPath:
         admission_tries: int,
         stall: StallPolicy,
         gate: TenantGate | None = None,
+        binder: LateBinder | None = None,
     ) -> None:
         self.core = core
         self.links = links
@@ -53,10 +55,18 @@ class RequestPath:
         self.stall = stall
         self.gate = gate
         """The tenant policy (--policy): model access, budgets, residency; None lets everyone in."""
+        self.binder = binder
+        """Late binding (--dispatch late): requests wait for a pool in its queue; None decides at once."""
 
     @classmethod
     def of(
-        cls, core: RoutingCore, links: ServingLinks, config: RouterConfig, *, gate: TenantGate | None = None
+        cls,
+        core: RoutingCore,
+        links: ServingLinks,
+        config: RouterConfig,
+        *,
+        gate: TenantGate | None = None,
+        binder: LateBinder | None = None,
     ) -> RequestPath:
         return cls(
             core,
@@ -65,6 +75,7 @@ class RequestPath:
             admission_tries=config.admission_tries,
             stall=config.stall,
             gate=gate,
+            binder=binder,
         )
 
     def resolve(self, name: str, request_id: str) -> Resolved:
@@ -113,7 +124,22 @@ class RequestPath:
             if self.gate is not None:
                 # Prompt + max_tokens reserved now; the run's end gives back what was not generated.
                 admission = await self.gate.admit(identity, model, len(prompt), max_tokens)
-            return self._start(request_id, model, prompt, max_tokens, sampling, adapter, admission, span)
+            decision = None
+            if self.binder is not None:
+                # late binding: the request waits here until a pool can start it (or is shed)
+                decision = await self.binder.decide(
+                    model,
+                    prompt,
+                    max_tokens,
+                    regions=admission.regions if admission is not None else None,
+                    adapter=adapter,
+                    priority=admission.priority if admission is not None else 0,
+                    tenant=admission.tenant if admission is not None else "",
+                    weight=admission.weight if admission is not None else 1.0,
+                )
+            return self._start(
+                request_id, model, prompt, max_tokens, sampling, adapter, admission, span, decision
+            )
         except BaseException as exc:
             if admission is not None:
                 admission.finish(0)  # nothing was sent to a pool
@@ -135,13 +161,16 @@ class RequestPath:
         adapter: str,
         admission: Admission | None,
         span: Span | None,
+        decision: Decision | None = None,
     ) -> PathRun:
         core = self.core
         regions = admission.regions if admission is not None else None
-        decide_span = tracing.start_span("globalrouter.decide", span) if span is not None else None
-        decision = core.decide(model, prompt, max_tokens, adapter=adapter, regions=regions)
-        if decide_span is not None:
-            tracing.end_span_with(decide_span, lambda: decision_attributes(decision))
+        if decision is None:
+            decide_span = tracing.start_span("globalrouter.decide", span) if span is not None else None
+            decision = core.decide(model, prompt, max_tokens, adapter=adapter, regions=regions)
+            if decide_span is not None:
+                made = decision
+                tracing.end_span_with(decide_span, lambda: decision_attributes(made))
         error = _no_candidate_error(str(Target(model, adapter)), decision)
         if error is not None:
             metrics = core.metrics

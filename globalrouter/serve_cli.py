@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 from globalrouter import policy, stall
 from globalrouter.aliases import AliasError, load_aliases
 from globalrouter.config import KV_STATES, OpenAILinkConfig, RouterConfig
+from globalrouter.dispatch import DispatchConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
 from globalrouter.server import serve
@@ -137,6 +139,28 @@ def add_parser(subparsers) -> None:
         type=fraction,
         default=settings.field_default(WaitSlo, "quantile"),
         help="the share of requests whose estimated wait should be within --wait-slo (default %(default)s)",
+    )
+    p.add_argument(
+        "--dispatch",
+        choices=("early", "late"),
+        default="early",
+        help="early: commit each request to a pool at arrival; late: hold it in a bounded queue per "
+        "model until a pool can start it, higher --policy priority classes first and tenants by "
+        "weight (globalrouter.dispatch; with --wait-slo its timing follows the SLO) "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--dispatch-max-queued",
+        type=int_at_least(1),
+        default=settings.field_default(DispatchConfig, "max_queued"),
+        help="late: requests one model's queue holds; beyond it RESOURCE_EXHAUSTED / 429 (default %(default)s)",
+    )
+    p.add_argument(
+        "--dispatch-max-wait",
+        type=positive_number,
+        default=settings.field_default(DispatchConfig, "max_queue_seconds"),
+        metavar="SECONDS",
+        help="late: seconds a request may wait in the queue before it is shed (default %(default)s)",
     )
     p.add_argument(
         "--metrics-listen",
@@ -416,6 +440,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         max_generate_streams=args.max_generate_streams,
         metrics_listen=args.metrics_listen or "",
         wait_slo=WaitSlo(args.wait_slo, quantile=args.wait_slo_quantile) if args.wait_slo else None,
+        dispatch=_dispatch_config(args),
         grace=args.grace,
         ready_timeout=args.ready_timeout,
         max_streams_per_client=args.max_streams_per_client,
@@ -469,3 +494,11 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         tracing.shutdown()  # the spans still queued go out before the process ends
     return 0
+
+
+def _dispatch_config(args: argparse.Namespace) -> DispatchConfig | None:
+    """The late-binding queue from --dispatch and its flags (None: early binding)."""
+    if args.dispatch != "late":
+        return None
+    base = DispatchConfig.for_wait_slo(args.wait_slo) if args.wait_slo else DispatchConfig()
+    return replace(base, max_queued=args.dispatch_max_queued, max_queue_seconds=args.dispatch_max_wait)

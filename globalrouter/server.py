@@ -12,6 +12,7 @@ import grpc
 from globalrouter.aliases import AliasError, ModelResolver
 from globalrouter.budgets import BudgetStore, MemoryStore, TenantBudgets
 from globalrouter.config import KV_STATES, RouterConfig
+from globalrouter.dispatch_live import LateBinder
 from globalrouter.encoding import Encoder
 from globalrouter.frontend_lease import FrontendRegistration
 from globalrouter.http_api.app import OpenAIFront
@@ -253,7 +254,8 @@ def create_server(
     gate = tenant_gate(config, clock, metrics)
     # One request path (tenant gate, decide, run, migrate, count) and one prompt encoder for both
     # fronts. Without --policy nobody is limited: the path skips the gate.
-    path = RequestPath.of(core, links, config, gate=gate if config.policy else None)
+    binder = LateBinder(core, config.dispatch) if config.dispatch is not None else None
+    path = RequestPath.of(core, links, config, gate=gate if config.policy else None, binder=binder)
     encoder = Encoder(config.tokenizer_threads, config.tokenizer_queue)
     router_servicer = RouterServicer(
         core, links, config, tokenizers, authorizer=authorizer, streams=streams, path=path, encoder=encoder

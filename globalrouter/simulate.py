@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections import OrderedDict, deque
@@ -26,14 +27,16 @@ from typing import cast
 
 import numpy as np
 
+from globalrouter.dispatch import DispatchConfig, Dispatched, DispatchQueue, DispatchRequest, Outcome
 from globalrouter.kv_index import KvIndex
 from globalrouter.kv_summary import KvSummary
 from globalrouter.policies import POLICIES, FrontendView, Policy, make_policy
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
-from globalrouter.selection import SelectionConfig
+from globalrouter.selection import SelectionConfig, Selector
 from globalrouter.trace import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
 from globalrouter.wait_slo import WaitSlo
-from meshkit.cli import fraction, int_at_least, positive_number
+from meshkit.cli import fraction, int_at_least, non_negative_number, positive_number
+from meshkit.clock import FakeClock
 
 DECODE_WORK_PER_TOKEN = 4
 """Work tokens per output token in the pool model (fixed by the issue)."""
@@ -82,6 +85,14 @@ class SimResult:
     """Wall time the simulation took."""
     placements: list[tuple[float, int, float]] = field(default_factory=list)
     """(arrival, pool index, work tokens) of each request (only with SimConfig.timeline)."""
+    shed: int = 0
+    """Requests the late-binding queue shed (not in the hit and wait figures)."""
+    queue_p99: float = 0.0
+    """p99 of the time spent in the frontend's dispatch queue (late binding; part of the wait)."""
+    wait_p99_by_class: dict[int, float] = field(default_factory=dict)
+    """Priority class -> wait p99 of its requests (only with a `priority` function)."""
+    shed_by_class: dict[int, int] = field(default_factory=dict)
+    """Priority class -> requests shed (late binding with a `priority` function)."""
 
 
 class LruCache:
@@ -149,14 +160,15 @@ class SimPool:
         self.work = 0.0
         self.requests = 0
 
-    def admit(self, request: TraceRequest) -> tuple[int, float, float]:
-        """Serves a request arriving now; returns (hit blocks, wait seconds, work tokens)."""
+    def admit(self, request: TraceRequest, now: float | None = None) -> tuple[int, float, float]:
+        """Serves a request sent to the pool at `now` (its arrival when None); returns (hit
+        blocks, wait seconds from its arrival, work tokens)."""
         hit = self.cache.prefix_hit(request.hash_ids)
         self.cache.insert(request.hash_ids)
         work = max(0, request.input_length - TRACE_BLOCK_SIZE * hit) + (
             DECODE_WORK_PER_TOKEN * request.output_length
         )
-        start = max(request.arrival, self.free_at)
+        start = max(request.arrival if now is None else now, self.free_at)
         self.free_at = start + work / self.rate
         self.jobs.append(_Job(self.free_at, start, work, request.output_length))
         self.work += work
@@ -219,11 +231,19 @@ def simulate(
     policy_name: str = "default",
     selection: SelectionConfig | None = None,
     omniscient: Callable[[list[SimPool]], Policy] | None = None,
+    dispatch: DispatchConfig | None = None,
+    priority: Callable[[TraceRequest], int] | None = None,
 ) -> SimResult:
     """Runs one policy over the trace and returns its figures.
 
     `omniscient`, when given, builds the policy from the simulated pools themselves (their true
-    caches and queues): a bound for benches to compare against, never what a frontend sees."""
+    caches and queues): a bound for benches to compare against, never what a frontend sees.
+    `dispatch`, when given, runs the default policy with late binding (`globalrouter.dispatch`):
+    the frontend holds each request in its dispatch queue until a pool can start it.
+    `priority`, when given, is each request's class (late binding dispatches higher first) and
+    the result has per-class wait p99s."""
+    if dispatch is not None and (policy_name != "default" or omniscient is not None):
+        raise ValueError("late binding (dispatch) runs the default policy only")
     started = time.perf_counter()
     selection = selection or SelectionConfig()
     sims = [SimPool(config.capacity_blocks, config.rate) for _ in range(config.pools)]
@@ -264,7 +284,12 @@ def simulate(
     hits = blocks = 0
     waits: list[float] = []
     placements: list[tuple[float, int, float]] = []
-    for request in trace:
+    late: _LateStats | None = None
+    class_waits: dict[int, list[float]] = {}
+    if dispatch is not None:
+        late = _run_late(trace, config, selection, dispatch, sims, states, index, view, priority)
+        hits, blocks, waits, placements = late.hits, late.blocks, late.waits, late.placements
+    for request in trace if late is None else ():
         now = request.arrival
         if now >= next_kv:
             # the relays' delta batches since the last flush reach the frontend
@@ -289,13 +314,19 @@ def simulate(
         hits += hit
         blocks += len(request.hash_ids)
         waits.append(wait)
+        if priority is not None:
+            class_waits.setdefault(priority(request), []).append(wait)
 
+    if late is not None:
+        class_waits = late.class_waits
     work_per_pool = [s.work for s in sims]
     mean_work = sum(work_per_pool) / len(work_per_pool) if work_per_pool else 0.0
     hit_rate = hits / blocks if blocks else 0.0
-    ideal = ideal_hit_rate(trace, config.pools * config.capacity_blocks)
+    served = trace if late is None or not late.shed_ids else [r for r in trace if id(r) not in late.shed_ids]
+    # the ideal of the requests served (a shed request is in neither figure)
+    ideal = ideal_hit_rate(served, config.pools * config.capacity_blocks)
     return SimResult(
-        policy=policy_name,
+        policy=policy_name if late is None else f"{policy_name} (late)",
         requests=len(trace),
         hit_rate=hit_rate,
         ideal_hit_rate=ideal,
@@ -308,7 +339,111 @@ def simulate(
         requests_per_pool=[s.requests for s in sims],
         sim_seconds=time.perf_counter() - started,
         placements=placements,
+        shed=late.shed if late is not None else 0,
+        queue_p99=percentile(late.queued, 99) if late is not None else 0.0,
+        wait_p99_by_class={c: percentile(w, 99) for c, w in sorted(class_waits.items())},
+        shed_by_class=dict(sorted(late.shed_by_class.items())) if late is not None else {},
     )
+
+
+@dataclass(slots=True)
+class _LateStats:
+    hits: int = 0
+    blocks: int = 0
+    shed: int = 0
+    waits: list[float] = field(default_factory=list)
+    queued: list[float] = field(default_factory=list)
+    placements: list[tuple[float, int, float]] = field(default_factory=list)
+    class_waits: dict[int, list[float]] = field(default_factory=dict)
+    shed_by_class: dict[int, int] = field(default_factory=dict)
+    shed_ids: set[int] = field(default_factory=set)
+
+
+def _run_late(
+    trace: Sequence[TraceRequest],
+    config: SimConfig,
+    selection: SelectionConfig,
+    dispatch: DispatchConfig,
+    sims: list[SimPool],
+    states: list[PoolState],
+    index: KvIndex,
+    view: FrontendView,
+    priority: Callable[[TraceRequest], int] | None = None,
+) -> _LateStats:
+    """The simulation with late binding: events are arrivals, the relays' KV batches and load
+    reports (while requests are queued) and the queue's own wake-ups; the feeds to the frontend
+    are the same as without it."""
+    clock = FakeClock(start=0.0)
+    queue: DispatchQueue[TraceRequest] = DispatchQueue(
+        dispatch,
+        clock,
+        Selector(selection),
+        lambda: states,
+        lambda req, now: view.overlaps(req.payload.hash_ids, now),
+    )
+    index_of = {s.pool_id: k for k, s in enumerate(states)}
+    stats = _LateStats()
+    next_load = next_kv = 0.0
+
+    def deliver(outcome: Outcome[TraceRequest], now: float) -> None:
+        if not isinstance(outcome, Dispatched):
+            stats.shed += 1
+            stats.shed_ids.add(id(outcome.request.payload))
+            c = outcome.request.priority
+            stats.shed_by_class[c] = stats.shed_by_class.get(c, 0) + 1
+            return
+        request = outcome.request.payload
+        k = index_of[outcome.pool.pool_id]
+        hit, wait, work = sims[k].admit(request, now)
+        if config.timeline:
+            stats.placements.append((request.arrival, k, work))
+        stats.hits += hit
+        stats.blocks += len(request.hash_ids)
+        stats.waits.append(wait)
+        stats.queued.append(outcome.queued_seconds)
+        if priority is not None:
+            stats.class_waits.setdefault(outcome.request.priority, []).append(wait)
+
+    i, n = 0, len(trace)
+    while i < n or queue.queued():
+        t = trace[i].arrival if i < n else math.inf
+        if queue.queued():
+            wake = queue.next_wakeup()
+            t = min(t, next_kv, next_load, wake if wake is not None else math.inf)
+        clock.set(max(t, clock.monotonic()))
+        now = clock.monotonic()
+        if now >= next_kv:
+            tick = now - (now - next_kv) % config.kv_interval
+            for k, sim in enumerate(sims):
+                stored, removed = sim.cache.take_transitions()
+                if stored or removed:
+                    index.apply_delta(f"pool-{k:02d}/relay-0", stored, removed)
+                states[k].kv_at = tick
+            next_kv = tick + config.kv_interval
+        if now >= next_load:
+            tick = now - (now - next_load) % config.load_interval
+            for k, sim in enumerate(sims):
+                states[k].record_load(sim.load(tick), tick)
+            next_load = tick + config.load_interval
+        while i < n and trace[i].arrival <= now:
+            r = trace[i]
+            i += 1
+            outcome = queue.enqueue(
+                DispatchRequest(
+                    r,
+                    SIM_MODEL,
+                    r.input_length,
+                    r.output_length,
+                    r.hash_ids[0] if r.hash_ids else 0,
+                    priority=priority(r) if priority is not None else 0,
+                )
+            )
+            if outcome is not None:
+                # sent (or refused) before the next arrival is ranked, as a frontend does
+                deliver(outcome, now)
+        for outcome in queue.poll():
+            deliver(outcome, now)
+    return stats
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -365,6 +500,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--wait-slo-quantile", type=fraction, default=0.99, help="quantile of --wait-slo (default 0.99)"
     )
     p.add_argument(
+        "--dispatch",
+        choices=("early", "late"),
+        default="early",
+        help="early: the default policy commits each request to a pool at arrival (as today); late: "
+        "the frontend holds it in a dispatch queue until a pool can start it (globalrouter.dispatch; "
+        "runs the default policy only; with --wait-slo T the queue's settings follow T)",
+    )
+    p.add_argument(
+        "--start-within",
+        type=non_negative_number,
+        default=None,
+        metavar="SECONDS",
+        help="late: a pool takes work while its estimated backlog is at most this (default 1, or 0.85 T)",
+    )
+    p.add_argument(
+        "--affinity-hold",
+        type=non_negative_number,
+        default=None,
+        metavar="SECONDS",
+        help="late: a request holds out for its best pool while that pool can start it within this "
+        "(default 5, or 1.7 T)",
+    )
+    p.add_argument(
         "--kv-state",
         choices=KV_STATES,
         default="exact",
@@ -382,6 +540,19 @@ def summary(result: SimResult) -> dict:
     out = asdict(result)
     out.pop("placements")
     return out
+
+
+def late_dispatch_config(args: argparse.Namespace) -> DispatchConfig:
+    """The dispatch queue's settings from the flags (the simulator never sheds: its deadline is
+    beyond any wait the traces produce)."""
+    base = DispatchConfig.for_wait_slo(args.wait_slo) if args.wait_slo else DispatchConfig()
+    return DispatchConfig(
+        start_within_seconds=base.start_within_seconds if args.start_within is None else args.start_within,
+        affinity_hold_seconds=base.affinity_hold_seconds
+        if args.affinity_hold is None
+        else args.affinity_hold,
+        max_queue_seconds=1e9,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -403,18 +574,27 @@ def run(args: argparse.Namespace) -> int:
         if args.wait_slo
         else None
     )
+    dispatch = late_dispatch_config(args) if args.dispatch == "late" else None
+    if dispatch is not None and args.policy not in ("default", "all"):
+        print("globalrouter simulate: --dispatch late runs the default policy only", file=sys.stderr)
+        return 2
+    if dispatch is not None and args.policy == "default":
+        names = []  # only the late run
     results = [simulate(trace, config, name, selection) for name in names]
+    if dispatch is not None:
+        # with --policy all: every policy as today, then the default with late binding
+        results.append(simulate(trace, config, "default", selection, dispatch=dispatch))
     if args.json:
         out = [summary(r) for r in results]
-        print(json.dumps(out if args.policy == "all" else out[0], indent=None))
+        print(json.dumps(out if len(out) > 1 else out[0], indent=None))
         return 0
     print(
-        f"{'policy':<13} {'requests':>8} {'hit_rate':>8} {'ideal':>7} {'share':>7} "
+        f"{'policy':<14} {'requests':>8} {'hit_rate':>8} {'ideal':>7} {'share':>7} "
         f"{'wait_p50':>9} {'wait_p99':>9} {'imbalance':>9}"
     )
     for r in results:
         print(
-            f"{r.policy:<13} {r.requests:>8} {r.hit_rate:>8.4f} {r.ideal_hit_rate:>7.4f} "
+            f"{r.policy:<14} {r.requests:>8} {r.hit_rate:>8.4f} {r.ideal_hit_rate:>7.4f} "
             f"{r.share_of_ideal:>7.4f} {r.wait_p50:>9.3f} {r.wait_p99:>9.3f} {r.imbalance:>9.3f}"
         )
     return 0

@@ -1,0 +1,271 @@
+"""Late binding (`globalrouter.dispatch`) in the simulator, against dynamo and the default in the
+same run, and the cost of the dispatch queue on a decision when pools are idle.
+
+Grid: the conversation trace (first half) at R = 6,000 (bench_conversation's load), 8,000 and
+12,000 work tokens/s per pool; the synthetic trace at bench_quality's R = 8,000 ... 50,000; 8
+pools x 4,000 blocks. Per load: dynamo, the default (early binding), the default under
+`--wait-slo T` with T = dynamo's p99 of the same run (early binding), and the same with late
+binding (`DispatchConfig.for_wait_slo(T)`) and without an SLO (late, default selection). Wait =
+arrival to start, the frontend's queue included. Then SLO tracking: targets of 0.85, 1 and 1.2 x
+dynamo's p99 on the conversation trace, early vs late, p99 / target. Then a microbench: one
+decision on 8 idle pools through `DispatchQueue.enqueue` (its fast path) vs a direct
+`Selector.select`, same run, same overlaps.
+
+    .venv/bin/python bench/bench_dispatch.py [--conversation FILE] [--synthetic FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from globalrouter.dispatch import DispatchConfig, DispatchQueue, DispatchRequest
+from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
+from globalrouter.selection import SelectionConfig, Selector
+from globalrouter.simulate import SimConfig, SimResult, simulate
+from globalrouter.trace import TraceRequest, load_trace
+from globalrouter.wait_slo import WaitSlo
+from meshkit.clock import FakeClock
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+TRACES = ROOT.parent / "shared" / "traces"
+CONV_RATES = (6_000, 8_000, 12_000)
+SYN_RATES = (8_000, 12_000, 16_000, 24_000, 50_000)
+SLO_FACTORS = (0.85, 1.0, 1.2)
+LATE_NO_SLO = DispatchConfig(max_queue_seconds=3600.0)
+"""Late binding with the default selection (no SLO), DispatchConfig's defaults (start within 1 s,
+hold 5 s: a good point of a small grid on the conversation trace at R = 6,000)."""
+
+
+def late_for(target: float) -> DispatchConfig:
+    # the simulator never sheds: a deadline beyond any wait the traces produce
+    return replace(DispatchConfig.for_wait_slo(target), max_queue_seconds=3600.0)
+
+
+def case(trace: list[TraceRequest], rate: int) -> tuple[float, dict[str, SimResult]]:
+    config = SimConfig(pools=8, capacity_blocks=4000, rate=rate)
+    dyn = simulate(trace, config, "dynamo")
+    # at light load dynamo's p99 is 0 (nobody waits): a target of at least 10 ms
+    target = max(round(dyn.wait_p99, 3), 0.01)
+    slo = SelectionConfig(wait_slo=WaitSlo(target))
+    return target, {
+        "dynamo": dyn,
+        "default": simulate(trace, config, "default"),
+        "default, late": simulate(trace, config, "default", dispatch=LATE_NO_SLO),
+        "slo, early": simulate(trace, config, "default", slo),
+        "slo, late": simulate(trace, config, "default", slo, dispatch=late_for(target)),
+    }
+
+
+ROWS = ("dynamo", "default", "default, late", "slo, early", "slo, late")
+
+
+def fmt_case(name: str, rate: int, target: float, c: dict[str, SimResult]) -> str:
+    cells = [f"{c[key].share_of_ideal:.4f} / {c[key].wait_p99:.3f}" for key in ROWS]
+    return f"| {name} | {rate:,} | {target:.3f} | " + " | ".join(cells) + " |"
+
+
+FLOOD_COPIES = 4
+FLOOD_RATE = 12_000
+FLOOD_QUEUE = DispatchConfig(start_within_seconds=0.0, max_queue_seconds=60.0, reserved_pools={0: 1})
+"""The queue under the flood: pools take work only when idle, class 0 leaves one pool free for
+class 1 and waits at most 60 s."""
+
+
+def flood(conv: list[TraceRequest], syn: list[TraceRequest]) -> list[tuple[str, SimResult]]:
+    """The conversation trace as class 1 with and without a class-0 flood: FLOOD_COPIES copies of
+    the synthetic trace stretched over the conversation's span (disjoint blocks), about 3x what
+    the pools serve; early binding (no classes) vs late binding with classes."""
+    span = conv[-1].arrival / syn[-1].arrival
+    extra = [
+        TraceRequest(
+            r.arrival * span + c * 0.37,
+            r.input_length,
+            r.output_length,
+            tuple(h + ((c + 1) << 40) for h in r.hash_ids),
+        )
+        for c in range(FLOOD_COPIES)
+        for r in syn
+    ]
+    high = {id(r) for r in conv}
+    mixed = sorted(conv + extra, key=lambda r: r.arrival)
+
+    def prio(r: TraceRequest) -> int:
+        return 1 if id(r) in high else 0
+
+    config = SimConfig(pools=8, capacity_blocks=4000, rate=FLOOD_RATE)
+    out = []
+    for label, trace, dispatch in (
+        ("no flood, early", conv, None),
+        ("no flood, late", conv, FLOOD_QUEUE),
+        ("flood, early", mixed, None),
+        ("flood, late", mixed, FLOOD_QUEUE),
+    ):
+        r = simulate(trace, config, "default", dispatch=dispatch, priority=prio)
+        out.append((label, r))
+        print(f"{label}: p99 by class {r.wait_p99_by_class} shed {r.shed_by_class}", flush=True)
+    return out
+
+
+def microbench(n: int = 20_000) -> tuple[float, float]:
+    """Mean microseconds of one decision on 8 idle pools: (Selector.select, DispatchQueue.enqueue)."""
+    now = 100.0
+    pools = []
+    for k in range(8):
+        p = PoolState(
+            pool_id=f"pool-{k}",
+            listed=True,
+            model="m",
+            region="r",
+            frontends=("http://127.0.0.1:1",),
+            capacity=PoolCapacityHint(prefill_tokens_per_second=10_000),
+            block_size=16,
+            kv_at=now,
+        )
+        p.record_load(LoadSignal(), now)
+        pools.append(p)
+    cached = {"pool-3": 4}
+    selector = Selector()
+    clock = FakeClock(start=now)
+    queue: DispatchQueue[int] = DispatchQueue(
+        DispatchConfig(), clock, selector, lambda: pools, lambda r, t: cached
+    )
+
+    tick = iter(range(1, 1 << 30))  # clock seconds, moving forward across the runs
+
+    def direct() -> float:
+        t0 = time.perf_counter()
+        for k in range(n):
+            t = now + next(tick)
+            selector.select(pools, "m", 1000, 100, cached, t, affinity_key=k)
+            # as in queued(): the pools report idle again for the next decision
+            for p in pools:
+                p.record_load(LoadSignal(), t)
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def queued() -> float:
+        t0 = time.perf_counter()
+        for k in range(n):
+            t = now + next(tick)
+            clock.set(t)
+            out = queue.enqueue(DispatchRequest(k, "m", 1000, 100, affinity_key=k))
+            assert out is not None
+            # the pools report idle again for the next decision
+            for p in pools:
+                p.record_load(LoadSignal(), t)
+        return (time.perf_counter() - t0) / n * 1e6
+
+    # the reset loop costs about the same in both; interleave runs, keep the best of each
+    best_direct = best_queued = float("inf")
+    for _ in range(3):
+        best_direct = min(best_direct, direct())
+        best_queued = min(best_queued, queued())
+    return best_direct, best_queued
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--conversation", default=str(TRACES / "mooncake_conversation_first_half.jsonl"))
+    parser.add_argument("--synthetic", default=str(TRACES / "mooncake_synthetic_trace.jsonl"))
+    args = parser.parse_args()
+    started = time.monotonic()
+    conv = load_trace(args.conversation)
+    syn = load_trace(args.synthetic)
+    rows = []
+    goals = []
+    for name, trace, rates, goal in (
+        ("conversation", conv, CONV_RATES, 0.95),
+        ("synthetic", syn, SYN_RATES, 0.97),
+    ):
+        for rate in rates:
+            target, c = case(trace, rate)
+            rows.append(fmt_case(name, rate, target, c))
+            print(rows[-1], flush=True)
+            lt, dyn = c["slo, late"], c["dynamo"]
+            goals.append(
+                (name, rate, goal, lt.share_of_ideal, lt.wait_p99, dyn.wait_p99, lt.wait_p99 / target)
+            )
+    tracking = []
+    conv_config = SimConfig(pools=8, capacity_blocks=4000, rate=CONV_RATES[0])
+    dyn_p99 = simulate(conv, conv_config, "dynamo").wait_p99
+    for f in SLO_FACTORS:
+        target = round(f * dyn_p99, 3)
+        slo = SelectionConfig(wait_slo=WaitSlo(target))
+        early = simulate(conv, conv_config, "default", slo)
+        lt = simulate(conv, conv_config, "default", slo, dispatch=late_for(target))
+        tracking.append((f, target, early, lt))
+        print(
+            f"slo {target}: early {early.wait_p99 / target:.3f}T late {lt.wait_p99 / target:.3f}T",
+            flush=True,
+        )
+    flooded = flood(conv, syn)
+    direct_us, queued_us = microbench()
+    print(f"decision on idle pools: select {direct_us:.1f} us, enqueue {queued_us:.1f} us", flush=True)
+
+    met = [g for g in goals if g[3] >= g[2] and g[4] <= g[5]]
+    lines = [
+        "## Late binding: the dispatch queue in the simulator (`bench_dispatch`)",
+        "",
+        f"Command: `.venv/bin/python bench/bench_dispatch.py` (traces `{Path(args.conversation).name}`, "
+        f"{len(conv):,} requests, and `{Path(args.synthetic).name}`, {len(syn):,}; 8 pools x 4,000 blocks); "
+        f"machine: {platform.machine()}, Python {platform.python_version()}; ran {time.monotonic() - started:.0f}s.",
+        "",
+        "Each cell is share_of_ideal / wait p99 (s); wait = arrival to start, the frontend's dispatch queue "
+        "included. T = dynamo's p99 in the same run. *slo* = the default under `--wait-slo T`; *early* "
+        "commits at arrival (today), *late* holds requests in the dispatch queue "
+        "(`DispatchConfig.for_wait_slo(T)`: pools queue up to 0.85 T, a request holds out for its "
+        "cached pool while that pool can start it within 1.7 T); *default, late* is late binding "
+        "without an SLO (start within 1 s, hold 5 s).",
+        "",
+        "| trace | R | T (s) | dynamo | default | default, late | slo, early | slo, late |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"**Goals (late binding under `--wait-slo T`): share ≥ 0.95 (conversation) / 0.97 (synthetic) "
+        f"with p99 ≤ dynamo's: met at {len(met)} of {len(goals)} loads** "
+        f"({', '.join(f'{n} R = {r:,}' for n, r, *_ in met) or 'none'}). p99 / T per load: "
+        + ", ".join(f"{n[:4]} {r // 1000}k {q:.2f}" for n, r, _, _, _, _, q in goals)
+        + ".",
+        "",
+        "SLO tracking on the conversation trace (R = 6,000), p99 / target:",
+        "",
+        "| target (x dynamo's p99) | target (s) | early share / p99 / ratio | late share / p99 / ratio |",
+        "|---:|---:|---:|---:|",
+        *[
+            f"| {f} | {t:.3f} | {e.share_of_ideal:.4f} / {e.wait_p99:.3f} / {e.wait_p99 / t:.3f} | "
+            f"{lt.share_of_ideal:.4f} / {lt.wait_p99:.3f} / {lt.wait_p99 / t:.3f} |"
+            for f, t, e, lt in tracking
+        ],
+        "",
+        f"Priority under a flood (conversation trace as class 1, R = {FLOOD_RATE:,}; class 0: "
+        f"{FLOOD_COPIES} copies of the synthetic trace stretched over its span, about 3x what the pools "
+        "serve; late binding: pools take work only when idle, class 0 leaves one free pool to class 1 "
+        "(`reserved_pools={0: 1}`) and waits at most 60 s, then DEADLINE_EXCEEDED):",
+        "",
+        "| run | class 1 wait p99 (s) | class 0 wait p99 (s) | class 0 shed | class 1 shed |",
+        "|---|---:|---:|---:|---:|",
+        *[
+            f"| {label} | {r.wait_p99_by_class.get(1, 0.0):.3f} | "
+            + (f"{r.wait_p99_by_class[0]:.3f}" if 0 in r.wait_p99_by_class else "-")
+            + f" | {r.shed_by_class.get(0, 0)} | {r.shed_by_class.get(1, 0)} |"
+            for label, r in flooded
+        ],
+        "",
+        f"Decision on 8 idle pools (mean of 20,000, best of 3): `Selector.select` {direct_us:.1f} µs, "
+        f"`DispatchQueue.enqueue` (empty queue, free pool: ranks and dispatches at once) {queued_us:.1f} µs; "
+        f"the queue adds **{(queued_us - direct_us) / 1000:.3f} ms** (goal ≤ 0.2 ms).",
+        "",
+    ]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_dispatch.md").write_text("\n".join(lines))
+    print(f"wrote {RESULTS / 'bench_dispatch.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

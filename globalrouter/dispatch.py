@@ -1,0 +1,615 @@
+"""Late binding at the global frontend: a bounded dispatch queue per model, priority classes,
+token-weighted fairness between tenants, and shedding with a machine-readable reason.
+
+Without it the frontend commits each request to a pool at arrival and the request then waits in
+that pool's first-come-first-served queue, behind whatever the pool was given before, even when
+another pool frees up first. With it the frontend holds the request and commits it only when a
+pool can start it soon: its estimated backlog (the last load report drained at the pool's
+throughput since it arrived, plus the work this frontend sent there since, drained the same way)
+is at most `start_within_seconds`. The pool is chosen at dispatch time by the same filter ->
+rank (`Selector`) as without the queue, on the KV state and loads of that moment.
+
+Order: higher `priority` first; within a class, start-time fair queueing over tenants, each
+request's tag advancing its tenant's virtual time by its tokens (prompt + max output) divided by
+its tenant's weight, so backlogged tenants get tokens in proportion to their weights whatever
+their request sizes. A request holds out for the pool the ranking puts first (where its prefix
+is cached) while that pool is expected to start it within `affinity_hold_seconds` of its
+arrival here (the pool's backlog plus what earlier requests hold out for there); otherwise it
+takes the best-ranked pool that can start it now. A pool some earlier request holds out for is
+not given to a later one, and a freed pool goes first to the queued requests of the top class
+whose prompt it partly holds (a request any pool serves as well takes another).
+
+Bounds: `max_queued` requests per model (a higher class arriving at a full queue displaces the
+newest request of the lowest class below it, else it is refused), a deadline per request, and
+per class an optional `shed_after_seconds` under overload. Every refusal is a `Shed` with a
+`ShedReason` and a retry-after hint. Nothing here knows about transport; time comes from an
+injectable `meshkit.clock.Clock`; the simulator runs exactly this code.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from globalrouter.pool_state import PoolState
+from globalrouter.selection import Decision, RankedPool, Selector
+from meshkit.clock import Clock
+
+T = TypeVar("T")
+
+
+class ShedReason(enum.Enum):
+    """Why the dispatch queue refused or dropped a request (machine-readable; maps to 429 /
+    RESOURCE_EXHAUSTED, except MODEL_NOT_SERVED which is NOT_FOUND)."""
+
+    QUEUE_FULL = 1
+    """The model's queue is full of requests of this class or higher."""
+    DISPLACED = 2
+    """Dropped from a full queue for a request of a higher class."""
+    OVERLOADED = 3
+    """The class sheds under overload: the request queued longer than its class allows."""
+    DEADLINE_EXCEEDED = 4
+    """No pool could start the request before its deadline."""
+    MODEL_NOT_SERVED = 5
+    """No listed pool serves the model."""
+    NO_ELIGIBLE_POOL = 6
+    """Pools serve the model but every one is filtered out (at arrival, with nothing queued)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchConfig:
+    """Bounds and timing of the dispatch queue (per model)."""
+
+    max_queued: int = 1024
+    """Requests one model's queue holds."""
+    start_within_seconds: float = 1.0
+    """A pool can take work when its estimated backlog is at most this many seconds (0: only an
+    idle pool; above 0 the pool keeps a short queue, which covers the trip to the pool and the
+    error of the estimate, so it never idles while requests wait here)."""
+    affinity_hold_seconds: float = 5.0
+    """How long a request holds out for the pool ranked first before it takes any pool that can
+    start it."""
+    max_queue_seconds: float = 60.0
+    """Default deadline: a request not dispatched this long after it was queued is shed."""
+    shed_after_seconds: Mapping[int, float] = field(default_factory=dict)
+    """Priority class -> seconds after which a queued request of that class is shed
+    (OVERLOADED); classes not listed wait until their deadline."""
+    reserved_pools: Mapping[int, int] = field(default_factory=dict)
+    """Priority class -> pools that class leaves free for higher classes: its requests dispatch
+    only while more pools than that can take work. Pools do not preempt, so without a reserve a
+    request of a higher class arriving under a flood of a lower one waits for a pool to finish
+    a lower-class request."""
+    record_sends: bool = True
+    """Whether a dispatch counts the request in its pool's `PoolState.record_sent` (False when
+    the caller's send path records it, as the live frontend's GenerateRun does)."""
+    scan_limit: int = 256
+    """Queued requests ranked per dispatch round at most (in dispatch order)."""
+    min_retry_after_seconds: float = 1.0
+    max_retry_after_seconds: float = 60.0
+
+    @classmethod
+    def for_wait_slo(cls, target_seconds: float) -> DispatchConfig:
+        """The settings measured best under a wait SLO of `target_seconds` (bench_dispatch):
+        pools queue up to 0.85 of the target, a request holds out for its cached pool while it
+        can start there within 1.7 times the target (the ranking's wait price keeps most far
+        below it)."""
+        return cls(start_within_seconds=0.85 * target_seconds, affinity_hold_seconds=1.7 * target_seconds)
+
+    def problems(self) -> list[str]:
+        """What is wrong with these values (empty when none), each naming the field."""
+        out = []
+        if self.max_queued < 1:
+            out.append(f"max_queued must be at least 1, got {self.max_queued!r}")
+        for name in ("start_within_seconds", "affinity_hold_seconds"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                out.append(f"{name} must be a non-negative number of seconds, got {v!r}")
+        if not (math.isfinite(self.max_queue_seconds) and self.max_queue_seconds > 0):
+            out.append(f"max_queue_seconds must be positive, got {self.max_queue_seconds!r}")
+        for cls, v in self.shed_after_seconds.items():
+            if not (math.isfinite(v) and v >= 0):
+                out.append(f"shed_after_seconds[{cls}] must be a non-negative number of seconds, got {v!r}")
+        for cls, n in self.reserved_pools.items():
+            if n < 0:
+                out.append(f"reserved_pools[{cls}] must be at least 0, got {n!r}")
+        if self.scan_limit < 1:
+            out.append(f"scan_limit must be at least 1, got {self.scan_limit!r}")
+        if not 0 < self.min_retry_after_seconds <= self.max_retry_after_seconds:
+            out.append(
+                "retry-after bounds must satisfy 0 < min_retry_after_seconds <= max_retry_after_seconds, "
+                f"got {self.min_retry_after_seconds!r}, {self.max_retry_after_seconds!r}"
+            )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchRequest(Generic[T]):
+    """One request as the queue sees it; `payload` is the caller's (returned as is)."""
+
+    payload: T
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    affinity_key: int = 0
+    """As `Selector.select`'s (the prompt's first block hash)."""
+    priority: int = 0
+    """Class; higher dispatches first (from the identity's policy)."""
+    tenant: str = ""
+    """Who shares the class with whom, by weight."""
+    weight: float = 1.0
+    """The tenant's share within its class (positive)."""
+    deadline: float | None = None
+    """Clock time after which the request is shed if not dispatched (None: the config's)."""
+    regions: frozenset[str] | None = None
+    """The regions the request may use (residency, as `Selector.select` takes them; None: any)."""
+    adapter: str = ""
+    """LoRA adapter of `model` ("" for none), as `Selector.select` takes it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched(Generic[T]):
+    """A request committed to a pool."""
+
+    request: DispatchRequest[T]
+    pool: RankedPool
+    """The pool (as ranked at dispatch): send there. The queue has already counted the request
+    in the pool's `PoolState.record_sent` (the caller must not count it again)."""
+    decision: Decision
+    queued_seconds: float
+    """Time the request spent in this queue."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shed(Generic[T]):
+    """A request refused at arrival or dropped from the queue."""
+
+    request: DispatchRequest[T]
+    reason: ShedReason
+    retry_after_seconds: float
+    """Hint for Retry-After (whole seconds, within the config's bounds)."""
+    detail: str
+    queued_seconds: float = 0.0
+    decision: Decision | None = None
+    """The ranking that refused it (MODEL_NOT_SERVED, NO_ELIGIBLE_POOL at arrival), else None."""
+
+
+Outcome = Dispatched[T] | Shed[T]
+
+
+@dataclass(slots=True)
+class _Entry(Generic[T]):
+    request: DispatchRequest[T]
+    queued_at: float
+    deadline: float
+    shed_at: float
+    tag: float
+    """Start tag (virtual time within the class)."""
+    seq: int
+    done: bool = False
+    """Left the queue (dispatched or shed)."""
+
+    def key(self) -> tuple[int, float, int]:
+        return (-self.request.priority, self.tag, self.seq)
+
+
+@dataclass(slots=True)
+class _Backlog:
+    """This frontend's estimate of one pool's backlog: `seconds` of work at time `at`, which
+    drains at one second per second (the work is in seconds of the pool's throughput)."""
+
+    load_at: float | None = None
+    seconds: float = 0.0
+    at: float = 0.0
+
+    def now(self, now: float) -> float:
+        left = self.seconds - (now - self.at)
+        return left if left > 0 else 0.0
+
+
+@dataclass(slots=True)
+class _Class:
+    """Virtual time of one priority class and its tenants' last finish tags."""
+
+    vtime: float = 0.0
+    finish: dict[str, float] = field(default_factory=dict)
+    queued: dict[str, int] = field(default_factory=dict)
+
+
+class DispatchQueue(Generic[T]):
+    """The late-binding queue of one frontend (all models; bounded per model).
+
+    The caller enqueues requests (which may dispatch at once when the queue is empty and a pool
+    is free), calls `poll` whenever something changed (a load report, a request finished) or
+    `next_wakeup()` passed, and acts on the outcomes."""
+
+    def __init__(
+        self,
+        config: DispatchConfig,
+        clock: Clock,
+        selector: Selector,
+        pools: Callable[[], Iterable[PoolState]],
+        overlaps: Callable[[DispatchRequest[T], float], Mapping[str, int]],
+    ) -> None:
+        problems = config.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.config = config
+        self.clock = clock
+        self.selector = selector
+        self.pools = pools
+        """The listed pools (as `Selector.select` takes them)."""
+        self.overlaps = overlaps
+        """Request, now -> pool id -> cached leading blocks (as `pool_overlaps` gives)."""
+        self._queues: dict[str, list[tuple[tuple[int, float, int], _Entry[T]]]] = {}
+        self._expiry: list[tuple[float, int, _Entry[T]]] = []
+        """(first of deadline and shed time, seq, entry), a heap; entries leave it lazily (their
+        `done` is set when they leave the queue) and it is rebuilt when mostly stale."""
+        self._queued_work: dict[str, float] = {}
+        """Model -> work tokens queued (prompt + decode-weighted output), for retry-after."""
+        self._classes: dict[tuple[str, int], _Class] = {}
+        self._backlog: dict[str, _Backlog] = {}
+        self._seq = itertools.count()
+        self._displaced: list[Shed[T]] = []
+        """Requests displaced by enqueue since the last poll (the next poll reports them)."""
+
+    # ---- state --------------------------------------------------------------------------
+    def queued(self, model: str | None = None) -> int:
+        """Requests queued for `model` (all models when None)."""
+        if model is not None:
+            return len(self._queues.get(model, ()))
+        return sum(len(q) for q in self._queues.values())
+
+    def backlog_seconds(self, pool: PoolState, now: float) -> float:
+        """The estimated seconds of work at `pool` before it could start another request."""
+        return self._pool_backlog(pool, now).now(now)
+
+    def _pool_backlog(self, pool: PoolState, now: float) -> _Backlog:
+        b = self._backlog.get(pool.pool_id)
+        if b is None:
+            b = self._backlog[pool.pool_id] = _Backlog()
+        if pool.load_at != b.load_at:
+            # a new load report counts everything sent before it: start again from it
+            b.load_at = pool.load_at
+            load = pool.load
+            if load is not None and pool.load_at is not None:
+                dw = self.selector.config.decode_weight
+                rate = self.selector.throughput(pool)
+                b.seconds = (load.prefill_tokens_in_flight + dw * load.decode_tokens_in_flight) / rate
+                b.at = pool.load_at
+            else:
+                b.seconds = b.at = 0.0
+        return b
+
+    def _can_start(self, pool: PoolState, now: float) -> bool:
+        # the epsilon: a wake-up computed for the instant a pool frees must find it free
+        return self._pool_backlog(pool, now).now(now) <= self.config.start_within_seconds + 1e-9
+
+    # ---- enqueue ------------------------------------------------------------------------
+    def enqueue(self, request: DispatchRequest[T]) -> Outcome[T] | None:
+        """Queues `request`; returns its outcome when it is decided at once (dispatched to a
+        free pool with nothing queued for the model, or refused), else None."""
+        if not (math.isfinite(request.weight) and request.weight > 0):
+            raise ValueError(f"weight must be positive, got {request.weight!r}")
+        cfg = self.config
+        now = self.clock.monotonic()
+        queue = self._queues.get(request.model)
+        if not queue:
+            # the fast path: an empty queue and a free pool dispatch without queueing
+            decision = self._rank(request, now)
+            if not decision.model_served or not decision.candidates:
+                reason = (
+                    ShedReason.MODEL_NOT_SERVED if not decision.model_served else ShedReason.NO_ELIGIBLE_POOL
+                )
+                shed = self._shed(request, reason, now, now, "no pool can take it", queued=False)
+                return Shed(shed.request, reason, shed.retry_after_seconds, shed.detail, 0.0, decision)
+            pools = self._by_id()
+            reserve = cfg.reserved_pools.get(request.priority, 0)
+            for ranked in decision.candidates[:1]:
+                pool = pools.get(ranked.pool_id)
+                if (
+                    pool is not None
+                    and self._can_start(pool, now)
+                    and (not reserve or self._free_count(pools, now) > reserve)
+                ):
+                    entry = self._new_entry(request, now)
+                    return self._commit(entry, ranked, decision, now, pool)
+            if queue is None:
+                queue = self._queues[request.model] = []
+        if len(queue) >= cfg.max_queued:
+            lowest = queue[-1][1].request.priority  # sorted by class, highest first
+            if lowest >= request.priority:
+                return self._shed(
+                    request,
+                    ShedReason.QUEUE_FULL,
+                    now,
+                    now,
+                    f"{len(queue)} requests of class {lowest} or higher are queued for {request.model!r}",
+                    queued=False,
+                )
+            # the newest request of the lowest class makes room (it has waited least)
+            victim = max((e for _, e in queue if e.request.priority == lowest), key=lambda e: e.queued_at)
+            self._remove(victim)
+            displaced = self._shed(
+                victim.request,
+                ShedReason.DISPLACED,
+                now,
+                victim.queued_at,
+                f"displaced from a full queue by a request of class {request.priority}",
+            )
+            self._displaced.append(displaced)
+        entry = self._new_entry(request, now)
+        bisect.insort(queue, (entry.key(), entry), key=_first)
+        heapq.heappush(self._expiry, (min(entry.deadline, entry.shed_at), entry.seq, entry))
+        if len(self._expiry) > 2 * self.queued() + 64:
+            self._expiry = [x for x in self._expiry if not x[2].done]
+            heapq.heapify(self._expiry)
+        self._queued_work[request.model] = self._queued_work.get(request.model, 0.0) + self._work(request)
+        return None
+
+    def _new_entry(self, request: DispatchRequest[T], now: float) -> _Entry[T]:
+        cfg = self.config
+        cls = self._classes.get((request.model, request.priority))
+        if cls is None:
+            cls = self._classes[(request.model, request.priority)] = _Class()
+        start = max(cls.vtime, cls.finish.get(request.tenant, 0.0))
+        cls.finish[request.tenant] = start + (request.prompt_tokens + request.max_tokens) / request.weight
+        cls.queued[request.tenant] = cls.queued.get(request.tenant, 0) + 1
+        deadline = request.deadline if request.deadline is not None else now + cfg.max_queue_seconds
+        shed_after = cfg.shed_after_seconds.get(request.priority)
+        return _Entry(
+            request,
+            now,
+            deadline,
+            now + shed_after if shed_after is not None else math.inf,
+            start,
+            next(self._seq),
+        )
+
+    def withdraw(self, request: DispatchRequest[T]) -> bool:
+        """Takes a queued request out (its caller gave up, e.g. the client left); False when it
+        is not queued (dispatched or shed already)."""
+        for _, e in self._queues.get(request.model, ()):
+            if e.request is request:
+                self._remove(e)
+                cls = self._classes.get((request.model, request.priority))
+                if cls is not None and request.tenant in cls.queued:
+                    self._forget(cls, request.tenant)
+                return True
+        return False
+
+    # ---- dispatch -----------------------------------------------------------------------
+    def poll(self) -> list[Outcome[T]]:
+        """Dispatches what can start now and sheds what must go; the outcomes in order."""
+        now = self.clock.monotonic()
+        out: list[Outcome[T]] = list(self._displaced)
+        self._displaced.clear()
+        heap = self._expiry
+        while heap and (heap[0][2].done or heap[0][0] <= now):
+            e = heapq.heappop(heap)[2]
+            if e.done:
+                continue
+            self._remove(e)
+            if e.shed_at <= now and e.shed_at <= e.deadline:
+                out.append(
+                    self._shed(
+                        e.request,
+                        ShedReason.OVERLOADED,
+                        now,
+                        e.queued_at,
+                        f"class {e.request.priority} sheds after {now - e.queued_at:.1f}s queued",
+                    )
+                )
+            else:
+                out.append(
+                    self._shed(e.request, ShedReason.DEADLINE_EXCEEDED, now, e.queued_at, "deadline passed")
+                )
+        for model, queue in list(self._queues.items()):
+            if queue:
+                self._poll_model(queue, now, out)
+            if not queue:
+                del self._queues[model]
+        return out
+
+    def _poll_model(
+        self, queue: list[tuple[tuple[int, float, int], _Entry[T]]], now: float, out: list[Outcome[T]]
+    ) -> None:
+        if not queue:
+            return
+        pools = self._by_id()
+        free = {pid for pid, p in pools.items() if p.listed and self._can_start(p, now)}
+        if not free:
+            return
+        window = queue[: self.config.scan_limit]
+        top = window[0][1].request.priority
+        reserved = self.config.reserved_pools
+        # First the requests of the top class whose best pool holds part of their prompt and is
+        # free: a free pool goes to a request that it saves prefill for before one that any
+        # pool would serve as well (committed at arrival, the latter could have taken it first).
+        for _, e in window:
+            if e.request.priority != top:
+                break
+            decision = self._rank(e.request, now)
+            if not decision.candidates:
+                continue
+            best = decision.candidates[0]
+            if best.cached_blocks > 0 and best.pool_id in free and len(free) > reserved.get(top, 0):
+                self._remove(e)
+                pool = pools[best.pool_id]
+                out.append(self._commit(e, best, decision, now, pool))
+                if not self._can_start(pool, now):
+                    free.discard(best.pool_id)
+                    if not free:
+                        return
+        # pool id -> seconds of work that earlier requests of this round hold out for there
+        claimed: dict[str, float] = {}
+        dw = self.selector.config.decode_weight
+        for _, e in queue[: self.config.scan_limit]:
+            reserve = reserved.get(e.request.priority, 0)
+            if reserve and len(free.difference(claimed)) <= reserve:
+                continue  # before ranking: under a flood most of the queue waits here
+            decision = self._rank(e.request, now)
+            if not decision.model_served:
+                self._remove(e)
+                out.append(
+                    self._shed(
+                        e.request, ShedReason.MODEL_NOT_SERVED, now, e.queued_at, "no listed pool serves it"
+                    )
+                )
+                continue
+            if not decision.candidates:
+                continue
+            best = decision.candidates[0]
+            pick: RankedPool | None = None
+            if best.pool_id in free and best.pool_id not in claimed:
+                pick = best
+            else:
+                # hold out for the best pool while it is expected to start this request within
+                # the affinity hold (its backlog plus what earlier requests hold out for there)
+                pool = pools[best.pool_id]
+                ahead = self.backlog_seconds(pool, now) + claimed.get(best.pool_id, 0.0)
+                if now + ahead - e.queued_at <= self.config.affinity_hold_seconds:
+                    own = (best.uncached_tokens + dw * e.request.max_tokens) / self.selector.throughput(pool)
+                    claimed[best.pool_id] = claimed.get(best.pool_id, 0.0) + own
+                    continue
+                for ranked in decision.candidates[1:]:
+                    if ranked.pool_id in free and ranked.pool_id not in claimed:
+                        pick = ranked
+                        break
+            if pick is not None:
+                self._remove(e)
+                pool = pools[pick.pool_id]
+                out.append(self._commit(e, pick, decision, now, pool))
+                if not self._can_start(pool, now):
+                    free.discard(pick.pool_id)
+                if not free.difference(claimed):
+                    break
+
+    def _commit(
+        self, e: _Entry[T], ranked: RankedPool, decision: Decision, now: float, pool: PoolState
+    ) -> Dispatched[T]:
+        b = self._pool_backlog(pool, now)
+        wait = b.now(now)
+        price = self.selector.wait_price
+        if price is not None:
+            # the wait the SLO is about: time queued here plus the estimated wait at the pool
+            price.observe(now - e.queued_at + wait)
+        rate = self.selector.throughput(pool)
+        b.seconds = (
+            wait + (ranked.uncached_tokens + self.selector.config.decode_weight * e.request.max_tokens) / rate
+        )
+        b.at = now
+        if self.config.record_sends:
+            # recorded here, not by the caller, so the next request ranked in the same round sees it
+            pool.record_sent(ranked.uncached_tokens, e.request.max_tokens)
+        cls = self._classes.get((e.request.model, e.request.priority))
+        if cls is not None:
+            if e.tag > cls.vtime:
+                cls.vtime = e.tag
+            self._forget(cls, e.request.tenant)
+        return Dispatched(e.request, ranked, decision, now - e.queued_at)
+
+    def _work(self, request: DispatchRequest[T]) -> float:
+        return request.prompt_tokens + self.selector.config.decode_weight * request.max_tokens
+
+    def _remove(self, e: _Entry[T]) -> None:
+        e.done = True
+        model = e.request.model
+        self._queued_work[model] = max(0.0, self._queued_work.get(model, 0.0) - self._work(e.request))
+        queue = self._queues[model]
+        key = e.key()
+        i = bisect.bisect_left(queue, key, key=_first)
+        if i < len(queue) and queue[i][1] is e:
+            del queue[i]
+        else:  # pragma: no cover - keys are unique (seq), so the bisect finds it
+            queue[:] = [q for q in queue if q[1] is not e]
+
+    def _forget(self, cls: _Class, tenant: str) -> None:
+        left = cls.queued.get(tenant, 1) - 1
+        if left > 0:
+            cls.queued[tenant] = left
+            return
+        cls.queued.pop(tenant, None)
+        if cls.finish.get(tenant, 0.0) <= cls.vtime:
+            # an idle tenant at or behind virtual time starts from it anyway: keep no state
+            cls.finish.pop(tenant, None)
+        if len(cls.finish) > 2 * self.config.max_queued:
+            for t in [t for t, f in cls.finish.items() if f <= cls.vtime and t not in cls.queued]:
+                del cls.finish[t]
+
+    def _shed(
+        self,
+        request: DispatchRequest[T],
+        reason: ShedReason,
+        now: float,
+        queued_at: float,
+        detail: str,
+        *,
+        queued: bool = True,
+    ) -> Shed[T]:
+        if queued:
+            # a request dropped from the queue leaves its tenant's count (one refused at the
+            # door, `queued` False, never entered it)
+            cls = self._classes.get((request.model, request.priority))
+            if cls is not None and request.tenant in cls.queued:
+                self._forget(cls, request.tenant)
+        return Shed(request, reason, self.retry_after(request.model, now), detail, now - queued_at)
+
+    def retry_after(self, model: str, now: float) -> float:
+        """Whole seconds until the model's queue would drain at the pools' throughput (bounded)."""
+        cfg = self.config
+        work = self._queued_work.get(model, 0.0)
+        rate = 0.0
+        backlog = 0.0
+        for p in self.pools():
+            if p.listed and p.model == model:
+                rate += self.selector.throughput(p)
+                backlog += self.backlog_seconds(p, now)
+        seconds = (work / rate if rate else 0.0) + (backlog / max(1, len(self._backlog)))
+        return float(min(cfg.max_retry_after_seconds, max(cfg.min_retry_after_seconds, math.ceil(seconds))))
+
+    def next_wakeup(self) -> float | None:
+        """The clock time at which `poll` may do something without other news (None: never)."""
+        now = self.clock.monotonic()
+        heap = self._expiry
+        while heap and heap[0][2].done:
+            heapq.heappop(heap)
+        if not heap:
+            return None
+        soonest = heap[0][0]
+        start_within = self.config.start_within_seconds
+        for b in self._backlog.values():
+            t = b.at + b.seconds - start_within
+            if now < t < soonest:
+                soonest = t
+        return soonest if math.isfinite(soonest) else None
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _free_count(self, pools: Mapping[str, PoolState], now: float) -> int:
+        return sum(1 for p in pools.values() if p.listed and self._can_start(p, now))
+
+    def _by_id(self) -> dict[str, PoolState]:
+        return {p.pool_id: p for p in self.pools()}
+
+    def _rank(self, request: DispatchRequest[T], now: float) -> Decision:
+        return self.selector.select(
+            self.pools(),
+            request.model,
+            request.prompt_tokens,
+            request.max_tokens,
+            self.overlaps(request, now),
+            now,
+            affinity_key=request.affinity_key,
+            observe=False,
+            regions=request.regions,
+            adapter=request.adapter,
+        )
+
+
+def _first(item: tuple[tuple[int, float, int], object]) -> tuple[int, float, int]:
+    return item[0]

@@ -1,0 +1,103 @@
+"""Late binding in the live frontend's request path (globalrouter.dispatch_live): a request waits
+for a pool that can start it, its chosen pool comes first in the decision it gets, a shed
+request ends RESOURCE_EXHAUSTED with its reason and a retry hint, a request whose caller leaves
+is taken out of the queue; and end to end on real processes, `serve --dispatch late` serves."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from globalrouter.dispatch import DispatchConfig
+from globalrouter.dispatch_live import LateBinder
+from globalrouter.kv_index import KvIndex
+from globalrouter.metrics import RouterMetrics
+from globalrouter.pool_directory import PoolTable
+from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
+from globalrouter.routing import RoutingCore
+from globalrouter.selection import Selector
+from globalrouter.tenancy import TenantRefusal
+from meshkit.clock import FakeClock
+from meshkit.errors import Reason
+from meshlaunch import Mesh, generate_cli, process_group
+
+NOW = 100.0
+
+
+def core_with(*pools: tuple[str, int]) -> RoutingCore:
+    clock = FakeClock(start=NOW)
+    table = PoolTable()
+    for pool_id, backlog in pools:
+        p = PoolState(
+            pool_id=pool_id,
+            listed=True,
+            model="m",
+            region="r",
+            frontends=("http://127.0.0.1:1",),
+            capacity=PoolCapacityHint(prefill_tokens_per_second=1000),
+            block_size=16,
+        )
+        p.record_load(LoadSignal(prefill_tokens_in_flight=backlog), NOW)
+        table.pools[pool_id] = p
+    return RoutingCore(table, KvIndex(), Selector(), clock, RouterMetrics())
+
+
+async def test_waits_for_a_pool_then_gets_it_first_in_its_decision():
+    core = core_with(("a", 3000), ("b", 2000))  # 3 s and 2 s of work
+    binder = LateBinder(core, DispatchConfig(start_within_seconds=0.0))
+    task = asyncio.create_task(binder.decide("m", list(range(32)), 0))
+    await asyncio.sleep(0.1)
+    assert not task.done() and binder.queue.queued() == 1
+    assert isinstance(core.clock, FakeClock)
+    core.clock.set(NOW + 2.0)  # "b" has served its work
+    decision = await asyncio.wait_for(task, 5)
+    assert decision.candidates[0].pool_id == "b"
+    assert [c.pool_id for c in decision.candidates] == ["b", "a"]
+    # the queue leaves the send to GenerateRun's record_sent (no double count)
+    assert core.table.pools["b"].pending_requests == 0
+    await binder.close()
+
+
+async def test_a_shed_request_ends_resource_exhausted_with_reason_and_retry_hint():
+    core = core_with(("a", 100_000))
+    binder = LateBinder(core, DispatchConfig(start_within_seconds=0.0, max_queued=1))
+    first = asyncio.create_task(binder.decide("m", list(range(32)), 0))
+    await asyncio.sleep(0.05)
+    with pytest.raises(TenantRefusal) as caught:
+        await binder.decide("m", list(range(32)), 0)
+    exc = caught.value
+    assert exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and exc.reason == Reason.QUEUE_FULL
+    assert exc.metadata["shed_reason"] == "QUEUE_FULL"
+    assert dict(exc.headers)["retry-after"] == exc.metadata["retry_after_seconds"]
+    # the caller of the first one leaves: it is taken out of the queue
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert binder.queue.queued() == 0
+    await binder.close()
+
+
+async def test_a_model_nobody_serves_comes_back_as_a_decision_at_once():
+    core = core_with(("a", 0))
+    binder = LateBinder(core, DispatchConfig())
+    decision = await binder.decide("other", [1, 2, 3], 0)
+    assert not decision.model_served and not decision.candidates
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_a_frontend_with_late_binding_serves_and_keeps_a_prefix_on_its_holder(tmp_path):
+    prefix = [(11 * i + 5) % 30_000 for i in range(256)]
+    with process_group(tmp_path) as group:
+        m = Mesh(group)
+        m.start_discovery()
+        m.start_pool("pool-a", "eu", "--workers", "2", "--speedup", "10")
+        m.start_pool("pool-b", "eu", "--workers", "2", "--speedup", "10")
+        router = m.start_router("--dispatch", "late", "--dispatch-max-queued", "64")
+        m.wait_routable(router, m.pools)
+        first = generate_cli(router, [*prefix, 1, 2, 3], 4)
+        assert len(first["tokens"]) == 4
+        outs = [generate_cli(router, [*prefix, 1, 2, 3, k], 4) for k in range(3)]
+        assert all(len(o["tokens"]) == 4 for o in outs)
