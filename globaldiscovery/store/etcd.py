@@ -230,6 +230,9 @@ class EtcdStore:
         self._frontends_version = 0
         self._applied = 0  # the etcd revision the mirror has applied
         self._compacted = False  # etcd no longer has the changes after _applied: re-read everything
+        self._catch_up_to = 0
+        """After a resumed watch: the revision of the newest change under the prefix when it was
+        opened; the mirror counts as following etcd (and the replica serves) once it applied that."""
         self._advanced = asyncio.Event()
         self._follower: asyncio.Task[None] | None = None
         self._watch = None
@@ -317,6 +320,10 @@ class EtcdStore:
         compacted those changes away, by making the mirror equal to etcd now."""
         if self._applied and not self._compacted:
             if await self._etcd_revision() >= self._applied:
+                # The watch replays what was missed as events: until they are applied the mirror
+                # is behind, so the replica serves again only once it reached the newest change
+                # there is now (a missed delete past that is applied a moment later).
+                self._catch_up_to = await self._newest_change()
                 self._watch = await self._client.watch_prefix(
                     PREFIX, start_revision=self._applied + 1, prev_kv=True
                 )
@@ -341,6 +348,7 @@ class EtcdStore:
                 self._apply_safely("PUT", kv.key, kv.value, None)
         self.directory.reset_history()  # those events were a diff, not etcd's changes
         self._applied = max(self._applied, snapshot.header.revision)
+        self._catch_up_to = 0  # the snapshot is applied: nothing to catch up
         self._compacted = False
         self._advanced.set()
         self._watch = await self._client.watch_prefix(
@@ -355,7 +363,7 @@ class EtcdStore:
                     try:
                         if self._watch is None:
                             await self._sync()
-                            self.link.followed(self.clock.monotonic())
+                            self._mark_following()
                         await self._follow()
                     except aetcd.exceptions.RevisionCompactedError:
                         self._compacted = True
@@ -387,6 +395,18 @@ class EtcdStore:
             self._applied = max(self._applied, event.kv.mod_revision)
             self._advanced.set()
             self.link.contact(self.clock.monotonic())
+            if not self.link.following:
+                self._mark_following()
+
+    def _mark_following(self) -> None:
+        """Marks the mirror as following etcd once it applied what a resumed watch had to replay."""
+        if self._applied >= self._catch_up_to:
+            self.link.followed(self.clock.monotonic())
+
+    async def _newest_change(self) -> int:
+        """The mod revision of the newest key under the prefix (0 when there is none)."""
+        kvs = await self._client.get_prefix(PREFIX, sort_order="descend", sort_target="mod", keys_only=True)
+        return max((kv.mod_revision for kv in kvs), default=0)
 
     def _apply_safely(self, kind: str, key: bytes, value: bytes, prev: bytes | None) -> None:
         """_apply, logging instead of raising: one bad record must not stop the mirror or its start."""
