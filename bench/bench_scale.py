@@ -1410,7 +1410,10 @@ def parse(argv: list[str] | None) -> Config:
     p.add_argument("--steady", type=float, default=None, help="seconds of the steady ingest window")
     p.add_argument("--fanouts", default=None, help="relay fan-outs (default 1,10,50)")
     p.add_argument(
-        "--relay-events", type=int, default=None, help="worker events of the relay's top-rate run (default 20,000)"
+        "--relay-events",
+        type=int,
+        default=None,
+        help="worker events of the relay's top-rate run (default 20,000)",
     )
     p.add_argument("--watchers", type=int, default=50)
     p.add_argument("--discovery-pools", type=int, default=None)
