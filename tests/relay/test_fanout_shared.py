@@ -190,3 +190,12 @@ async def test_unpaced_events_reach_every_frontend_in_order():
         await hub.close()
         for s in servers:
             await s.stop(0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("batch_window", 0.0), ("batch_max_delay", -1.0), ("chunk_size", 0), ("queue_limit", 0)],
+)
+def test_bad_batching_config_is_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        TelemetryConfig(pool_id="p", relay_id="r", incarnation=1, region="x", **{field: value})
