@@ -1409,6 +1409,12 @@ def parse(argv: list[str] | None) -> Config:
     p.add_argument("--workers", type=int, default=4, help="simulator processes")
     p.add_argument("--steady", type=float, default=None, help="seconds of the steady ingest window")
     p.add_argument("--fanouts", default=None, help="relay fan-outs (default 1,10,50)")
+    p.add_argument(
+        "--relay-events",
+        type=int,
+        default=None,
+        help="worker events of the relay's top-rate run (default 20,000)",
+    )
     p.add_argument("--watchers", type=int, default=50)
     p.add_argument("--discovery-pools", type=int, default=None)
     p.add_argument("--no-etcd", action="store_true", help="skip the 3-member etcd run")
@@ -1467,7 +1473,7 @@ def parse(argv: list[str] | None) -> Config:
         if "relay" in skip
         else tuple(int(x) for x in (a.fanouts or ("1,5" if quick else "1,10,50")).split(",")),
         relay_rate=2000.0,
-        relay_events=5000 if quick else 20000,
+        relay_events=a.relay_events or (5000 if quick else 20000),
         watchers=0 if "discovery" in skip else (min(a.watchers, 10) if quick else a.watchers),
         discovery_pools=a.discovery_pools or (50 if quick else 1000),
         fanout_changes=5 if quick else 20,

@@ -120,6 +120,11 @@ class PoolBlocks:
         """Whether transitions wait to be taken as a delta."""
         return bool(self._stored or self._removed)
 
+    @property
+    def pending_count(self) -> int:
+        """How many transitions wait to be taken as a delta."""
+        return len(self._stored) + len(self._removed)
+
     def take_delta(self) -> Delta | None:
         """The pending transitions as the next numbered delta (None when there are none)."""
         if not (self._stored or self._removed):

@@ -4,6 +4,13 @@ Each publisher dials out, sends a hello, a chunked snapshot of the pool-level bl
 numbered deltas and the latest load, readiness and drain state. Each has its own bounded delta
 queue: a slow frontend never stalls the others; when its queue overflows its deltas are dropped
 (and counted) and it gets a fresh snapshot once the in-flight write completes, never silent drift.
+
+What every stream sends alike (deltas, load, readiness, drain, heartbeats) is built and serialized
+once by the hub and the same bytes are handed to every publisher (their calls pass bytes through),
+so the per-event work does not grow with the number of frontends; only the gRPC write is per stream.
+While streams still have deltas queued, the hub lets transitions accumulate (up to
+`batch_max_delay` and `chunk_size` blocks) instead of taking one small delta per batch window, so
+that a busy relay writes fewer, larger deltas to each frontend.
 """
 
 from __future__ import annotations
@@ -30,13 +37,24 @@ from poolrelay.retry import TELEMETRY_RECONNECT, describe_error, reconnect_forev
 from poolrelay.v1 import pool_events_pb2 as pe
 from poolrelay.v1 import status_pb2
 from poolrelay.v1 import telemetry_pb2 as tm
-from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
 
 log = get_logger(module="poolrelay.telemetry_publisher")
 
 PROTOCOL_VERSION = 1
 Req = tm.PublishPoolTelemetryRequest
 State = status_pb2.TelemetryStreamState
+PUBLISH_METHOD = "/poolrelay.v1.TelemetryService/PublishPoolTelemetry"
+
+
+def _passthrough(data: bytes) -> bytes:
+    """The request serializer of a publisher's call: messages arrive serialized already."""
+    return data
+
+
+def wire(msg: Req) -> bytes:
+    """A request's bytes on the wire (protobuf's serialization: what the generated stub would send)."""
+    return msg.SerializeToString()
+
 
 # A frontend that ends a stream with one of these refused it (not a broken link): redialing at
 # once would be refused again, so the next attempt waits out the back-off like a failed dial.
@@ -106,6 +124,20 @@ class TelemetryConfig:
     """Deltas one frontend's queue holds before it overflows into a fresh snapshot."""
     batch_window: float = 0.005
     """Seconds transitions are coalesced into one delta."""
+    batch_max_delay: float = 0.05
+    """Seconds transitions may wait, beyond `batch_window`, while streams still have deltas queued
+    (a busy relay sends fewer, larger deltas; an idle one still sends after `batch_window`)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_window <= 0 or self.batch_max_delay < 0:
+            raise ValueError(
+                f"batch_window must be > 0 and batch_max_delay >= 0 "
+                f"(got {self.batch_window}, {self.batch_max_delay})"
+            )
+        if self.chunk_size <= 0 or self.queue_limit <= 0:
+            raise ValueError(
+                f"chunk_size and queue_limit must be > 0 (got {self.chunk_size}, {self.queue_limit})"
+            )
 
 
 class Publisher:
@@ -120,13 +152,18 @@ class Publisher:
         self.connects = 0
         self.snapshots_sent = 0
         self.messages_dropped = 0
-        self._deltas: deque[tuple[int, Req]] = deque()
-        self._latest: dict[str, Req] = {}
+        self._deltas: deque[tuple[int, bytes]] = deque()
+        self._latest: dict[str, bytes] = {}
         self._resync = True
         self._restart = False
         self._wake = asyncio.Event()
         self._channel = aio_channel(url)
-        self._stub = tm_grpc.TelemetryServiceStub(self._channel)
+        # Not the generated stub: its serializer would serialize every message again per stream.
+        self._publish = self._channel.stream_stream(
+            PUBLISH_METHOD,
+            request_serializer=_passthrough,
+            response_deserializer=tm.PublishPoolTelemetryResponse.FromString,
+        )
         self._task: asyncio.Task | None = None
 
     @property
@@ -141,8 +178,13 @@ class Publisher:
         else:
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"telemetry {self.url}")
 
-    def enqueue_delta(self, sequence: int, msg: Req) -> None:
-        """Queues a delta; on overflow drops every queued delta and asks for a fresh snapshot."""
+    @property
+    def backlogged(self) -> bool:
+        """Whether deltas wait to be written (a stream due for a snapshot does not count)."""
+        return bool(self._deltas) and not self._resync
+
+    def enqueue_delta(self, sequence: int, data: bytes) -> None:
+        """Queues a delta (serialized); on overflow drops every queued delta and asks for a fresh snapshot."""
         if self._resync:
             self.messages_dropped += 1  # a snapshot is due anyway and will include it
             return
@@ -152,12 +194,12 @@ class Publisher:
             self._resync = True
             log.warning("telemetry queue overflow; a fresh snapshot follows", frontend=self.url)
         else:
-            self._deltas.append((sequence, msg))
+            self._deltas.append((sequence, data))
         self._wake.set()
 
-    def offer(self, kind: str, msg: Req) -> None:
-        """Queues the latest message of a kind (load, readiness, drain, heartbeat), replacing older."""
-        self._latest[kind] = msg
+    def offer(self, kind: str, data: bytes) -> None:
+        """Queues the latest message (serialized) of a kind (load, readiness, drain, heartbeat), replacing older."""
+        self._latest[kind] = data
         self._wake.set()
 
     def request_snapshot(self) -> None:
@@ -190,8 +232,8 @@ class Publisher:
     async def _run(self) -> None:
         await reconnect_forever(self._session, TELEMETRY_RECONNECT, self._backing_off)
 
-    async def _write(self, call, msg: Req) -> None:
-        await call.write(msg)
+    async def _write(self, call, data: bytes) -> None:
+        await call.write(data)
         self.messages_sent += 1
 
     async def _send_snapshot(self, call) -> None:
@@ -209,7 +251,7 @@ class Publisher:
                 last=i == chunks - 1,
                 block_hashes=part,
             )
-            await self._write(call, Req(kv_snapshot=snap))
+            await self._write(call, wire(Req(kv_snapshot=snap)))
         self.snapshots_sent += 1
         # Deltas queued while the chunks went out continue from `sequence`.
         while self._deltas and self._deltas[0][0] <= sequence:
@@ -239,15 +281,14 @@ class Publisher:
                 attributes={"pool.id": self.hub.config.pool_id, "frontend.url": self.url},
             )
         sent_before, snapshots_before = self.messages_sent, self.snapshots_sent
-        call = self._stub.PublishPoolTelemetry(metadata=bearer_metadata(self.url))
+        call = self._publish(metadata=bearer_metadata(self.url))
         reader = asyncio.ensure_future(self._read(call))
         productive = False
         failure: BaseException | None = None
         try:
-            await self._write(call, Req(hello=self.hub.hello()))
+            await self._write(call, wire(Req(hello=self.hub.hello())))
             self._resync = True
-            for kind, msg in self.hub.current_reports().items():
-                self._latest[kind] = msg
+            self._latest.update(self.hub.current_wire())
             while not self._restart:
                 if self._resync:
                     await self._send_snapshot(call)
@@ -262,6 +303,8 @@ class Publisher:
                     continue
                 if self._deltas:
                     await self._write(call, self._deltas.popleft()[1])
+                    if not self._deltas:
+                        self.hub.stream_caught_up()
                     continue
                 if reader.done():
                     break
@@ -313,6 +356,8 @@ class TelemetryHub:
         self._snapshot_id = 0
         self._flush_handle: asyncio.TimerHandle | None = None
         self._reports: dict[str, Req] = {}
+        self._wire: dict[str, bytes] = {}  # the reports serialized once, for every stream
+        self._pending_since: float | None = None  # loop time the oldest unpublished transition waits from
         self.deltas_published = 0
         self.supervisor: Supervisor | None = None
         """Runs the publishers' tasks when set (meshkit.supervision)."""
@@ -344,32 +389,69 @@ class TelemetryHub:
         """The latest load, readiness and drain reports (what a new stream gets after its snapshot)."""
         return dict(self._reports)
 
+    def current_wire(self) -> dict[str, bytes]:
+        """The latest reports as serialized once for every stream."""
+        return dict(self._wire)
+
     # --- inputs -----------------------------------------------------------------------------
 
     def blocks_changed(self) -> None:
         """The block set changed: publish the transitions after the batch window."""
         if self._flush_handle is None and self.blocks.pending:
             loop = asyncio.get_running_loop()
-            self._flush_handle = loop.call_later(self.config.batch_window, self.flush)
+            if self._pending_since is None:
+                self._pending_since = loop.time()
+            self._flush_handle = loop.call_later(self.config.batch_window, self._timed_flush)
+        elif self.blocks.pending_count >= self.config.chunk_size:
+            self.flush()  # a delta no larger than a snapshot chunk, however busy the streams are
+
+    def _timed_flush(self) -> None:
+        """The batch window passed: publish now, unless streams are still writing earlier deltas
+        (then the transitions keep accumulating, up to `batch_max_delay`, and go out as soon as
+        every stream has caught up)."""
+        self._flush_handle = None
+        loop = asyncio.get_running_loop()
+        since = self._pending_since if self._pending_since is not None else loop.time()
+        waited = loop.time() - since
+        if waited < self.config.batch_max_delay and any(p.backlogged for p in self.publishers.values()):
+            wait = min(self.config.batch_window, self.config.batch_max_delay - waited)
+            self._flush_handle = loop.call_later(wait, self._timed_flush)
+            return
+        self.flush()
+
+    def stream_caught_up(self) -> None:
+        """A publisher wrote its last queued delta: a held-back delta goes out once every stream has."""
+        if (
+            self._flush_handle is not None
+            and self._pending_since is not None
+            and asyncio.get_running_loop().time() - self._pending_since >= self.config.batch_window
+            and not any(p.backlogged for p in self.publishers.values())
+        ):
+            self.flush()
 
     def flush(self) -> None:
-        """Publishes pending transitions as one delta to every stream now."""
+        """Publishes pending transitions as one delta to every stream now (built and serialized once)."""
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        self._pending_since = None
         delta = self.blocks.take_delta()
         if delta is None:
             return
         self.deltas_published += 1
-        msg = Req(kv_delta=tm.KvDelta(sequence=delta.sequence, stored=delta.stored, removed=delta.removed))
+        data = wire(
+            Req(kv_delta=tm.KvDelta(sequence=delta.sequence, stored=delta.stored, removed=delta.removed))
+        )
         for p in self.publishers.values():
-            p.enqueue_delta(delta.sequence, msg)
+            p.enqueue_delta(delta.sequence, data)
 
     def _report(self, kind: str, msg: Req, *, changed: bool) -> None:
         self._reports[kind] = msg
+        self._wire[kind] = wire(msg)  # once per report, whatever the number of streams
         if changed:
+            data = self._wire[kind]
             for p in self.publishers.values():
-                p.offer(kind, msg)
+                p.offer(kind, data)
 
     def set_status(self, status: pe.WatchPoolStatusResponse, observed_wall: float) -> None:
         """The pool's latest status: load, readiness and drain (published at once when they change)."""
@@ -389,6 +471,7 @@ class TelemetryHub:
     def forget_load(self) -> None:
         """The pool cannot be read: stop repeating its last load, so receivers see it go stale."""
         self._reports.pop("load", None)
+        self._wire.pop("load", None)
 
     def set_drain(self, drain: pe.DrainStatus) -> None:
         """A drain the relay learned elsewhere (passed on from discovery)."""
@@ -421,10 +504,10 @@ class TelemetryHub:
         """Every report interval: the latest reports again, and a heartbeat, on every stream."""
         while True:
             await self.clock.sleep(self.config.report_interval)
-            beat = Req(heartbeat=tm.TelemetryHeartbeat(send_time=timestamp(self.clock.wall())))
+            beat = wire(Req(heartbeat=tm.TelemetryHeartbeat(send_time=timestamp(self.clock.wall()))))
             for p in self.publishers.values():
-                for kind, msg in self._reports.items():
-                    p.offer(kind, msg)
+                for kind, data in self._wire.items():
+                    p.offer(kind, data)
                 p.offer("heartbeat", beat)
 
     async def close(self) -> None:
