@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 from globalrouter import policy, stall
 from globalrouter.aliases import AliasError, load_aliases
@@ -459,8 +463,18 @@ def _run(args: argparse.Namespace) -> int:
         asyncio.run(serve(config))
     except BackgroundTaskFailed as exc:
         log.error("stopped: a background task failed", error=str(exc), exit_code=exc.exit_code)
-        return exc.exit_code
+        _exit_now(exc.exit_code)
     except RuntimeError as exc:
         log.error("cannot start", error=str(exc))
         return 1
-    return 0
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Ends the process once its orderly stop is done, skipping the interpreter's teardown: freeing
+    a loaded frontend's millions of objects one by one took seconds past the grace at 1,000 pools,
+    and nothing is left to release (the server, links, channels and metrics are closed)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
