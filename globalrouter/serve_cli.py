@@ -459,15 +459,18 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
 def _run(args: argparse.Namespace) -> int:
     configure_logging("globalrouter", args.log_level)
     config = router_config(args)
+    code = 0
     try:
         asyncio.run(serve(config))
     except BackgroundTaskFailed as exc:
         log.error("stopped: a background task failed", error=str(exc), exit_code=exc.exit_code)
-        _exit_now(exc.exit_code)
+        code = exc.exit_code
     except RuntimeError as exc:
         log.error("cannot start", error=str(exc))
         return 1
-    _exit_now(0)
+    if getattr(args, "whole_process", False):
+        _exit_now(code)
+    return code
 
 
 def _exit_now(code: int) -> NoReturn:
