@@ -187,3 +187,21 @@ def test_sources_arriving_in_a_storm_widen_the_masks_a_few_times_not_once_per_64
     for i in (0, 1, 1999):
         assert index.prefix_overlaps([i]) == {f"p{i // 2}/r{i % 2}": 1}
     assert index.block_count("p999/r1") == 2
+
+
+def test_bit_counts_of_sparse_and_dense_rows_agree_with_a_plain_count():
+    """_bit_counts takes a sparse path (non-zero words only) or the dense histogram: both count
+    bit j of the little-endian words, for every j."""
+    import numpy as np
+
+    from globalrouter.kv_index import _bit_counts
+
+    rng = np.random.default_rng(3)
+    for words, per_row, zero_share in ((32, 1, 0.3), (32, 6, 0.0), (1, 1, 0.0), (4, 40, 0.5), (3, 0, 1.0)):
+        rows = np.zeros((500, words), np.uint64)
+        for _ in range(per_row):
+            src = rng.integers(0, 64 * words, 500)
+            rows[np.arange(500), src // 64] |= np.left_shift(np.uint64(1), (src % 64).astype(np.uint64))
+        rows[rng.random(500) < zero_share] = 0
+        want = [sum(int(rows[i, j // 64]) >> (j % 64) & 1 for i in range(500)) for j in range(64 * words)]
+        assert _bit_counts(rows).tolist() == want
