@@ -396,6 +396,9 @@ class TelemetryIngest:
     def run(self, budget: int) -> bool:
         """Does up to about `budget` blocks of queued index work (all of it when budget <= 0);
         returns whether work is left."""
+        if self.stopping:
+            self.stop()  # chunks that arrived since: no index work for an index about to go
+            return False
         work = self._work
         left = budget if budget > 0 else -1
         while work and left != 0:
@@ -721,6 +724,11 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
             reason=reason,
             why=why,
         )
+
+    def stop_index_work(self) -> None:
+        """First thing on stop: queued and future index work is dropped, so the loop is free for
+        the stop's own calls (unregistering) instead of applying snapshots for an index about to go."""
+        self._ingest.stop()
 
     def end_streams(self) -> None:
         """Ends every open stream now, UNAVAILABLE with reason SHUTTING_DOWN (relays redial

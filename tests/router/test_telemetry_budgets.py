@@ -388,3 +388,13 @@ def test_stopping_drops_queued_index_work_and_leaving_streams_queue_none(kv_stat
     for s in (done, half, whole):
         ingest.close(s)
         assert not ingest.has_work()
+
+
+@KV_STATES
+def test_snapshots_arriving_after_stop_queue_no_index_work(kv_state):
+    ingest, _table, index = make(kv_state, step_blocks=100)
+    s = ingest.open(hello())
+    ingest.stop()
+    ingest.receive(s, chunk(range(1, 1001), last=True))
+    assert not ingest.run(100) and not ingest.has_work()
+    assert index.total_blocks() == 0
