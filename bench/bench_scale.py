@@ -597,9 +597,10 @@ async def run_fleet(
         out["sigterm"] = {
             "exit_s": round(time.monotonic() - t0, 1) if exited else None,
             "cap_s": cfg.sigterm_cap,
+            "exit_code": proc.popen.returncode if exited else None,
         }
         print(
-            f"  [{pools} pools] SIGTERM: {'exit after ' + str(out['sigterm']['exit_s']) + ' s' if exited else f'still running after {cfg.sigterm_cap} s (killed)'}",
+            f"  [{pools} pools] SIGTERM: {'exit ' + str(proc.popen.returncode) + ' after ' + str(out['sigterm']['exit_s']) + ' s' if exited else f'still running after {cfg.sigterm_cap} s (killed)'}",
             flush=True,
         )
         if proc.alive():

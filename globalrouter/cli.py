@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = settings.parse_args(parser, argv)  # flags over GLOBALROUTER_* over --config FILE (serve)
+    # The process's own command line (not an in-process call): `serve` may end the process itself.
+    args.whole_process = argv is None
     if hasattr(args, "tls_cert"):  # the subcommand dials or serves: its security flags, checked once
         args.security = security_config(parser, args)
     return int(args.func(args) or 0)

@@ -105,6 +105,18 @@ def _bit_counts(rows: np.ndarray) -> np.ndarray:
     """How many rows have each bit set: entry j counts bit j of the little-endian words (source
     j). One histogram of (byte position, byte value) then a product with each byte's bits: a
     column sum of the rows' unpacked bits cost ten times as much."""
+    words = rows.shape[1]
+    nonzero = np.count_nonzero(rows)
+    if nonzero * 8 <= rows.size:
+        # Sparse (the usual fold: each delta's key changes one source's bit, in one of up to 32
+        # words at 2,000 sources): only the non-zero words' bits are counted, 9x less work there.
+        r, c = np.nonzero(rows)
+        bits = np.unpackbits(
+            rows[r, c].astype("<u8").view(np.uint8).reshape(-1, 8), axis=1, bitorder="little"
+        )
+        k, b = np.nonzero(bits)
+        sparse: np.ndarray = np.bincount(c[k] * 64 + b, minlength=64 * words)
+        return sparse
     octets = rows.astype("<u8", copy=False).view(np.uint8)
     width = octets.shape[1]
     codes = octets + np.arange(0, 256 * width, 256, dtype=np.int64)
@@ -324,7 +336,9 @@ class KvIndex:
         if n is None:
             n = self._free_numbers.pop() if self._free_numbers else len(self._number)
             if n >> 6 >= self._words:
-                self._widen(n // 64 + 1)
+                # Half as wide again, not one word more: each widening copies the whole mask
+                # table on the loop (0.1-0.5 s at 1,000 pools), and sources arrive in storms.
+                self._widen(max(n // 64 + 1, self._words + self._words // 2))
             self._number[source] = n
             self._names[n] = source
             self._bit_names[1 << n] = source

@@ -175,6 +175,7 @@ class Router:
         """First half of a stop, before the server's grace period: stops renewing and watching,
         unregisters (so relays stop streaming here) and ends telemetry streams, which never finish
         by themselves and must not hold the grace period in-flight Generates need."""
+        self.telemetry.stop_index_work()
         if self.http is not None:
             # The HTTP front stops taking requests now; its open streams finish during the same
             # grace period as the gRPC ones (close() waits for them before the links go).

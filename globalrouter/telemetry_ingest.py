@@ -231,6 +231,15 @@ class TelemetryIngest:
         self.stopping = False
         """Set on stop: leaving streams' blocks are not removed from an index about to go."""
 
+    def stop(self) -> None:
+        """The process is stopping: queued index work is dropped and leaving streams queue none
+        (the index goes with the process; its last seconds are for in-flight calls)."""
+        self.stopping = True
+        for job in self._work:
+            if isinstance(job, _Build):
+                job.stream.building = None
+        self._work.clear()
+
     # ---- stream life cycle ------------------------------------------------------------------
     def open(self, hello: telemetry_pb2.TelemetryHello) -> StreamState:
         """Accepts a hello (already validated) or raises StreamRejected."""
@@ -387,6 +396,9 @@ class TelemetryIngest:
     def run(self, budget: int) -> bool:
         """Does up to about `budget` blocks of queued index work (all of it when budget <= 0);
         returns whether work is left."""
+        if self.stopping:
+            self.stop()  # chunks that arrived since: no index work for an index about to go
+            return False
         work = self._work
         left = budget if budget > 0 else -1
         while work and left != 0:
@@ -500,6 +512,8 @@ class TelemetryIngest:
             self._work.remove(job)
         except ValueError:
             pass
+        if self.stopping:
+            return  # as in _drop: no work for an index about to go
         if job.done:
             self._work.append(_Drop(job.source, job.done))
         else:
@@ -692,6 +706,10 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         self._authorizer = authorizer
         self.streams = Slots("telemetry streams", per_key=max_streams, total=max_streams)
         self._worker: asyncio.Task | None = None
+        self._calls: set[asyncio.Task] = set()
+        """The tasks of the open streams' calls, cancelled by end_streams."""
+        self._cut: set[asyncio.Task] = set()
+        """Those end_streams cancelled (a cancel from gRPC itself is not answered)."""
         self.supervisor: Supervisor | None = None
         """Runs the index worker when set (meshkit.supervision)."""
         if authorizer is not None:
@@ -707,13 +725,23 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
             why=why,
         )
 
+    def stop_index_work(self) -> None:
+        """First thing on stop: queued and future index work is dropped, so the loop is free for
+        the stop's own calls (unregistering) instead of applying snapshots for an index about to go."""
+        self._ingest.stop()
+
     def end_streams(self) -> None:
-        """Ends every open stream at its next message (relays send at least every report interval).
+        """Ends every open stream now, UNAVAILABLE with reason SHUTTING_DOWN (relays redial
+        another frontend), and drops queued index work: the index goes with the process.
 
         Called on stop after unregistering: telemetry streams never finish by themselves, so they
-        must not hold the grace period that in-flight Generates need."""
+        must not hold the grace period that in-flight Generates need (waiting for each stream's
+        next message, or the grace's end, kept a loaded frontend's stop for seconds)."""
         self.closing = True
-        self._ingest.stopping = True
+        self._ingest.stop()
+        for task in list(self._calls):
+            self._cut.add(task)
+            task.cancel()
 
     def _kick(self) -> None:
         """Starts the index worker if work is queued and it is not running."""
@@ -752,9 +780,25 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         except LimitExceeded as exc:
             self._refused(str(Reason.LIMIT_EXCEEDED), str(exc))
             await context.abort_with_status(exc.status())
+        task = asyncio.current_task()
+        if task is not None:
+            self._calls.add(task)
         try:
             await self._publish(context)
+        except asyncio.CancelledError:
+            if task is None or task not in self._cut or task.cancelling() == 0:
+                raise
+            # end_streams' cancel, not the server's: the relay learns why, and redials elsewhere.
+            task.uncancel()
+            await abort_with_reason(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                Reason.SHUTTING_DOWN,
+                "the global frontend is stopping",
+            )
         finally:
+            self._calls.discard(task)
+            self._cut.discard(task)
             self.streams.release("all")
 
     async def _publish(self, context: grpc.aio.ServicerContext) -> None:

@@ -98,7 +98,11 @@ def serve_metrics(
         )
     except OSError as exc:
         raise RuntimeError(f"cannot listen on {listen} ({flag}): {exc}") from exc
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    # shutdown() waits for serve_forever to notice, up to one poll interval (0.5 s by default):
+    # on the stop path, inside the process's grace.
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="metrics-http", daemon=True
+    ).start()
     return MetricsEndpoint(port=int(server.server_port), server=server)
 
 

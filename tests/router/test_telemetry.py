@@ -183,16 +183,16 @@ async def test_bad_hello_names_the_fields(router):
     await relay.close()
 
 
-async def test_stop_ends_telemetry_streams_at_their_next_message(router):
+async def test_stop_ends_telemetry_streams_at_once_without_waiting_for_their_next_message(router):
     relay = FakeRelay(f"127.0.0.1:{router.port}")
     await relay.open("p1")
     await relay.send(kv_snapshot=telemetry_pb2.KvSnapshot(snapshot_id=1, last=True, block_hashes=HASHES))
     await eventually(lambda: "p1" in router.core.table.pools and router.core.table.pools["p1"].kv_sources)
     router.telemetry.end_streams()
-    await relay.send(heartbeat=telemetry_pb2.TelemetryHeartbeat())
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await relay.read()
+        await asyncio.wait_for(relay.read(), 10)  # the relay sends nothing more
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert reason_of(err.value) == Reason.SHUTTING_DOWN
     await eventually(lambda: "p1" not in router.core.table.pools)
     await relay.close()
 

@@ -368,3 +368,33 @@ def test_stepped_ingestion_matches_a_plain_set_model(seed, kv_state):
     ingest.run(0)
     assert index.sources() == [] and index.total_blocks() == 0
     assert ingest.snapshot_blocks_held == 0 and ingest.held_by_relay == {} and table.pools == {}
+
+
+@KV_STATES
+def test_stopping_drops_queued_index_work_and_leaving_streams_queue_none(kv_state):
+    """On stop the index goes with the process: a half-built snapshot, a queued removal and the
+    streams that end afterwards leave no work (the worker would otherwise spend the grace on it)."""
+    ingest, _table, _index = make(kv_state, step_blocks=100)
+    done, half, whole = (ingest.open(hello(relay=r)) for r in ("done", "half", "whole"))
+    ingest.receive(done, chunk(range(1, 1001), last=True))
+    while ingest.run(100):
+        pass
+    ingest.receive(half, chunk(range(2001, 3001), last=True))
+    ingest.run(300)  # part of it in the index
+    ingest.receive(whole, chunk(range(4001, 5001), last=True))
+    assert ingest.has_work()
+    ingest.stop()
+    assert not ingest.has_work()
+    for s in (done, half, whole):
+        ingest.close(s)
+        assert not ingest.has_work()
+
+
+@KV_STATES
+def test_snapshots_arriving_after_stop_queue_no_index_work(kv_state):
+    ingest, _table, index = make(kv_state, step_blocks=100)
+    s = ingest.open(hello())
+    ingest.stop()
+    ingest.receive(s, chunk(range(1, 1001), last=True))
+    assert not ingest.run(100) and not ingest.has_work()
+    assert index.total_blocks() == 0

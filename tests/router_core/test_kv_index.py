@@ -166,3 +166,42 @@ def test_a_large_snapshot_takes_the_scatter_path_and_stays_exact():
     assert idx.total_blocks() == 50_000 and idx.block_count("b") == 50_000
     assert idx.prefix_overlaps(blocks[:20]) == {"a": 10, "b": 20}
     assert all(idx.holds(h) for h in blocks[:50_000:997]) and not idx.holds(blocks[60_000])
+
+
+def test_sources_arriving_in_a_storm_widen_the_masks_a_few_times_not_once_per_64(monkeypatch):
+    """Each widening copies the whole mask table on the serving loop (hundreds of ms at 1,000
+    pools): 2,000 sources (1,000 pools x 2 relays) may cause a handful, not one per 64 sources."""
+    index = KvIndex()
+    widenings: list[int] = []
+    widen = KvIndex._widen
+
+    def counted(self, words):
+        widenings.append(words)
+        widen(self, words)
+
+    monkeypatch.setattr(KvIndex, "_widen", counted)
+    for i in range(2000):
+        index.apply_snapshot(f"p{i // 2}/r{i % 2}", [i, 10_000_000 + i % 7])
+    assert len(widenings) <= 10, widenings
+    assert widenings[-1] <= 48  # at most half as wide again as the 32 words needed
+    for i in (0, 1, 1999):
+        assert index.prefix_overlaps([i]) == {f"p{i // 2}/r{i % 2}": 1}
+    assert index.block_count("p999/r1") == 2
+
+
+def test_bit_counts_of_sparse_and_dense_rows_agree_with_a_plain_count():
+    """_bit_counts takes a sparse path (non-zero words only) or the dense histogram: both count
+    bit j of the little-endian words, for every j."""
+    import numpy as np
+
+    from globalrouter.kv_index import _bit_counts
+
+    rng = np.random.default_rng(3)
+    for words, per_row, zero_share in ((32, 1, 0.3), (32, 6, 0.0), (1, 1, 0.0), (4, 40, 0.5), (3, 0, 1.0)):
+        rows = np.zeros((500, words), np.uint64)
+        for _ in range(per_row):
+            src = rng.integers(0, 64 * words, 500)
+            rows[np.arange(500), src // 64] |= np.left_shift(np.uint64(1), (src % 64).astype(np.uint64))
+        rows[rng.random(500) < zero_share] = 0
+        want = [sum(int(rows[i, j // 64]) >> (j % 64) & 1 for i in range(500)) for j in range(64 * words)]
+        assert _bit_counts(rows).tolist() == want
