@@ -291,21 +291,7 @@ def simulate(
         hits, blocks, waits, placements = late.hits, late.blocks, late.waits, late.placements
     for request in trace if late is None else ():
         now = request.arrival
-        if now >= next_kv:
-            # the relays' delta batches since the last flush reach the frontend
-            tick = now - (now - next_kv) % config.kv_interval
-            for k, sim in enumerate(sims):
-                stored, removed = sim.cache.take_transitions()
-                if stored or removed:
-                    index.apply_delta(f"pool-{k:02d}/relay-0", stored, removed)
-                states[k].kv_at = tick
-            next_kv = tick + config.kv_interval
-        if now >= next_load:
-            # the last load report at or before `now` (it counts everything sent before it)
-            tick = now - (now - next_load) % config.load_interval
-            for k, sim in enumerate(sims):
-                states[k].record_load(sim.load(tick), tick)
-            next_load = tick + config.load_interval
+        next_kv, next_load = _relay_signals(now, next_kv, next_load, config, sims, states, index)
         choice = policy.choose(view, request, now)
         hit, wait, work = sims[choice.pool].admit(request)
         if config.timeline:
@@ -412,19 +398,7 @@ def _run_late(
             t = min(t, next_kv, next_load, wake if wake is not None else math.inf)
         clock.set(max(t, clock.monotonic()))
         now = clock.monotonic()
-        if now >= next_kv:
-            tick = now - (now - next_kv) % config.kv_interval
-            for k, sim in enumerate(sims):
-                stored, removed = sim.cache.take_transitions()
-                if stored or removed:
-                    index.apply_delta(f"pool-{k:02d}/relay-0", stored, removed)
-                states[k].kv_at = tick
-            next_kv = tick + config.kv_interval
-        if now >= next_load:
-            tick = now - (now - next_load) % config.load_interval
-            for k, sim in enumerate(sims):
-                states[k].record_load(sim.load(tick), tick)
-            next_load = tick + config.load_interval
+        next_kv, next_load = _relay_signals(now, next_kv, next_load, config, sims, states, index)
         while i < n and trace[i].arrival <= now:
             r = trace[i]
             i += 1
@@ -598,3 +572,25 @@ def run(args: argparse.Namespace) -> int:
             f"{r.share_of_ideal:>7.4f} {r.wait_p50:>9.3f} {r.wait_p99:>9.3f} {r.imbalance:>9.3f}"
         )
     return 0
+
+
+def _relay_signals(
+    now: float, next_kv: float, next_load: float, config, sims, states, index
+) -> tuple[float, float]:
+    """What the simulated relays have sent by `now`: the KV delta batches since the last flush, then
+    the last load report at or before `now` (it counts everything sent before it); returns the
+    next flush and report times. One copy for early and late binding."""
+    if now >= next_kv:
+        tick = now - (now - next_kv) % config.kv_interval
+        for k, sim in enumerate(sims):
+            stored, removed = sim.cache.take_transitions()
+            if stored or removed:
+                index.apply_delta(f"pool-{k:02d}/relay-0", stored, removed)
+            states[k].kv_at = tick
+        next_kv = tick + config.kv_interval
+    if now >= next_load:
+        tick = now - (now - next_load) % config.load_interval
+        for k, sim in enumerate(sims):
+            states[k].record_load(sim.load(tick), tick)
+        next_load = tick + config.load_interval
+    return next_kv, next_load
