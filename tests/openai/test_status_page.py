@@ -4,14 +4,13 @@ the page updates by itself when one drains. Screenshots are kept in the test's t
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import urllib.request
 
 import pytest
 
-from tests.openai.cdp import Browser, chromium_path
+from tests.openai.cdp import Browser
 from tests.router.mesh import MODEL, Mesh
 from tests.support import free_port, wait_until
 
@@ -36,18 +35,6 @@ def decided_pool(http: str, request_id: str) -> str | None:
     """The pool the frontend chose for `request_id`, from /status.json."""
     status = json.loads(urllib.request.urlopen(f"http://{http}/status.json", timeout=5).read())
     return next((e["pool_id"] for e in status["decisions"] if e["request_id"] == request_id), None)
-
-
-@pytest.fixture
-def browser(tmp_path):
-    binary = chromium_path()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing (make setup installs it: scripts/ensure_chromium.sh)")
-        pytest.skip("chromium is not installed (make setup installs it)")
-    b = Browser(binary, tmp_path / "profile")
-    yield b
-    b.close()
 
 
 def test_status_page_lists_every_pool_and_follows_a_drain(procs, browser, tmp_path):

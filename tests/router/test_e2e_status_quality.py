@@ -5,14 +5,13 @@ available; /status.json and /metrics carry the same figures."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import urllib.request
 
 import pytest
 
-from tests.openai.cdp import Browser, chromium_path
+from tests.openai.cdp import Browser
 from tests.router.mesh import Mesh, generate_cli
 from tests.support import free_port, wait_until
 
@@ -37,18 +36,6 @@ def shown(browser: Browser, expression: str, predicate, timeout: float, what: st
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not shown within {timeout}s; the page shows {value}")
         time.sleep(0.2)
-
-
-@pytest.fixture
-def browser(tmp_path):
-    binary = chromium_path()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing (make setup installs it: scripts/ensure_chromium.sh)")
-        pytest.skip("chromium is not installed (make setup installs it)")
-    b = Browser(binary, tmp_path / "profile")
-    yield b
-    b.close()
 
 
 def test_status_page_shows_kv_view_ages_and_available_vs_achieved(procs, browser, tmp_path):
