@@ -74,6 +74,21 @@ async def test_every_stream_gets_the_same_protobuf_bytes():
     assert {f.offers["drain"] for f in fakes} == {Req(drain=tm.DrainReport()).SerializeToString()}
 
 
+async def hub_streaming_to(n: int):
+    """A relay's hub streaming to `n` real receiving frontends: (receivers, servers, blocks, hub)."""
+    receivers = [TelemetryReceiver() for _ in range(n)]
+    servers, urls = [], []
+    for recv in receivers:
+        server, addr = await start_server((tm_grpc.add_TelemetryServiceServicer_to_server, recv))
+        servers.append(server)
+        urls.append(f"http://{addr}")
+    blocks = PoolBlocks()
+    config = TelemetryConfig(pool_id="p", relay_id="r", incarnation=1, region="x", report_interval=30)
+    hub = TelemetryHub(config, blocks, SystemClock())
+    hub.set_frontends(static=urls)
+    return receivers, servers, blocks, hub
+
+
 @pytest.mark.timeout(60)
 async def test_a_delta_is_serialized_once_whatever_the_number_of_frontends(monkeypatch):
     calls: list[str | None] = []
@@ -84,16 +99,7 @@ async def test_a_delta_is_serialized_once_whatever_the_number_of_frontends(monke
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(Req, "SerializeToString", counting)
-    receivers = [TelemetryReceiver() for _ in range(5)]
-    servers, urls = [], []
-    for recv in receivers:
-        server, addr = await start_server((tm_grpc.add_TelemetryServiceServicer_to_server, recv))
-        servers.append(server)
-        urls.append(f"http://{addr}")
-    blocks = PoolBlocks()
-    config = TelemetryConfig(pool_id="p", relay_id="r", incarnation=1, region="x", report_interval=30)
-    hub = TelemetryHub(config, blocks, SystemClock())
-    hub.set_frontends(static=urls)
+    receivers, servers, blocks, hub = await hub_streaming_to(5)
     try:
         await wait_for(lambda: all(r.snapshots for r in receivers), within=20, message="first snapshots")
         calls.clear()
@@ -159,16 +165,7 @@ async def test_a_delta_never_grows_past_a_chunk():
 
 @pytest.mark.timeout(60)
 async def test_unpaced_events_reach_every_frontend_in_order():
-    receivers = [TelemetryReceiver() for _ in range(6)]
-    servers, urls = [], []
-    for recv in receivers:
-        server, addr = await start_server((tm_grpc.add_TelemetryServiceServicer_to_server, recv))
-        servers.append(server)
-        urls.append(f"http://{addr}")
-    blocks = PoolBlocks()
-    config = TelemetryConfig(pool_id="p", relay_id="r", incarnation=1, region="x", report_interval=30)
-    hub = TelemetryHub(config, blocks, SystemClock())
-    hub.set_frontends(static=urls)
+    receivers, servers, blocks, hub = await hub_streaming_to(6)
     try:
         await wait_for(lambda: all(r.snapshots for r in receivers), within=20, message="first snapshots")
         for i in range(3000):  # as fast as it goes: deltas coalesce while the streams are busy
