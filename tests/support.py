@@ -9,3 +9,29 @@ from meshlaunch import *  # noqa: F403 - re-exports for tests written against te
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+
+
+def start_simulated_pools(mesh, router_address: str, nodes: Path, stats: Path, *args: str):
+    """`python -m bench.scale_sim pools` against a local mesh's discovery and one frontend (with
+    `args` for its sizes and traffic), writing its counters to `stats`; returns the process and a
+    function reading those counters ({} until written; raises if the simulator died)."""
+    import json
+    import os
+
+    proc = mesh.group.start(
+        "sim",
+        [
+            *(sys.executable, "-m", "bench.scale_sim", "pools", "--frontend", f"http://{router_address}"),
+            *("--discovery", mesh.discovery, "--nodes", str(nodes), "--stats", str(stats), *args),
+        ],
+        env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
+    )
+
+    def counters() -> dict:
+        proc.check_alive()
+        try:
+            return dict(json.loads(stats.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    return proc, counters

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +10,8 @@ import pytest
 from bench import bench_scale, scale_sim
 from meshlaunch import local_mesh, wait_until
 from poolrelay.v1 import telemetry_pb2 as tm
+from tests.support import start_simulated_pools
 
-ROOT = Path(__file__).resolve().parent.parent
 POOLS = 3
 RELAYS = 2
 BLOCKS = 100
@@ -77,23 +73,14 @@ def test_simulated_relays_are_accepted_by_a_real_frontend(tmp_path):
     with local_mesh(tmp_path) as mesh:
         mesh.start_discovery()
         router = mesh.start_router()
-        sim = mesh.group.start(
-            "sim",
-            [
-                *(sys.executable, "-m", "bench.scale_sim", "pools", "--frontend", f"http://{router.address}"),
-                *("--discovery", mesh.discovery, "--nodes", str(nodes), "--count", str(POOLS)),
-                *("--relays", str(RELAYS), "--blocks", str(BLOCKS), "--rate", "100", "--tick", "0.1"),
-                *("--traffic-seconds", "2", "--stats", str(stats), "--seconds", "50"),
-            ],
-            env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+        _sim, counters = start_simulated_pools(
+            mesh,
+            router.address,
+            nodes,
+            stats,
+            *("--count", str(POOLS), "--relays", str(RELAYS), "--blocks", str(BLOCKS), "--rate", "100"),
+            *("--tick", "0.1", "--traffic-seconds", "2", "--seconds", "50"),
         )
-
-        def counters() -> dict:
-            sim.check_alive()
-            try:
-                return dict(json.loads(stats.read_text()))
-            except (OSError, ValueError):
-                return {}
 
         # Churn runs for 2 s after start; then every pool must show exactly its blocks.
         wait_until(lambda: counters().get("deltas", 0) > 0, 30, message="deltas sent")

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -17,8 +13,8 @@ from bench import scale_sim
 from meshkit.errors import Reason, reason_of
 from meshlaunch import local_mesh, wait_until
 from poolrelay.v1 import telemetry_pb2, telemetry_pb2_grpc
+from tests.support import start_simulated_pools
 
-ROOT = Path(__file__).resolve().parents[2]
 POOLS = 150
 RELAYS = 2
 BLOCKS = 2000
@@ -68,23 +64,14 @@ def test_sigterm_with_hundreds_of_idle_telemetry_streams_exits_0_at_once(tmp_pat
     with local_mesh(tmp_path) as mesh:
         mesh.start_discovery()
         router = mesh.start_router("--max-telemetry-streams", str(POOLS * RELAYS + 64), "--grace", str(GRACE))
-        sim = mesh.group.start(
-            "sim",
-            [
-                *(sys.executable, "-m", "bench.scale_sim", "pools", "--frontend", f"http://{router.address}"),
-                *("--discovery", mesh.discovery, "--nodes", str(nodes), "--count", str(POOLS)),
-                *("--relays", str(RELAYS), "--blocks", str(BLOCKS), "--rate", "0"),
-                *("--report-interval", "60", "--stats", str(stats), "--seconds", "140"),
-            ],
-            env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+        _sim, counters = start_simulated_pools(
+            mesh,
+            router.address,
+            nodes,
+            stats,
+            *("--count", str(POOLS), "--relays", str(RELAYS), "--blocks", str(BLOCKS), "--rate", "0"),
+            *("--report-interval", "60", "--seconds", "140"),
         )
-
-        def counters() -> dict:
-            sim.check_alive()
-            try:
-                return dict(json.loads(stats.read_text()))
-            except (OSError, ValueError):
-                return {}
 
         wait_until(
             lambda: counters().get("hello_acks", 0) >= POOLS * RELAYS,
