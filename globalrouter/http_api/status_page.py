@@ -56,6 +56,7 @@ def status(core: RoutingCore, frontend_id: str) -> dict[str, Any]:
             {
                 "pool_id": pool.pool_id,
                 "model": pool.model,
+                "adapters": sorted(pool.adapters.get(pool.model, ())),
                 "state": pool_state(core, pool, now),
                 "requests_running": load.requests_running if load else None,
                 "requests_waiting": load.requests_waiting if load else None,
@@ -146,7 +147,7 @@ function render(s) {
     pools.append(table(
       ["pool", "model", "state", "running", "waiting", "KV blocks used / total", "indexed blocks", "KV view age", "telemetry age"],
       region.pools.map(p => [
-        p.pool_id, p.model, el("span", {class: "state " + p.state, "data-pool": p.pool_id}, p.state),
+        p.pool_id, p.adapters.length ? p.model + " + adapters " + p.adapters.join(", ") : p.model, el("span", {class: "state " + p.state, "data-pool": p.pool_id}, p.state),
         p.requests_running, p.requests_waiting,
         p.kv_blocks_used === null ? null : p.kv_blocks_used + " / " + p.kv_blocks_total,
         p.indexed_blocks, el("span", {class: p.kv_fresh ? "" : "stale-kv", "data-kv-pool": p.pool_id},
