@@ -421,6 +421,7 @@ async def test_allowances_of_past_windows_are_dropped_past_the_bound(monkeypatch
     await clock.advance(11.0)  # their bucket left the horizon
     await budgets.admit("client/late", TPM, 10)
     assert budgets.ledger.size <= 2
+    assert isinstance(budgets.store, MemoryStore) and len(budgets.store.records) <= 2
 
 
 async def test_the_request_path_refunds_a_request_no_pool_takes():
@@ -595,3 +596,21 @@ async def test_random_spending_from_several_frontends_never_passes_a_limit_in_an
     assert len(admitted) > 20
     # The budget is used: some interval came close to the per-minute token limit.
     assert worst[(10.0, True)] >= policy.tokens_per_minute * 0.5, worst
+
+
+async def test_store_steps_stay_amortised_one_per_chunk_and_one_per_bucket_in_use():
+    class Counting(MemoryStore):
+        steps = 0
+
+        async def reserve(self, *args):
+            self.steps += 1
+            return await super().reserve(*args)
+
+    clock = clock_at_window_start()
+    store = Counting(clock)
+    budgets = TenantBudgets(store, SETTINGS, clock)
+    for _ in range(300):  # 10 requests of 10 tokens a second for 30 s (30 buckets, 3 chunks)
+        (await budgets.admit("client/a", TPM, 10)).settle(10)
+        await clock.advance(0.1)
+    # One step when a bucket is first used (moving the allowance on, with a chunk when short).
+    assert store.steps <= 30 + 3
