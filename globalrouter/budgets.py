@@ -161,25 +161,41 @@ class _Allowance:
     """This frontend's reservation for one (tenant, limit), and the shared record as last seen."""
 
     key: str
-    bucket_seconds: float
+    length: float
+    """The window's length in seconds."""
     span: int
     """Buckets per window (k); the horizon is k + 1 buckets."""
     bucket: int = _NEVER
     """The bucket `available` was reserved in (or moved to): it can be spent only during it."""
-    start: float = 0.0
-    end: float = 0.0
-    """That bucket's wall-clock bounds."""
     available: int = 0
     """Reserved in `bucket` and not spent by this frontend."""
     seen: dict[int, int] = field(default_factory=dict)
     """The shared record as last seen: every frontend's reservations per bucket."""
     returns: dict[int, int] = field(default_factory=dict)
     """Refunds of requests of past buckets, to take off those buckets at the next store step."""
+    view_first: int = _NEVER
+    view_used: int = 0
+    view_newest: int = _NEVER
+    """`seen` summed over the horizon starting at view_first, and its newest bucket with some:
+    kept until the horizon moves or `seen` changes (the headers of every admission read them)."""
+
+    def view(self, first: int) -> tuple[int, int]:
+        """(reserved in the horizon starting at `first`, its newest bucket with some or _NEVER), as last seen."""
+        if self.view_first != first:
+            live = [b for b, c in self.seen.items() if b >= first and c > 0]
+            self.view_first = first
+            self.view_used = sum(self.seen[b] for b in live)
+            self.view_newest = max(live, default=_NEVER)
+        return self.view_used, self.view_newest
 
     def horizon(self, now: float) -> tuple[int, int]:
         """(current bucket, first bucket of the horizon) at wall time `now`."""
-        current = math.floor(now / self.bucket_seconds)
+        current = bucket_at(now, self.length, self.span)
         return current, current - self.span
+
+    def leaves(self, bucket: int) -> float:
+        """The wall time at which `bucket` leaves the horizon (k + 1 buckets after it began)."""
+        return (bucket + self.span + 1) * self.length / self.span
 
 
 class Plan(NamedTuple):
@@ -231,21 +247,20 @@ class BudgetLedger:
         self.settings = settings
         self._held: dict[tuple[str, Kind], _Allowance] = {}
 
-    def allowance(self, tenant: str, kind: Kind, now: float = 0.0) -> _Allowance:
-        """The (tenant, kind) allowance (created empty); `now` is not used, kept for symmetry."""
+    def allowance(self, tenant: str, kind: Kind) -> _Allowance:
+        """The (tenant, kind) allowance (created empty)."""
         held = self._held.get((tenant, kind))
         if held is None:
             length = window_length(kind, self.settings)
             k = self.settings.buckets
-            held = _Allowance(
-                key=f"{tenant}\x00{kind.value}\x00{length:g}\x00{k}", bucket_seconds=length / k, span=k
-            )
+            held = _Allowance(key=f"{tenant}\x00{kind.value}\x00{length:g}\x00{k}", length=length, span=k)
             self._held[(tenant, kind)] = held
         return held
 
-    def spendable(self, held: _Allowance, now: float) -> int:
+    @staticmethod
+    def spendable(held: _Allowance, now: float) -> int:
         """What this frontend may spend now without the store: its allowance, if of the current bucket."""
-        return held.available if held.start <= now < held.end else 0
+        return held.available if bucket_at(now, held.length, held.span) == held.bucket else 0
 
     def plan(self, tenant: str, kind: Kind, limit: int, amount: int, now: float) -> Plan | None:
         """The store step that makes `amount` fit (None: it fits already): move the allowance of
@@ -280,7 +295,7 @@ class BudgetLedger:
             refunds,
             carry,
             0,
-            (current + held.span + 1) * held.bucket_seconds,
+            held.leaves(current),
         )
 
     def give_back_plan(self, tenant: str, kind: Kind, keep: int, now: float) -> Plan | None:
@@ -299,8 +314,7 @@ class BudgetLedger:
         if give:
             returns[held.bucket] = returns.get(held.bucket, 0) + give
             held.available -= give  # leaves now: requests admitted meanwhile cannot spend it
-        expires = (current + held.span + 1) * held.bucket_seconds
-        return Plan(held.key, current, first, 0, returns, refunds, 0, give, expires)
+        return Plan(held.key, current, first, 0, returns, refunds, 0, give, held.leaves(current))
 
     def granted(self, tenant: str, kind: Kind, plan: Plan, granted: int, counts: Mapping[int, int]) -> None:
         """Records a store step's outcome (the record after it and what `plan.ask` got)."""
@@ -319,11 +333,10 @@ class BudgetLedger:
             if held.available > 0 and held.bucket >= plan.first:
                 held.returns[held.bucket] = held.returns.get(held.bucket, 0) + held.available
             held.bucket = plan.bucket
-            held.start = plan.bucket * held.bucket_seconds
-            held.end = (plan.bucket + 1) * held.bucket_seconds
             held.available = 0
         held.available += granted
         held.seen = dict(counts)
+        held.view_first = _NEVER  # the record changed
 
     def fits(self, tenant: str, needs: Iterable[tuple[Kind, int, int]], now: float) -> Exceeded | None:
         """None when every (kind, limit, amount) fits this frontend's allowance now; else the first that does not."""
@@ -340,7 +353,9 @@ class BudgetLedger:
         held_of = self._held.get
         for kind, _limit, amount in needs:
             held = held_of((tenant, kind))
-            if held is None or not (held.start <= now < held.end and held.available >= amount):
+            if held is None or held.available < amount:
+                return False
+            if math.floor(now * held.span / held.length) != held.bucket:  # bucket_at, inlined
                 return False
         return True
 
@@ -372,9 +387,8 @@ class BudgetLedger:
         out = []
         for kind, limit in limits:
             held = self.allowance(tenant, kind)
-            _current, first = held.horizon(now)
-            newest = max((b for b, c in held.seen.items() if c > 0 and b >= first), default=None)
-            reset = 0.0 if newest is None else (newest + held.span + 1) * held.bucket_seconds - now
+            _used, newest = held.view(held.horizon(now)[1])
+            reset = 0.0 if newest == _NEVER else held.leaves(newest) - now
             out.append(Quota(kind, limit, self._remaining(held, limit, now), max(0.0, reset)))
         return out
 
@@ -383,9 +397,10 @@ class BudgetLedger:
         # Not reserved in the horizon by any frontend (as last seen), plus what this frontend
         # holds there unspent or is about to give back.
         _current, first = held.horizon(now)
-        used = sum(c for b, c in held.seen.items() if b >= first)
+        used, _newest = held.view(first)
         mine = held.available if held.bucket >= first else 0
-        mine += sum(a for b, a in held.returns.items() if b >= first)
+        if held.returns:
+            mine += sum(a for b, a in held.returns.items() if b >= first)
         return min(limit, max(0, limit - used) + mine)
 
     @staticmethod
@@ -399,7 +414,7 @@ class BudgetLedger:
         for b, c in live:
             used -= c
             if limit - used >= amount:
-                return max(0.0, (b + held.span + 1) * held.bucket_seconds - now)
+                return max(0.0, held.leaves(b) - now)
         return 0.0  # only when amount > limit (refused as too large before this is asked)
 
     def holders(self) -> list[tuple[str, Kind]]:
