@@ -266,6 +266,46 @@ async def test_etcd_give_back_returns_a_stopping_frontends_unused_chunk(etcd_end
     await reader.close()
 
 
+async def test_etcd_a_limit_holds_across_a_bucket_boundary_and_a_frontend_that_died(etcd_endpoint):
+    from globalrouter.budget_etcd import EtcdBudgetStore
+
+    clock = clock_at_window_start()
+    await clock.advance(0.5)
+    tenant = f"client/{uuid.uuid4().hex[:8]}"
+    stores = [EtcdBudgetStore(etcd_endpoint, clock) for _ in range(3)]
+    dead, live = TenantBudgets(stores[0], SETTINGS, clock), TenantBudgets(stores[1], SETTINGS, clock)
+    (await dead.admit(tenant, TPM, 5500)).settle(5500)  # holds 500 of 6,000 reserved, then dies
+    long = await live.admit(tenant, TPM, 2000)  # bucket 0: 2,000 reserved, ends later using 100
+    await clock.advance(1.0)  # bucket 1: a new frontend starts; the record is where it was
+    again = TenantBudgets(stores[2], SETTINGS, clock)
+    long.settle(100)  # 1,900 of bucket 0 go back with live's next step
+    spent = await _spend_until_refused_for(again, tenant, 100) + await _spend_until_refused_for(
+        live, tenant, 100
+    )
+    assert spent == 10_000 - 6000 - 100  # the dead frontend's 500 still count
+    key = live.ledger.allowance(tenant, Kind.TOKENS_PER_MINUTE).key
+    record = await stores[1].record(key)
+    assert record[1_700_000_000] == 6000 + 100 and sum(record.values()) <= 10_000
+    await clock.advance(10.0)  # 11.5 s: bucket 0 has left the horizon, bucket 1 has not
+    # What is left: the limit less bucket 1's 3,900 spent and what `again` holds of it unspent.
+    held = again.ledger.allowance(tenant, Kind.TOKENS_PER_MINUTE).available
+    assert await _spend_until_refused_for(live, tenant, 100) == 10_000 - 3900 - held
+    for b in (live, again):
+        await b.close()
+    await stores[0].close()
+
+
+async def _spend_until_refused_for(budgets: TenantBudgets, tenant: str, size: int) -> int:
+    spent = 0
+    for _ in range(1000):
+        try:
+            (await budgets.admit(tenant, TPM, size)).settle(size)
+        except BudgetExceeded:
+            return spent
+        spent += size
+    raise AssertionError("never refused")
+
+
 # ---- the gate both fronts share ---------------------------------------------------------------
 
 
