@@ -295,6 +295,21 @@ async def test_etcd_a_limit_holds_across_a_bucket_boundary_and_a_frontend_that_d
     await stores[0].close()
 
 
+async def test_etcd_a_corrupt_record_refuses_with_store_error_naming_it(etcd_endpoint):
+    from globalrouter.budget_etcd import PREFIX, EtcdBudgetStore
+
+    clock = clock_at_window_start()
+    tenant = f"client/{uuid.uuid4().hex[:8]}"
+    store = EtcdBudgetStore(etcd_endpoint, clock)
+    budgets = TenantBudgets(store, SETTINGS, clock)
+    key = budgets.ledger.allowance(tenant, Kind.TOKENS_PER_MINUTE).key
+    await store._connect()
+    await store._client.put(PREFIX + key.encode(), b"12:lots")
+    with pytest.raises(StoreError, match=r"corrupt: budget record entry '12:lots' is not BUCKET:COUNT"):
+        await budgets.admit(tenant, TPM, 10)
+    await budgets.close()
+
+
 async def _spend_until_refused_for(budgets: TenantBudgets, tenant: str, size: int) -> int:
     spent = 0
     for _ in range(1000):
