@@ -121,3 +121,19 @@ async def test_the_late_binding_queue_counts_queue_length_time_and_sheds():
     assert caught.value.metadata["shed_reason"] == "OVERLOADED"
     assert flow.sheds == {"QUEUE_FULL": 1, "OVERLOADED": 1} and flow.queued == 0
     await binder.close()
+
+
+def test_serve_takes_a_shed_time_per_class_and_refuses_a_bad_one(capsys):
+    from globalrouter.cli import build_parser
+    from globalrouter.serve_cli import _dispatch_config
+
+    base = ["serve", "--discovery", "h:1", "--dispatch", "late"]
+    args = build_parser().parse_args([*base, "--dispatch-shed-after", "0=2.5, 3=10"])
+    config = _dispatch_config(args)
+    assert config is not None and dict(config.shed_after_seconds) == {0: 2.5, 3: 10.0}
+    args = build_parser().parse_args(base)
+    assert dict(_dispatch_config(args).shed_after_seconds) == {}
+    for bad in ("0", "x=1", "10=1", "0=-1", "0=nan"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*base, "--dispatch-shed-after", bad])
+        assert "expected CLASS=SECONDS" in capsys.readouterr().err, bad
