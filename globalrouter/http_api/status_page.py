@@ -42,8 +42,9 @@ def cached_prefix(decisions: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def status(core: RoutingCore, frontend_id: str) -> dict[str, Any]:
-    """What the page shows: pools by region with their signals, and the recent events of the core."""
+def status(core: RoutingCore, frontend_id: str, *, tenant: str | None = None) -> dict[str, Any]:
+    """What the page shows: pools by region with their signals, the recent events of the core, and
+    flow control per tenant and class (only `tenant`'s rows when given: a client sees its own)."""
     now = core.clock.monotonic()
     limits = core.selector_limits
     regions: dict[str, list[dict[str, Any]]] = {}
@@ -84,7 +85,7 @@ def status(core: RoutingCore, frontend_id: str) -> dict[str, Any]:
         "refusals": [e for e in recent if e["kind"] == "refusal"][:20],
         # per tenant and priority class (metrics.FlowStats): requests, tokens, the dispatch queue
         # now and its recent wait, sheds, budget refusals and what the last admission left
-        "flow": core.metrics.flow.snapshot(),
+        "flow": [f for f in core.metrics.flow.snapshot() if tenant is None or f["tenant"] == tenant],
     }
 
 
