@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import re
 import threading
 import time
 import urllib.error
@@ -354,3 +355,38 @@ def test_two_tenants_of_equal_weight_share_the_tokens_evenly_under_unequal_flood
     print(f"tokens over the window: {got}; alice's share {share:.3f}; queued at the end {queued}")
     assert min(queued) >= 1, "both tenants stayed backlogged (else the share says nothing)"
     assert 0.45 <= share <= 0.55, got
+
+
+FLOW_ROWS = (
+    "[...document.querySelectorAll('#flow tr')].slice(1).map(r => [...r.cells].map(c => c.textContent))"
+)
+
+
+def test_the_status_page_shows_a_row_per_tenant_and_class(procs, browser, tmp_path):
+    from tests.router.test_e2e_status_quality import shown
+
+    m = Mesh(procs)
+    m.start_discovery()
+    m.start_pool("pool-a", "eu", "--speedup", "50")
+    http = f"127.0.0.1:{free_port()}"
+    router = m.start_router("--dispatch", "late", "--http-listen", http)  # no policy: tenant "other", class 0
+    m.wait_routable(router, m.pools)
+    for i in range(3):
+        with grpc.insecure_channel(router.address) as channel:
+            call = router_pb2_grpc.RouterServiceStub(channel).Generate(
+                router_pb2.GenerateRequest(
+                    model=MODEL,
+                    prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=[i + 1] * PROMPT)),
+                    max_tokens=4,
+                ),
+                timeout=30,
+            )
+            assert sum(len(r.tokens.token_ids) for r in call if r.WhichOneof("payload") == "tokens") == 4
+    browser.open(f"http://{http}/")
+    (row,) = shown(browser, FLOW_ROWS, lambda rows: len(rows) == 1 and rows[0][2] == "3", 20, "the flow row")
+    # class, tenant, requests, tokens, queued now, queue p50, p99, mean, shed, budget refusals, budget left
+    assert row[:5] == ["0", "other", "3", str(3 * (PROMPT + 4)), "0"], row
+    assert all(re.fullmatch(r"\d+ ms|\d+\.\d\d s", t) for t in row[5:8]), row
+    assert row[8:] == ["0", "0", "–"], row
+    assert router.metric("globalrouter_flow_queue_seconds_count", tenant="other", **{"class": "0"}) == 3
+    browser.screenshot(tmp_path / "status-flow.png")
