@@ -137,3 +137,25 @@ def test_serve_takes_a_shed_time_per_class_and_refuses_a_bad_one(capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args([*base, "--dispatch-shed-after", bad])
         assert "expected CLASS=SECONDS" in capsys.readouterr().err, bad
+
+
+async def test_a_budget_refusal_counts_in_the_tenants_class():
+    from globalrouter.budgets import MemoryStore, TenantBudgets
+    from globalrouter.policy import PolicyFile, parse
+    from globalrouter.tenancy import TenantGate
+    from meshkit.clock import FakeClock
+    from meshkit.identity import Identity, Role
+
+    clock = FakeClock(start=0.0, wall_offset=1_700_000_000.0)
+    held = PolicyFile(None)
+    held.current = parse('[identity."client/alice"]\npriority = 3\nrequests_per_minute = 1\n')
+    metrics = RouterMetrics()
+    gate = TenantGate(held, TenantBudgets(MemoryStore(clock), held.current.budget, clock), metrics)
+    alice = Identity(Role.CLIENT, "alice")
+    await gate.admit(alice, "m", 10, 10)
+    with pytest.raises(TenantRefusal):
+        await gate.admit(alice, "m", 10, 10)
+    assert metrics.flow.series("client/alice", 3).budget_refusals == {"requests_per_minute": 1}
+    assert samples(metrics, "globalrouter_flow_budget_refusals_total") == {
+        key(tenant="client/alice", limit="requests_per_minute", **{"class": "3"}): 1
+    }
