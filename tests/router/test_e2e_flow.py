@@ -333,7 +333,8 @@ def test_a_low_class_past_its_shed_time_gets_429_and_resource_exhausted_while_th
 
 
 def test_two_tenants_of_equal_weight_share_the_tokens_evenly_under_unequal_floods(tmp_path):
-    with flow_mesh(tmp_path, 2) as mesh, Flood(mesh, "alice", 20), Flood(mesh, "bob", 10):
+    # one pool holds ~6 requests (3 of bob's), so bob's 10 callers keep several in the queue
+    with flow_mesh(tmp_path, 1) as mesh, Flood(mesh, "alice", 20), Flood(mesh, "bob", 10):
         # both backlogged at the frontend: the dispatch queue decides who goes next
         wait_until(
             lambda: mesh.flow("alice")["queued"] >= 3 and mesh.flow("bob")["queued"] >= 3,
@@ -347,7 +348,7 @@ def test_two_tenants_of_equal_weight_share_the_tokens_evenly_under_unequal_flood
         def served() -> float:
             return sum(mesh.tokens(t) - start[t] for t in start) / per_request
 
-        wait_until(lambda: served() >= 120, 120, interval=0.5, message="120 requests served in the window")
+        wait_until(lambda: served() >= 100, 150, interval=0.5, message="100 requests served in the window")
         end = {t: mesh.tokens(t) for t in start}
         queued = (mesh.flow("alice")["queued"], mesh.flow("bob")["queued"])
     got = {t: end[t] - start[t] for t in start}
