@@ -57,6 +57,8 @@ POOL_FLAGS = (
     "50",
 )
 TENANTS = ("alice", "bob", "vip")
+VIP_BUDGET = 1_000_000
+"""vip's tokens per minute (never reached: the status page shows what is left of it)."""
 
 
 @dataclass
@@ -139,7 +141,7 @@ def flow_mesh(tmp_path: Path, pools: int, *router_flags: str) -> Iterator[FlowMe
     policy.write_text(
         '[identity."client/alice"]\npriority = 0\nweight = 1.0\n\n'
         '[identity."client/bob"]\npriority = 0\nweight = 1.0\n\n'
-        f'[identity."client/vip"]\npriority = {HIGH}\n'
+        f'[identity."client/vip"]\npriority = {HIGH}\ntokens_per_minute = {VIP_BUDGET}\n'
     )
     with process_group(tmp_path) as group:
         m = Mesh(group)
@@ -323,6 +325,10 @@ def test_a_low_class_past_its_shed_time_gets_429_and_resource_exhausted_while_th
         print(f"alice {alice['sheds']} (HTTP statuses {statuses}), vip {vip}")
         assert alice["sheds"].get("OVERLOADED", 0) >= 4
         assert vip["sheds"] == {} and vip["dispatched"] == 3
+        # what the budget had left after vip's last admission: three requests' reservations fewer
+        (budget,) = vip["budget"]
+        assert (budget["limit"], budget["max"]) == ("tokens_per_minute", VIP_BUDGET), budget
+        assert VIP_BUDGET - 3 * (PROMPT + MAX_TOKENS) <= budget["remaining"] < VIP_BUDGET, budget
         assert (
             mesh.router.metric(
                 "globalrouter_flow_sheds_total", tenant="client/alice", reason="OVERLOADED", **{"class": "0"}
