@@ -168,17 +168,17 @@ class PoolOverlaps(Mapping[str, int]):
     aligned with the pools it was asked about (their PoolColumns rows), which `Selector.select`
     reads directly when given the same pools; a dict is only built for callers that look up ids."""
 
-    __slots__ = ("_dict", "counts", "ids", "rows")
+    __slots__ = ("_dict", "counts", "pools", "rows")
 
-    def __init__(self, ids: list[str], rows: np.ndarray, counts: np.ndarray) -> None:
-        self.ids = ids
+    def __init__(self, pools: Sequence[PoolState], rows: np.ndarray, counts: np.ndarray) -> None:
+        self.pools = pools
         self.rows = rows
         self.counts = counts
         self._dict: dict[str, int] | None = None
 
     def _as_dict(self) -> dict[str, int]:
         if self._dict is None:
-            self._dict = dict(zip(self.ids, self.counts.tolist(), strict=True))
+            self._dict = dict(zip((p.pool_id for p in self.pools), self.counts.tolist(), strict=True))
         return self._dict
 
     def __getitem__(self, pool_id: str) -> int:
@@ -229,7 +229,7 @@ def pool_overlaps(
             get = by_source.get
             for i in np.flatnonzero(fresh).tolist():
                 values[i] = max(map(get, states[i].kv_sources, _ZEROS), default=0)
-    return PoolOverlaps([p.pool_id for p in states], rows, values)
+    return PoolOverlaps(states, rows, values)
 
 
 def _summary_overlaps(
@@ -366,43 +366,37 @@ class Selector:
         # Cached blocks straight from pool_overlaps' array when it was asked about these same
         # pools (the usual caller), else looked up by id below.
         ov_values = None
-        if isinstance(cached_blocks, PoolOverlaps) and np.array_equal(cached_blocks.rows, rows):
-            ov_values = cached_blocks.counts
+        if type(cached_blocks) is PoolOverlaps:
+            ov_rows = cached_blocks.rows
+            if ov_rows.size == rows.size and not np.count_nonzero(ov_rows != rows):
+                ov_values = cached_blocks.counts
         ints = c.i[:, rows]
         flags = ints[FLAGS]
-        listed = (flags & LISTED) != 0
-        if not listed.all():
-            keep = np.flatnonzero(listed)
+        if np.count_nonzero(flags & LISTED) != len(states):
+            keep = ((flags & LISTED) != 0).nonzero()[0]
             rows, ints, flags = rows[keep], ints[:, keep], flags[keep]
             if ov_values is not None:
                 ov_values = ov_values[keep]
             states = [states[i] for i in keep.tolist()]
         n = len(states)
         same_model = ints[MODEL] == c.code(model)
-        block_size = ints[BLOCK_SIZE]
-        nonzero = np.flatnonzero(block_size)
-        first_block_size = int(block_size[nonzero[0]]) if nonzero.size else 0
-        if adapter:
-            model_served = any(
-                adapter in states[i].adapters.get(model, ()) for i in np.flatnonzero(same_model).tolist()
-            )
-        else:
-            model_served = bool(same_model.any())
         f = c.f[:, rows]
         # The filter (the reasons and details come from _filter_reason, for the pools filtered out).
         bad = ~same_model | ((flags & BLOCKED) != 0) | (f[BACKOFF] > now)
-        bad |= ((flags & NOT_READY) != 0) & (now - f[STATE_AT] <= limits.state_max_age)
+        not_ready = flags & NOT_READY
+        if np.count_nonzero(not_ready):  # only a fresh report counts
+            bad |= (not_ready != 0) & (now - f[STATE_AT] <= limits.state_max_age)
         if regions is not None:
             bad |= ~np.isin(ints[REGION], [c.code(r) for r in regions])
         filtered: list[FilteredPool] = []
-        if bad.any():
-            for i in np.flatnonzero(bad).tolist():
+        if np.count_nonzero(bad):
+            for i in bad.nonzero()[0].tolist():
                 reason = _filter_reason(states[i], model, now, limits, regions)
                 if reason is None:  # the rule has the last word (a column out of step)
                     bad[i] = False
                 else:
                     filtered.append(reason)
-            eligible = np.flatnonzero(~bad)
+            eligible = (~bad).nonzero()[0]
         else:
             eligible = None  # all of them (the usual case: no index arrays to apply)
         if adapter:
@@ -413,13 +407,13 @@ class Selector:
                     filtered.append(reason)
                     ok[i] = False
             if not ok.all():
-                eligible = np.flatnonzero(ok if eligible is None else ok & ~bad)
+                eligible = (ok if eligible is None else ok & ~bad).nonzero()[0]
         if filtered:
             filtered.sort(key=_pool_id_of)
+        block_size = ints[BLOCK_SIZE]
         if eligible is not None or not n:
             if eligible is None or not eligible.size:
-                prompt_blocks = prompt_tokens // first_block_size if first_block_size > 0 else 0
-                return Decision(Ranking.empty(), filtered, prompt_blocks, model_served)
+                return self._none_eligible(states, ints, same_model, model, adapter, prompt_tokens, filtered)
             f, flags, block_size = f[:, eligible], flags[eligible], block_size[eligible]
             if ov_values is not None:
                 ov_values = ov_values[eligible]
@@ -477,26 +471,48 @@ class Selector:
         total = prefill_cost + load_cost + pending_cost
         # Known load first, then by cost (stable: equal keys keep the listing order until the
         # tie-break reorders them).
-        order = np.argsort(total, kind="stable") if known.all() else np.lexsort((total, ~known))
-        ts, ks = total[order], known[order]
-        ties = np.flatnonzero((ts[1:] == ts[:-1]) & (ks[1:] == ks[:-1]))
-        if ties.size:
-            order = _break_ties(order, ties, states, affinity_key & _SEED_MASK)
+        if known.all():
+            order = np.argsort(total, kind="stable")
+            ts = total[order]
+            ties = (ts[1:] == ts[:-1]).nonzero()[0]
+        else:
+            order = np.lexsort((total, ~known))
+            ts, ks = total[order], known[order]
+            ties = ((ts[1:] == ts[:-1]) & (ks[1:] == ks[:-1])).nonzero()[0]
+        ranked = (
+            order.tolist() if not ties.size else _break_ties(order, ties, states, affinity_key & _SEED_MASK)
+        )
         ranking = Ranking(
-            [states[i] for i in order.tolist()],
-            total[order],
-            prefill_cost[order],
-            load_cost[order],
-            pending_cost[order],
-            cached[order],
-            blocks[order],
-            ks if not ties.size else known[order],
-            uncached[order],
+            states, ranked, total, prefill_cost, load_cost, pending_cost, cached, blocks, known, uncached
         )
         if price is not None and observe:
             # The estimated wait at the pick, without the hotspot and wait-price terms.
-            price.observe(float(wait[order[0]]))
-        return Decision(ranking, filtered, int(blocks[order[0]]), model_served)
+            price.observe(float(wait[ranked[0]]))
+        # a candidate serves the model (and the adapter)
+        return Decision(ranking, filtered, int(blocks[ranked[0]]), True)
+
+    @staticmethod
+    def _none_eligible(
+        states: list[PoolState],
+        ints: np.ndarray,
+        same_model: np.ndarray,
+        model: str,
+        adapter: str,
+        prompt_tokens: int,
+        filtered: list[FilteredPool],
+    ) -> Decision:
+        """The decision without candidates: whether some listed pool serves the model (and the
+        adapter) at all, and the prompt's blocks at the first listed pool's block size."""
+        if adapter:
+            served = any(
+                adapter in states[i].adapters.get(model, ()) for i in same_model.nonzero()[0].tolist()
+            )
+        else:
+            served = bool(np.count_nonzero(same_model))
+        sizes = ints[BLOCK_SIZE]
+        nonzero = sizes.nonzero()[0]
+        first = int(sizes[nonzero[0]]) if nonzero.size else 0
+        return Decision(Ranking.empty(), filtered, prompt_tokens // first if first > 0 else 0, served)
 
     def _rates(self, f: np.ndarray) -> np.ndarray:
         """`throughput` of the pools whose PoolColumns.f columns are `f`, at once."""
@@ -582,17 +598,17 @@ def _new_ranked(
     return r
 
 
-def _break_ties(order: np.ndarray, ties: np.ndarray, pools: list[PoolState], seed: int) -> np.ndarray:
+def _break_ties(order: np.ndarray, ties: np.ndarray, pools: list[PoolState], seed: int) -> list[int]:
     """`order` with each run of equal keys reordered by rendezvous hash of the pool id (`ties`:
     positions i where keys i and i+1 are equal; hashes are only computed for ties, which are
     rare outside idle pools and uncached prompts)."""
-    out = order.tolist()
+    out: list[int] = order.tolist()
     starts = ties[np.concatenate(([True], ties[1:] != ties[:-1] + 1))].tolist()
     ends = ties[np.concatenate((ties[1:] != ties[:-1] + 1, [True]))].tolist()
     for i, j in zip(starts, ends, strict=True):
         run = out[i : j + 2]
         out[i : j + 2] = sorted(run, key=lambda k: _xxh3(pools[k].pool_id.encode(), seed=seed))
-    return np.array(out, np.int64)
+    return out
 
 
 class Ranking(Sequence[RankedPool]):
@@ -600,11 +616,12 @@ class Ranking(Sequence[RankedPool]):
     the cost vectors as they are read (building 1,000 of them took as long as ranking them, and
     the request path reads the first few)."""
 
-    __slots__ = ("_built", "_cols", "_pools")
+    __slots__ = ("_built", "_cols", "_order", "_pools")
 
     def __init__(
         self,
         pools: list[PoolState],
+        order: list[int],
         total: np.ndarray,
         prefill: np.ndarray,
         load: np.ndarray,
@@ -614,51 +631,58 @@ class Ranking(Sequence[RankedPool]):
         known: np.ndarray,
         uncached: np.ndarray,
     ) -> None:
+        """`pools` and the cost vectors in the pools' order; `order` ranks them (best first)."""
         self._pools = pools
+        self._order = order
         self._cols = (total, prefill, load, pending, cached, blocks, known, uncached)
-        self._built: list[RankedPool | None] = [None] * len(pools)
+        self._built: list[RankedPool | None] = [None] * len(order)
 
     @classmethod
     def empty(cls) -> Ranking:
         z = np.zeros(0)
-        return cls([], z, z, z, z, z, z, z, z)
+        return cls([], [], z, z, z, z, z, z, z, z)
 
     def _build(self, i: int) -> RankedPool:
         r = self._built[i]
         if r is None:
             total, prefill, load, pending, cached, blocks, known, uncached = self._cols
-            pool = self._pools[i]
+            k = self._order[i]
+            pool = self._pools[k]
             r = self._built[i] = _new_ranked(
                 pool.pool_id,
-                float(total[i]),
-                float(prefill[i]),
-                float(load[i]),
-                float(pending[i]),
-                int(cached[i]),
-                int(blocks[i]),
-                bool(known[i]),
+                float(total[k]),
+                float(prefill[k]),
+                float(load[k]),
+                float(pending[k]),
+                int(cached[k]),
+                int(blocks[k]),
+                bool(known[k]),
                 pool.region,
-                int(uncached[i]),
+                int(uncached[k]),
             )
         return r
 
     def _all(self) -> list[RankedPool]:
         built = self._built
         if None in built:
-            cols = [col.tolist() for col in self._cols]
-            for i, pool in enumerate(self._pools):
+            total, prefill, load, pending, cached, blocks, known, uncached = (
+                col.tolist() for col in self._cols
+            )
+            pools = self._pools
+            for i, k in enumerate(self._order):
                 if built[i] is None:
+                    pool = pools[k]
                     built[i] = _new_ranked(
                         pool.pool_id,
-                        cols[0][i],
-                        cols[1][i],
-                        cols[2][i],
-                        cols[3][i],
-                        cols[4][i],
-                        cols[5][i],
-                        cols[6][i],
+                        total[k],
+                        prefill[k],
+                        load[k],
+                        pending[k],
+                        cached[k],
+                        blocks[k],
+                        known[k],
                         pool.region,
-                        cols[7][i],
+                        uncached[k],
                     )
         return built  # type: ignore[return-value]
 
@@ -668,8 +692,8 @@ class Ranking(Sequence[RankedPool]):
     def __getitem__(self, i: slice) -> list[RankedPool]: ...
     def __getitem__(self, i: int | slice) -> RankedPool | list[RankedPool]:
         if isinstance(i, slice):
-            return [self._build(k) for k in range(*i.indices(len(self._pools)))]
-        n = len(self._pools)
+            return [self._build(k) for k in range(*i.indices(len(self._order)))]
+        n = len(self._order)
         if i < 0:
             i += n
         if not 0 <= i < n:
@@ -677,7 +701,7 @@ class Ranking(Sequence[RankedPool]):
         return self._build(i)
 
     def __len__(self) -> int:
-        return len(self._pools)
+        return len(self._order)
 
     def __iter__(self) -> Iterator[RankedPool]:
         return iter(self._all())

@@ -165,7 +165,7 @@ def test_select_matches_the_per_pool_rule(seed: int) -> None:
                 assert new.wait_price.observations == old.wait_price.observations
             # the pools passed as any iterable, and the cached blocks as PoolOverlaps
             ov = PoolOverlaps(
-                [p.pool_id for p in pools],
+                pools,
                 np.array([p.row for p in pools], np.int64),
                 np.array([cached.get(p.pool_id, 0) for p in pools], np.int64),
             )
