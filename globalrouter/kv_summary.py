@@ -841,7 +841,10 @@ class KvSummary:
             batch = order[done : done + k]
             done += batch.size
             need = bound[batch] - 1  # blocks 1 .. bound-1 (block 0 is known held)
-            if need.sum():
+            firsts = probe.first_misses(batch, need)
+            if firsts is not None:
+                out[batch] = np.minimum(bound[batch], firsts)
+            elif need.sum():
                 owner = np.repeat(np.arange(batch.size), need)
                 starts = np.cumsum(need) - need
                 block = np.arange(int(need.sum())) - np.repeat(starts, need) + 1
@@ -916,6 +919,35 @@ class _Probe:
         self._b2 = np.concatenate([b2 for _, b2, _ in parts])
         self._v = np.concatenate([v for _, _, v in parts])
         self._v2 = self._v | np.uint16(1)
+
+    def first_misses(self, i: np.ndarray, need: np.ndarray) -> np.ndarray | None:
+        """Per pool i[k], the first of prompt blocks 1 .. need[k] it does not hold (int64 max
+        when it holds them all); None unless the pools are all of one size (then the blocks'
+        buckets are slices shared by the pools: a pool x block grid without per-probe gathers)."""
+        if self._flat is None or np.count_nonzero(self._flat[i] != self._flat[i[0]]):
+            return None
+        upto = int(need.max()) + 1
+        out = np.full(i.size, np.iinfo(np.int64).max, np.int64)
+        if upto == 1:
+            return out
+        g = int(self._flat[i[0]])
+        slots = self._s._slots
+        base = self._base[i][:, None]
+        width = upto - 1
+        grid = (
+            (np.take(slots, base + self._b1[g + 1 : g + upto], axis=0) == self._v[g + 1 : g + upto][:, None])
+            .view(np.uint64)
+            .reshape(i.size, width)
+        )
+        two = (
+            (np.take(slots, base + self._b2[g + 1 : g + upto], axis=0) == self._v2[g + 1 : g + upto][:, None])
+            .view(np.uint64)
+            .reshape(i.size, width)
+        )
+        miss = ((grid | two) == 0) & (np.arange(1, upto) <= need[:, None])
+        any_miss = miss.any(axis=1)
+        out[any_miss] = miss[any_miss].argmax(axis=1) + 1
+        return out
 
     def held(self, i: np.ndarray, block: np.ndarray) -> np.ndarray:
         """Whether pool i[k] (an index into the pools) holds prompt block block[k]."""

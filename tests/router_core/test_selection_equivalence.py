@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from globalrouter.kv_index import KvIndex
-from globalrouter.kv_summary import KvSummary
+from globalrouter.kv_summary import KvSummary, _Probe, mix
 from globalrouter.pool_state import (
     BLOCKED,
     COLUMNS,
@@ -332,3 +332,34 @@ def test_prefix_lengths_with_one_and_several_table_sizes() -> None:
         p = summary.table_of(f"f{k}/relay-0")
         want = 64 if k == 40 else 64 >> (k % 8)
         assert lengths[p] == want
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_prefix_search_by_size_matches_the_per_element_probe(seed: int) -> None:
+    """_Probe's shared-size paths (the search's gathers, verify's pool x block grid) against
+    probing every (pool, block) on its own, on pools with holes in their prefixes."""
+    rng = np.random.default_rng(seed)
+    summary = KvSummary()
+    prompt = rng.integers(0, 2**64 - 1, 200, dtype=np.uint64)
+    sizes = (1000,) if seed % 2 else (1000, 1000, 3000)
+    for k in range(60):
+        held = prompt[: rng.integers(0, 201)]
+        holes = rng.random(held.size) < rng.choice((0.0, 0.01, 0.2))
+        own = rng.integers(0, 2**64 - 1, 300, dtype=np.uint64)
+        summary.expect_pool(f"h{k}", sizes[k % len(sizes)])  # tables of one size (or of two)
+        summary.apply_snapshot(f"h{k}/relay-0", np.concatenate((own, held[~holes])))
+    for n in (200, 37, 1):
+        hashes = prompt[:n].tolist()
+        pools, lengths = summary._prefix_lengths(hashes)
+        h = mix(np.array(hashes, np.uint64))
+        lo = np.ones(pools.size, np.int64)
+        for i, p in enumerate(pools.tolist()):  # the search's bound, one pool at a time
+            a, b = 1, n
+            while a < b:
+                mid = (a + b + 1) >> 1
+                ok = summary._held(np.array([p]), h[mid - 1 : mid])[0]
+                a, b = (mid, b) if ok else (a, mid - 1)
+            lo[i] = a
+        slow = _Probe(summary, pools, h)
+        slow._flat = None  # every probe on its own
+        assert lengths.tolist() == summary._verify(pools, lo, h, slow).tolist()
