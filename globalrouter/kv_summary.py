@@ -893,7 +893,7 @@ class _Probe:
     worked out once per distinct size for every prompt block, and each probe is a gather. With
     many distinct sizes (more work than probing per element), per element as before."""
 
-    __slots__ = ("_b1", "_b2", "_base", "_flat", "_h", "_pools", "_s", "_v", "_v2")
+    __slots__ = ("_b1", "_b2", "_base", "_flat", "_h", "_one", "_pools", "_s", "_v", "_v2")
 
     def __init__(self, s: KvSummary, pools: np.ndarray, h: np.ndarray) -> None:
         self._s = s
@@ -902,7 +902,8 @@ class _Probe:
         self._base = s._base[pools]
         key = s._nb[pools] * 64 + s._lost[pools]
         first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
-        if first.size == 1:  # one size (the usual fleet): no grouping needed
+        self._one = first.size == 1
+        if self._one:  # one size (the usual fleet): no grouping needed
             self._flat: np.ndarray | None = np.zeros(pools.size, np.int64)
             reps = pools[:1]
         else:
@@ -953,7 +954,7 @@ class _Probe:
         """Whether pool i[k] (an index into the pools) holds prompt block block[k]."""
         if self._flat is None:
             return self._s._held(self._pools[i], self._h[block])
-        at = self._flat[i] + block
+        at = block if self._one else self._flat[i] + block
         slots = self._s._slots
         base = self._base[i]
         one = (np.take(slots, base + self._b1[at], axis=0) == self._v[at][:, None]).view(np.uint64)[:, 0]
