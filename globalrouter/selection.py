@@ -406,7 +406,7 @@ class Selector:
                 if reason is not None:
                     filtered.append(reason)
                     ok[i] = False
-            if not ok.all():
+            if np.count_nonzero(ok) != n:
                 eligible = (ok if eligible is None else ok & ~bad).nonzero()[0]
         if filtered:
             filtered.sort(key=_pool_id_of)
@@ -434,7 +434,7 @@ class Selector:
         dw = cfg.decode_weight
         rate = self._rates(f)
         sized = block_size > 0
-        if sized.all():
+        if np.count_nonzero(sized) == sized.size:
             blocks = prompt_tokens // block_size
             cached = np.minimum(cached, blocks)
             uncached = prompt_tokens - cached * block_size
@@ -471,7 +471,7 @@ class Selector:
         total = prefill_cost + load_cost + pending_cost
         # Known load first, then by cost (stable: equal keys keep the listing order until the
         # tie-break reorders them).
-        if known.all():
+        if np.count_nonzero(known) == known.size:
             order = np.argsort(total, kind="stable")
             ts = total[order]
             ties = (ts[1:] == ts[:-1]).nonzero()[0]
