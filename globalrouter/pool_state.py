@@ -74,6 +74,12 @@ NOT_READY = 4
 LOAD_PRESENT = 8
 
 
+MAX_CODES = 65_536
+"""Distinct model and region names PoolColumns keeps codes for (names come from registrations:
+the bound keeps a stream of ever-new names from growing the table without end)."""
+UNINTERNED = -2
+
+
 class PoolColumns:
     """The numeric signals selection ranks on, one column per live PoolState, as numpy arrays.
 
@@ -130,8 +136,12 @@ class PoolColumns:
         return self._codes.get(text, -1)
 
     def intern(self, text: str) -> int:
+        """The code of a pool's model or region; UNINTERNED once MAX_CODES names were seen (those
+        pools' rows never match a code, so selection asks the per-pool rule about them)."""
         code = self._codes.get(text)
         if code is None:
+            if len(self._codes) >= MAX_CODES:
+                return UNINTERNED
             code = self._codes[text] = len(self._codes)
         return code
 

@@ -45,6 +45,7 @@ from globalrouter.pool_state import (
     REGION,
     SLOTS,
     STATE_AT,
+    UNINTERNED,
     FreshnessLimits,
     PoolState,
 )
@@ -503,6 +504,10 @@ class Selector:
     ) -> Decision:
         """The decision without candidates: whether some listed pool serves the model (and the
         adapter) at all, and the prompt's blocks at the first listed pool's block size."""
+        odd = (ints[MODEL] == UNINTERNED).nonzero()[0]
+        if odd.size:  # names past PoolColumns' bound: the pools' own model names decide
+            same_model = same_model.copy()
+            same_model[odd] = [states[i].model == model for i in odd.tolist()]
         if adapter:
             served = any(
                 adapter in states[i].adapters.get(model, ()) for i in same_model.nonzero()[0].tolist()

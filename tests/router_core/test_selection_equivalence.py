@@ -363,3 +363,19 @@ def test_prefix_search_by_size_matches_the_per_element_probe(seed: int) -> None:
         slow = _Probe(summary, pools, h)
         slow._flat = None  # every probe on its own
         assert lengths.tolist() == summary._verify(pools, lo, h, slow).tolist()
+
+
+def test_names_past_the_code_bound_are_decided_by_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model and region codes are bounded (MAX_CODES): pools whose names got none are filtered
+    and ranked exactly as the rule says."""
+    monkeypatch.setattr("globalrouter.pool_state.MAX_CODES", len(COLUMNS._codes))
+    rng = random.Random(11)
+    pools = [random_pool(rng, k) for k in range(30)]
+    for k, p in enumerate(pools[:10]):
+        p.model = f"late-model-{k % 2}"
+        p.region = f"late-region-{k}"
+    assert all(COLUMNS.i[0, p.row] == -2 for p in pools[:10])
+    for model in ("late-model-0", "m", "never"):
+        for regions in (None, frozenset({"late-region-2", "r1"})):
+            new = Selector().select(pools, model, 1600, 10, {}, NOW, regions=regions)
+            same(new, ReferenceSelector().select(pools, model, 1600, 10, {}, NOW, regions=regions))
