@@ -11,7 +11,7 @@ while it waits is taken out of the queue.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import grpc
@@ -95,7 +95,7 @@ class LateBinder:
     def _pools(self) -> list[PoolState]:
         return [p for p in self.core.table.pools.values() if p.listed]
 
-    def _overlaps(self, request: DispatchRequest[_Ask], now: float) -> dict[str, int]:
+    def _overlaps(self, request: DispatchRequest[_Ask], now: float) -> Mapping[str, int]:
         ask = request.payload
         return self.core.overlaps(self._pools(), ask.tokens, now, ask.seed)
 
