@@ -639,15 +639,20 @@ class TelemetryIngest:
             if msg.load.HasField("observe_time"):
                 self._lag(wall_seconds(msg.load.observe_time))
         elif kind == "readiness":
-            stream.models_ready = {
-                m.model: m.state == pool_events_pb2.MODEL_STATE_READY for m in msg.readiness.models
-            }
-            stream.adapters = reported_adapters(msg.readiness.models)
-            self._combine_state(pool)
+            ready = {m.model: m.state == pool_events_pb2.MODEL_STATE_READY for m in msg.readiness.models}
+            adapters = reported_adapters(msg.readiness.models)
+            # Relays repeat their reports every interval: the pool's combined view is rebuilt only
+            # when this stream's report changed (4,000 rebuilds a second at 1,000 pools, 3% of the loop).
+            if ready != stream.models_ready or adapters != stream.adapters:
+                stream.models_ready = ready
+                stream.adapters = adapters
+                self._combine_state(pool)
             pool.state_at = now
         elif kind == "drain":
-            stream.draining = msg.drain.drain.state in _DRAINING
-            self._combine_state(pool)
+            draining = msg.drain.drain.state in _DRAINING
+            if draining != stream.draining:
+                stream.draining = draining
+                self._combine_state(pool)
             pool.state_at = now
         elif kind == "heartbeat":
             if msg.heartbeat.HasField("send_time"):
