@@ -10,6 +10,8 @@ replicas each, speaking the relay's registration and telemetry protocols), and m
 - serving-loop lag, seen from outside: the latency of a tight loop of gRPC health checks (and
   `globalrouter_event_loop_lag_seconds` when the frontend exports it);
 - decision latency of Route dry runs for 1k- and 16k-token trace prompts (hashing timed apart);
+- a mass redial: every relay's stream cut at once (SIGUSR1 to the simulators), the time until each
+  relay sent its fresh snapshot and every pool's KV state is back, and the slowest health check;
 - a restart: the frontend is killed (SIGKILL) and started again on its port; the time to health
   SERVING and to every pool's KV state (ListPools), and the slowest health check meanwhile;
 - the time SIGTERM takes to end the loaded frontend (bounded);
@@ -1264,6 +1266,25 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
         )
         + ".\n"
     )
+    redials = [f for f in fleets if f.get("redial")]
+    if redials:
+        add("### Every relay redialling at once (the frontend up throughout)\n")
+        add(
+            "| pools x blocks | every relay's snapshot resent after | every pool's KV back after | slowest health check meanwhile | health p99 meanwhile |"
+        )
+        add("|---|---:|---:|---:|---:|")
+        for f in redials:
+            rd = f["redial"]
+            add(
+                f"| {f['pools']:,} x {f['blocks_per_pool']:,} | {_f(rd['resent_s'])} s | {_f(rd['ready_s'])} s "
+                f"({rd['ready_pools']:,}/{f['pools']:,}) | {_f(rd['health']['max_ms'])} ms | {_f(rd['health']['p99_ms'])} ms |"
+            )
+        add(
+            "\nSIGUSR1 makes every simulator process end all its relays' streams at once (a network blip); each "
+            "relay redials at once and sends a fresh snapshot. 'Resent' reads the simulators' counters, written "
+            "once a second; 'KV back' is ListPools as above, and may count a pool whose other relay's set still "
+            "answered.\n"
+        )
     add("## Relay cost per frontend stream\n")
     add(
         "poolrelay's own `TelemetryHub` and `PoolBlocks` in one process (not a simulation), 10,000 blocks, fed "
