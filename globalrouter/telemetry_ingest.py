@@ -182,7 +182,12 @@ class IngestPacer:
     otherwise it waits, in arrival order, for one task that applies the waiting ones a slice per
     iteration. A stream whose message waits reads no further one, so gRPC's flow control holds its
     relay back (which then sends fewer, larger deltas) instead of this loop falling behind unseen.
-    Waiting is bounded: at most one message per open stream."""
+    Waiting is bounded: at most one message per open stream.
+
+    Pacing in the loop rather than a health answer from outside it: gRPC's asyncio server takes
+    every call, a health check too, through this loop, so another thread could only answer on
+    another port, and a SERVING that does not prove the loop turns would keep a wedged frontend
+    in rotation (docs/operations.md, "Health under load")."""
 
     def __init__(
         self,
