@@ -508,9 +508,9 @@ class TelemetryIngest:
         """One step of queued work, sized to take about STEP_SECONDS; returns whether work is left."""
         size = self._step_size
         # This thread's CPU time, not the wall's: on a loaded machine the process is preempted
-        # mid-step, the wall time of every step passed STEP_SECONDS and the steps shrank to
-        # MIN_STEP blocks, one per loop iteration, so a snapshot storm crawled (a restarted
-        # 1,000-pool frontend was not ready after 150 s) exactly when the loop needed it done.
+        # mid-step, a step's wall time passes STEP_SECONDS whatever its size, and the steps shrink
+        # to MIN_STEP blocks, one per loop iteration (test_ingest_steps): a snapshot storm is then
+        # applied slowest exactly when the machine is busiest.
         start = time.thread_time()
         more = self.run(size)
         took = time.thread_time() - start
