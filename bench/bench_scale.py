@@ -10,6 +10,8 @@ replicas each, speaking the relay's registration and telemetry protocols), and m
 - serving-loop lag, seen from outside: the latency of a tight loop of gRPC health checks (and
   `globalrouter_event_loop_lag_seconds` when the frontend exports it);
 - decision latency of Route dry runs for 1k- and 16k-token trace prompts (hashing timed apart);
+- a mass redial: every relay's stream cut at once (SIGUSR1 to the simulators), the time until each
+  relay sent its fresh snapshot and every pool's KV state is back, and the slowest health check;
 - a restart: the frontend is killed (SIGKILL) and started again on its port; the time to health
   SERVING and to every pool's KV state (ListPools), and the slowest health check meanwhile;
 - the time SIGTERM takes to end the loaded frontend (bounded);
@@ -27,6 +29,7 @@ import math
 import os
 import platform
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -442,6 +445,42 @@ async def route_latencies(
     }
 
 
+async def mass_redial(
+    address: str, sims: Sims, pools: int, blocks: int, cfg: Config, alive
+) -> dict[str, Any]:
+    """Every simulated relay's stream cut at once (SIGUSR1 to each simulator process): seconds until
+    every relay sent its fresh snapshot, and until every pool is listed fresh with its blocks again,
+    with the health checks meanwhile. The second may also count a pool whose other relay's set
+    still answered (ListPools shows a pool, not its streams): the first is the stricter bound."""
+    before = sims.stats()
+    want = before.get("snapshots", 0) + pools * cfg.relays
+    probe = HealthProbe(address, timeout=60).start()
+    t0 = time.monotonic()
+    for p in sims.procs:
+        p.signal(signal.SIGUSR1)
+    resent: float | None = None
+    while time.monotonic() - t0 < cfg.ready_timeout:
+        alive()
+        if sims.stats().get("snapshots", 0) >= want:
+            resent = time.monotonic() - t0
+            break
+        await asyncio.sleep(0.2)
+    ready, n = await wait_ready(
+        address, pools, blocks, max(1.0, cfg.ready_timeout - (time.monotonic() - t0)), alive
+    )
+    took = None if ready is None or resent is None else time.monotonic() - t0
+    health = await probe.stop()
+    after = sims.stats()
+    return {
+        "resent_s": None if resent is None else round(resent, 1),
+        "ready_s": None if took is None else round(took, 1),
+        "ready_pools": n,
+        "health": health,
+        "cuts": after.get("breaks", {}).get("CUT", 0) - before.get("breaks", {}).get("CUT", 0),
+        "snapshot_requests": after.get("snapshot_requests", 0) - before.get("snapshot_requests", 0),
+    }
+
+
 # ---- the fleet measurement --------------------------------------------------------------------
 async def run_fleet(
     cfg: Config, group: ProcessGroup, nodes: Path, tokens: list[list[int]], pools: int, blocks: int
@@ -556,6 +595,16 @@ async def run_fleet(
         print(
             f"  [{pools} pools] Route 1k p50/p99 {r['1k']['p50_ms']}/{r['1k']['p99_ms']} ms, "
             f"16k {r['16k']['p50_ms']}/{r['16k']['p99_ms']} ms",
+            flush=True,
+        )
+
+        # A mass redial (a network blip): every relay's stream ends at once and redials at once
+        # with a fresh snapshot, the frontend up throughout.
+        out["redial"] = await mass_redial(address, sims, pools, blocks, cfg, proc.check_alive)
+        rd = out["redial"]
+        print(
+            f"  [{pools} pools] mass redial: every relay's snapshot resent after {rd['resent_s']} s, every pool "
+            f"ready after {rd['ready_s']} s ({rd['ready_pools']}/{pools}); health max {rd['health']['max_ms']} ms",
             flush=True,
         )
 
@@ -1217,6 +1266,25 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
         )
         + ".\n"
     )
+    redials = [f for f in fleets if f.get("redial")]
+    if redials:
+        add("### Every relay redialling at once (the frontend up throughout)\n")
+        add(
+            "| pools x blocks | every relay's snapshot resent after | every pool's KV back after | slowest health check meanwhile | health p99 meanwhile |"
+        )
+        add("|---|---:|---:|---:|---:|")
+        for f in redials:
+            rd = f["redial"]
+            add(
+                f"| {f['pools']:,} x {f['blocks_per_pool']:,} | {_f(rd['resent_s'])} s | {_f(rd['ready_s'])} s "
+                f"({rd['ready_pools']:,}/{f['pools']:,}) | {_f(rd['health']['max_ms'])} ms | {_f(rd['health']['p99_ms'])} ms |"
+            )
+        add(
+            "\nSIGUSR1 makes every simulator process end all its relays' streams at once (a network blip); each "
+            "relay redials at once and sends a fresh snapshot. 'Resent' reads the simulators' counters, written "
+            "once a second; 'KV back' is ListPools as above, and may count a pool whose other relay's set still "
+            "answered.\n"
+        )
     add("## Relay cost per frontend stream\n")
     add(
         "poolrelay's own `TelemetryHub` and `PoolBlocks` in one process (not a simulation), 10,000 blocks, fed "

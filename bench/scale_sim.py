@@ -12,7 +12,8 @@ back-off when the stream breaks. Messages are encoded once per pool and written 
 `sinks`: N minimal TelemetryService servers that only count. `relay`: poolrelay's own TelemetryHub
 and PoolBlocks fed with worker events, streaming to the given frontends.
 
-Every process writes its counters to a JSON file once a second (replaced atomically) and stops on
+SIGUSR1 makes a `pools` process end every relay's stream at once (each redials at once and sends a
+fresh snapshot): the harness's mass redial. Every process writes its counters to a JSON file once a second (replaced atomically) and stops on
 SIGTERM or after `--seconds`.
 """
 
@@ -259,6 +260,8 @@ class PoolStats:
     reports: int = 0
     dropped: int = 0
     stream_errors: int = 0
+    cuts: int = 0
+    """SIGUSR1s taken: each ended every relay's stream at once (a network blip; they redial at once)."""
     breaks: dict[str, int] = field(default_factory=dict)
     """Streams that ended after their snapshot went out, by the status code the call ended with."""
     last_error: str = ""
@@ -282,6 +285,7 @@ class SimRelay:
         self.latest: dict[str, bytes] = {}
         self.resync = True
         self.live = False
+        self.cut_due = False
         self.wake = asyncio.Event()
 
     def hello(self, report_interval: float) -> bytes:
@@ -309,6 +313,13 @@ class SimRelay:
         else:
             self.queue.append((sequence, msg))
         self.wake.set()
+
+    def cut(self) -> None:
+        """Ends the current stream (if any) at its next turn; the relay redials at once, as after a
+        stream that broke once it had worked."""
+        if self.live:
+            self.cut_due = True
+            self.wake.set()
 
     def offer(self, kind: str, msg: bytes) -> None:
         if self.live:
@@ -365,6 +376,10 @@ class SimRelay:
         try:
             await call.write(hello)
             while True:
+                if self.cut_due:
+                    self.cut_due = False
+                    self.stats.breaks["CUT"] = self.stats.breaks.get("CUT", 0) + 1
+                    break
                 if self.resync:
                     await self._snapshot(call)
                     if not productive:
@@ -482,6 +497,13 @@ async def run_pools(args) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    def cut_all() -> None:
+        stats.cuts += 1
+        for r in relays:
+            r.cut()
+
+    loop.add_signal_handler(signal.SIGUSR1, cut_all)
     started = time.monotonic()
     tasks = [asyncio.ensure_future(keep_registered(relays, args.discovery, stats, stop))]
     if args.register_first:  # streams open once every lease is there, as after a fleet's start

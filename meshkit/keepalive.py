@@ -11,6 +11,9 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 KEEPALIVE_TIME_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
 
+UNREQUESTED_S = 600
+"""Seconds a call may wait for a busy server to pick it up (clients' own deadlines still apply)."""
+
 CLIENT_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
@@ -34,4 +37,9 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+    # A call the server's loop has not picked up yet waits, instead of being cancelled after
+    # gRPC's default 30 s: the asyncio server picks up about one new call per loop turn, so a
+    # frontend whose loop is busy after a restart took minutes to pick up 2,000 relay streams, and
+    # each cancelled one redialled and sent its whole snapshot again (the storm never ended).
+    ("grpc.server_max_unrequested_time_in_server", UNREQUESTED_S),
 ]
