@@ -8,19 +8,30 @@ blocks per step of the loop (fewer when a step takes over 2 ms), and a stream's 
 own blocks in the same steps. The loop block is the longest single call the loop makes (a chunk's receive, or one step), in this thread's CPU time
 (the wall clock's tail on a shared host is mostly waiting for a core); the index already holds
 `--pools` x `--background` other blocks. A mass end (`--many` streams of `--many-blocks` each
-ending at once, as in a network blip) is measured both ways too. The table's growth (a rebuild,
-O(index)) is not stepped: it is measured apart, and the table is grown first so that neither
-path pays it inside its figures.
+ending at once, as in a network blip) is measured both ways too. The table is grown first so
+that neither path pays a growth inside those figures.
+
+`--growth SIZES` measures the table's growth instead: for each size, an index sized so that its
+SIZE blocks fill it to just under the growth threshold takes 1,000,000-block snapshots from new
+streams through TelemetryIngest's steps until the growth they start has ended; the longest loop
+block (a chunk's receive, or one step) and the steps' total CPU are reported for this code and,
+with `--old-src DIR` (a `git archive main` of the code before, e.g. /tmp/old-kvgrow), for that
+code's KvIndex in the same run, fed the same snapshots.
 
     .venv/bin/python -m bench.bench_snapshot_apply [--blocks 1000000] [--pools 8] [--background 1000000]
+    .venv/bin/python -m bench.bench_snapshot_apply --growth 1000000,4000000,8000000,16000000 --old-src DIR
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.util
+import math
 import platform
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -108,6 +119,81 @@ def new_snapshot(ingest: TelemetryIngest, stream, msgs, step: int) -> tuple[floa
     return total + work, max(longest, step_max), steps
 
 
+def _growing(index) -> bool:
+    return getattr(index, "_next", None) is not None or getattr(index, "_old", None) is not None
+
+
+def growth_run(index_cls, size: int, step: int, snapshots: int | None) -> dict:
+    """One growth at `size` blocks: 1,000,000-block snapshots from new streams through the
+    stepped ingest until the growth ends (or `snapshots` of them, to feed another code the same)."""
+    rng = np.random.default_rng(size)
+    index = index_cls(capacity=math.ceil(size / (kv_index.MAX_LOAD - 0.002)))
+    index.apply_snapshot("bg", rng.integers(0, 2**63, size, dtype=np.uint64))  # setup, not timed
+    cap = index._cap
+    ingest = TelemetryIngest(PoolTable(), index, FakeClock(), RouterMetrics(), step_blocks=step)
+    longest = total = 0.0
+    steps = k = 0
+    grew = False
+    while snapshots is None or k < snapshots:
+        msgs = chunks(rng.integers(0, 2**63, 1_000_000, dtype=np.uint64), 1)
+        stream = ingest.open(hello(f"g{k}"))
+        took, block, n = new_snapshot(ingest, stream, msgs, step)
+        total, longest, steps = total + took, max(longest, block), steps + n
+        k += 1
+        grew = grew or index._cap != cap
+        if snapshots is None and grew and not _growing(index):
+            break
+        if snapshots is None and k >= 20:
+            raise RuntimeError(f"no growth ended after {k} snapshots at {size:,} blocks")
+    out = {"snapshots": k, "longest": longest, "total": total, "steps": steps, "grew": grew}
+    del index, ingest
+    gc.collect()
+    return out
+
+
+def load_old_index(src: str):
+    """KvIndex from another checkout's globalrouter/kv_index.py, under a module name of its own."""
+    path = Path(src) / "globalrouter" / "kv_index.py"
+    spec = importlib.util.spec_from_file_location("kv_index_before", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--old-src: no {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.KvIndex
+
+
+def growth_main(args) -> int:
+    sizes = [int(x) for x in args.growth.split(",") if x]
+    old_cls = load_old_index(args.old_src) if args.old_src else None
+    ms = 1e3
+    lines = [
+        f"Command: `.venv/bin/python -m bench.bench_snapshot_apply --growth {args.growth} --step {args.step}"
+        + (" --old-src DIR`" if old_cls else "`")
+        + f"; machine: {platform.machine()}, Python {sys.version.split()[0]}, 2 shared cores. Each row: an index "
+        f"whose SIZE blocks fill it to just under the growth threshold takes 1,000,000-block snapshots from new "
+        f"streams through TelemetryIngest's steps (at most {args.step:,} blocks, about 2 ms each) until the growth "
+        f"ends; loop block = the longest single call (a chunk's receive or a step), CPU time of this thread.",
+        "",
+        "| blocks in the table | snapshots until the growth ended | longest loop block before | after | "
+        "CPU of all those steps before | after |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size in sizes:
+        new = growth_run(KvIndex, size, args.step, None)
+        old = growth_run(old_cls, size, args.step, new["snapshots"]) if old_cls else None
+        before = f"{old['longest'] * ms:.1f} ms" if old else "-"
+        before_total = f"{old['total'] * ms:,.0f} ms" if old else "-"
+        lines.append(
+            f"| {size:,} | {new['snapshots']} | {before} | {new['longest'] * ms:.1f} ms | {before_total} | "
+            f"{new['total'] * ms:,.0f} ms ({new['steps']} steps) |"
+        )
+        print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    write_result("snapshot_growth.md", text)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--blocks", type=int, default=1_000_000, help="blocks of the measured snapshot")
@@ -116,7 +202,13 @@ def main() -> int:
     parser.add_argument("--step", type=int, default=8192, help="blocks per step (--snapshot-step-blocks)")
     parser.add_argument("--many", type=int, default=64, help="streams ending at once")
     parser.add_argument("--many-blocks", type=int, default=10_000, help="blocks of each of them")
+    parser.add_argument(
+        "--growth", default="", help="measure the table's growth at these sizes (comma-separated)"
+    )
+    parser.add_argument("--old-src", default="", help="with --growth: a checkout whose KvIndex is 'before'")
     args = parser.parse_args()
+    if args.growth:
+        return growth_main(args)
     rng = np.random.default_rng(7)
     index = KvIndex()
     for k in range(args.pools):
