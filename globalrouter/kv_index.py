@@ -414,30 +414,32 @@ class KvIndex:
         self._next = _Next(buckets * BUCKET, max(words, self._words))
 
     def _put(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        """Places absent, distinct keys with masks `rows` (one per key) in empty slots, in one
-        sorted pass (a growth's moves: _place's rounds, each reading every waiting key's
-        bucket and its masks for tombstones, cost about 1 µs a key there, this 0.15). A
-        bucket's keyed slots come before its empty ones, so the k-th key aimed at a bucket
-        whose first empty slot is f takes slot f + k; the few past a full bucket go to _place."""
-        n = keys.size
+        """Places absent, distinct keys with masks `rows` (one per key) in empty slots, a sorted
+        pass per bucket hop (a growth's moves and a snapshot's new keys: _place, whose rounds
+        read every waiting key's bucket and its masks for tombstones and take two rounds per
+        hop, cost about 1 µs a key there, this 0.15). A bucket's keyed slots come before its
+        empty ones, so the k-th key aimed at a bucket whose first empty slot is f takes slot
+        f + k; those past its end go on to the next bucket."""
+        table, flat, masks, nb = self._keys.reshape(-1, BUCKET), self._keys, self._masks, self._nb
         buckets = self._home(keys)
-        order = np.argsort(buckets)  # grouped by bucket; the order within one does not matter
-        sb = buckets[order]
-        empty = (np.take(self._keys.reshape(-1, BUCKET), sb, axis=0) == _EMPTY).view(np.uint64)[:, 0]
-        low = empty & (~empty + np.uint64(1))  # the bucket's first empty slot's byte
-        first = ((low * _BYTE_INDEX) >> _TOP_BYTE).astype(np.int64)
-        first[empty == 0] = BUCKET
-        starts = np.flatnonzero(np.concatenate(([True], sb[1:] != sb[:-1])))
-        pos = first + np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
-        ok = pos < BUCKET
-        slots = sb[ok] * BUCKET + pos[ok]
-        src = order[ok]
-        self._keys[slots] = keys[src]
-        self._masks[slots] = rows[src]
-        self._used += slots.size
-        rest = order[~ok]
-        if rest.size:
-            self._place(keys[rest], rows[rest], reuse=False)
+        while keys.size:
+            n = keys.size
+            order = np.argsort(buckets)  # grouped by bucket; the order within one does not matter
+            sb = buckets[order]
+            empty = (np.take(table, sb, axis=0) == _EMPTY).view(np.uint64)[:, 0]
+            low = empty & (~empty + np.uint64(1))  # the bucket's first empty slot's byte
+            first = ((low * _BYTE_INDEX) >> _TOP_BYTE).astype(np.int64)
+            first[empty == 0] = BUCKET
+            starts = np.flatnonzero(np.concatenate(([True], sb[1:] != sb[:-1])))
+            pos = first + np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+            ok = pos < BUCKET
+            slots = sb[ok] * BUCKET + pos[ok]
+            src = order[ok]
+            flat[slots] = keys[src]
+            masks[slots] = rows[src]
+            self._used += slots.size
+            rest = order[~ok]
+            keys, rows, buckets = keys[rest], rows[rest], (sb[~ok] + 1) % nb
 
     def _advance(self, placed: int) -> None:
         """One write's share of a running growth: a minimum, plus in proportion to the `placed`
