@@ -20,6 +20,14 @@ code's KvIndex in the same run, fed the same snapshots.
 
     .venv/bin/python -m bench.bench_snapshot_apply [--blocks 1000000] [--pools 8] [--background 1000000]
     .venv/bin/python -m bench.bench_snapshot_apply --growth 1000000,4000000,8000000,16000000 --old-src DIR
+
+`--compare DIR` applies 1,000,000-block snapshots through TelemetryIngest's steps to this code's
+KvIndex and KvSummary and to DIR's, interleaved (`--repeat` rounds, a new stream each, into an
+index already holding `--pools` x `--background` blocks and grown first), and reports each one's
+CPU per snapshot (median and best of the rounds) and longest loop block: on a shared host, the
+same run is the only fair comparison.
+
+    .venv/bin/python -m bench.bench_snapshot_apply --compare DIR [--repeat 5]
 """
 
 from __future__ import annotations
@@ -152,20 +160,75 @@ def growth_run(index_cls, size: int, step: int, snapshots: int | None) -> dict:
     return out
 
 
-def load_old_index(src: str):
-    """KvIndex from another checkout's globalrouter/kv_index.py, under a module name of its own."""
-    path = Path(src) / "globalrouter" / "kv_index.py"
-    spec = importlib.util.spec_from_file_location("kv_index_before", path)
+def load_old(src: str, name: str):
+    """Module `globalrouter/NAME.py` of another checkout, under a module name of its own."""
+    path = Path(src) / "globalrouter" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_before", path)
     if spec is None or spec.loader is None:
-        raise SystemExit(f"--old-src: no {path}")
+        raise SystemExit(f"no {path}")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
-    return module.KvIndex
+    return module
+
+
+def compare_main(args) -> int:
+    """This code against DIR's, 1,000,000-block snapshots through the stepped ingest, interleaved."""
+    rng = np.random.default_rng(11)
+    background = [rng.integers(0, 2**63, args.background, dtype=np.uint64) for _ in range(args.pools)]
+    snapshots = [rng.integers(0, 2**63, args.blocks, dtype=np.uint64) for _ in range(args.repeat)]
+    msgs = [chunks(h, 1) for h in snapshots]
+    ms = 1e3
+    rows = []
+    for state in ("exact", "summary"):
+        codes: list[tuple] = []
+        for label, module in (
+            ("before", load_old(args.compare, "kv_index" if state == "exact" else "kv_summary")),
+            ("after", kv_index if state == "exact" else sys.modules[KvSummary.__module__]),
+        ):
+            index = module.KvIndex() if state == "exact" else module.KvSummary()
+            for k, h in enumerate(background):
+                index.apply_snapshot(f"bg-{k}/r", h)
+            if state == "exact":
+                index._reserve(2 * args.blocks * args.repeat)  # grown first: the growth is measured apart
+            ingest = TelemetryIngest(PoolTable(), index, FakeClock(), RouterMetrics(), step_blocks=args.step)
+            ingest._summary = index if state == "summary" else None  # bench only: DIR's class is another
+            codes.append((label, index, ingest, [], []))
+        for r in range(args.repeat):
+            for _label, _index, ingest, totals, blocks in codes:
+                stream = ingest.open(hello(f"c{r}"))
+                total, block, _ = new_snapshot(ingest, stream, msgs[r], args.step)
+                totals.append(total)
+                blocks.append(block)
+                ingest.close(stream)
+                run_steps(ingest, args.step)
+        for label, _index, _ingest, totals, blocks in codes:
+            rows.append(
+                f"| {state} | {label} | {np.median(totals) * ms:.0f} ms | {min(totals) * ms:.0f} ms | "
+                f"{max(blocks) * ms:.1f} ms |"
+            )
+            print(rows[-1], flush=True)
+        del codes
+        gc.collect()
+    lines = [
+        f"Command: `.venv/bin/python -m bench.bench_snapshot_apply --compare DIR --repeat {args.repeat} --blocks "
+        f"{args.blocks} --pools {args.pools} --background {args.background} --step {args.step}` (DIR: `git archive "
+        f"main`); machine: {platform.machine()}, Python {sys.version.split()[0]}, 2 shared cores. CPU time of this "
+        f"thread for all chunks' receives and steps of one {args.blocks:,}-block snapshot, rounds interleaved.",
+        "",
+        "| KV state | code | CPU per snapshot, median | best | longest loop block |",
+        "|---|---|---:|---:|---:|",
+        *rows,
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    write_result("snapshot_compare.md", text)
+    return 0
 
 
 def growth_main(args) -> int:
     sizes = [int(x) for x in args.growth.split(",") if x]
-    old_cls = load_old_index(args.old_src) if args.old_src else None
+    old_cls = load_old(args.old_src, "kv_index").KvIndex if args.old_src else None
     ms = 1e3
     lines = [
         f"Command: `.venv/bin/python -m bench.bench_snapshot_apply --growth {args.growth} --step {args.step}"
@@ -207,12 +270,16 @@ def main() -> int:
         "--growth", default="", help="measure the table's growth at these sizes (comma-separated)"
     )
     parser.add_argument("--old-src", default="", help="with --growth: a checkout whose KvIndex is 'before'")
+    parser.add_argument("--compare", default="", help="compare snapshot CPU with this checkout's code")
+    parser.add_argument("--repeat", type=int, default=5, help="with --compare: rounds")
     parser.add_argument(
         "--kv-state", choices=("exact", "summary"), default="exact", help="KvIndex or KvSummary"
     )
     args = parser.parse_args()
     if args.growth:
         return growth_main(args)
+    if args.compare:
+        return compare_main(args)
     rng = np.random.default_rng(7)
     summary = args.kv_state == "summary"
     index: KvIndex | KvSummary = KvSummary() if summary else KvIndex()
