@@ -84,7 +84,9 @@ def hello(pool: str, relay: str = "r") -> tm.TelemetryHello:
     )
 
 
-def run_steps(ingest: TelemetryIngest, step: int) -> tuple[float, float, int]:
+def run_steps(
+    ingest: TelemetryIngest, step: int, each: list[float] | None = None
+) -> tuple[float, float, int]:
     """Runs queued work a step at a time as the serving loop's worker does (TelemetryIngest.step):
     (total CPU seconds, longest step in CPU seconds, steps)."""
     total = longest = 0.0
@@ -97,6 +99,8 @@ def run_steps(ingest: TelemetryIngest, step: int) -> tuple[float, float, int]:
         total += dt
         longest = max(longest, dt)
         steps += 1
+        if each is not None:
+            each.append(dt)
     return total, longest, steps
 
 
@@ -115,7 +119,9 @@ def old_snapshot(index: KvIndex | KvSummary, source: str, msgs) -> tuple[float, 
     return total, longest
 
 
-def new_snapshot(ingest: TelemetryIngest, stream, msgs, step: int) -> tuple[float, float, int]:
+def new_snapshot(
+    ingest: TelemetryIngest, stream, msgs, step: int, each: list[float] | None = None
+) -> tuple[float, float, int]:
     """The stepped path: (total seconds, longest single call, steps)."""
     total = longest = 0.0
     for msg in msgs:
@@ -124,7 +130,9 @@ def new_snapshot(ingest: TelemetryIngest, stream, msgs, step: int) -> tuple[floa
         dt = time.thread_time() - t
         total += dt
         longest = max(longest, dt)
-    work, step_max, steps = run_steps(ingest, step)
+        if each is not None:
+            each.append(dt)
+    work, step_max, steps = run_steps(ingest, step, each)
     return total + work, max(longest, step_max), steps
 
 
@@ -143,10 +151,11 @@ def growth_run(index_cls, size: int, step: int, snapshots: int | None) -> dict:
     longest = total = 0.0
     steps = k = 0
     grew = False
+    each: list[float] = []
     while snapshots is None or k < snapshots:
         msgs = chunks(rng.integers(0, 2**63, 1_000_000, dtype=np.uint64), 1)
         stream = ingest.open(hello(f"g{k}"))
-        took, block, n = new_snapshot(ingest, stream, msgs, step)
+        took, block, n = new_snapshot(ingest, stream, msgs, step, each)
         total, longest, steps = total + took, max(longest, block), steps + n
         k += 1
         grew = grew or index._cap != cap
@@ -154,7 +163,8 @@ def growth_run(index_cls, size: int, step: int, snapshots: int | None) -> dict:
             break
         if snapshots is None and k >= 20:
             raise RuntimeError(f"no growth ended after {k} snapshots at {size:,} blocks")
-    out = {"snapshots": k, "longest": longest, "total": total, "steps": steps, "grew": grew}
+    p99 = float(np.percentile(each, 99)) if each else 0.0
+    out = {"snapshots": k, "longest": longest, "p99": p99, "total": total, "steps": steps, "grew": grew}
     del index, ingest
     gc.collect()
     return out
@@ -239,17 +249,18 @@ def growth_main(args) -> int:
         f"ends; loop block = the longest single call (a chunk's receive or a step), CPU time of this thread.",
         "",
         "| blocks in the table | snapshots until the growth ended | longest loop block before | after | "
-        "CPU of all those steps before | after |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "p99 loop block before | after | CPU of all those calls before | after |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for size in sizes:
         new = growth_run(KvIndex, size, args.step, None)
         old = growth_run(old_cls, size, args.step, new["snapshots"]) if old_cls else None
         before = f"{old['longest'] * ms:.1f} ms" if old else "-"
+        before_p99 = f"{old['p99'] * ms:.1f} ms" if old else "-"
         before_total = f"{old['total'] * ms:,.0f} ms" if old else "-"
         lines.append(
-            f"| {size:,} | {new['snapshots']} | {before} | {new['longest'] * ms:.1f} ms | {before_total} | "
-            f"{new['total'] * ms:,.0f} ms ({new['steps']} steps) |"
+            f"| {size:,} | {new['snapshots']} | {before} | {new['longest'] * ms:.1f} ms | {before_p99} | "
+            f"{new['p99'] * ms:.1f} ms | {before_total} | {new['total'] * ms:,.0f} ms ({new['steps']} steps) |"
         )
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
