@@ -11,8 +11,11 @@ Why this layout: a fleet holds tens of millions of blocks (64 pools x 1,000,000)
 dict of int -> int plus a set per source cost about 111 bytes per block. Here a block is one
 8-byte key plus one 8-byte mask word per 64 sources in two flat arrays (buckets of 8 slots,
 load kept between 0.55 and 0.8), so about 20 to 29 bytes per distinct block with up to 64 sources.
-A block no source holds any more stays as a tombstone (mask 0) that the next new key on its
-probe path reuses, and the table is rebuilt (live keys only) when used slots pass 0.8 of it.
+A block no source holds any more stays as a tombstone (mask 0) that the next new key folded
+from the overlay on its probe path reuses (big batches take empty slots, in sorted passes); when used slots pass 0.8 of it, the table grows into a new one (live keys
+only) a bounded step per write, so that no call pays for the whole table (see _room): the new
+table's arrays are initialised a slice per write, then the old table's keys move a slice per
+write while lookups read the new table, then the old one.
 Long prompts and big batches are looked up and updated vectorised; short prompts are walked one
 key at a time through memoryviews (a numpy call costs about a microsecond whatever its size;
 below the crossover WALK_SMALL, pure-Python reads cost less). The usual small deltas (a few dozen
@@ -46,7 +49,7 @@ _BYTE_INDEX = np.uint64(0x0001_0203_0405_0607)
 _TOP_BYTE = np.uint64(56)
 MAX_LOAD = 0.8
 """Used slots (live + tombstones) / capacity above which the table grows (into a new table,
-a bounded step at a time: see _Growing)."""
+a bounded step at a time: see _room)."""
 HARD_LOAD = 0.92
 """While the next table is being prepared, the current one still takes new keys up to this load
 (a bucketed table probes a little longer there); past it the preparation is finished at once."""
