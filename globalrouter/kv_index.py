@@ -40,6 +40,14 @@ from itertools import islice
 
 import numpy as np
 
+try:
+    from numpy._core.multiarray import _set_madvise_hugepage  # type: ignore[attr-defined]
+except ImportError:  # another numpy: its allocations' page size stays as it is
+
+    def _set_madvise_hugepage(enabled: bool) -> bool:
+        return False
+
+
 _EMPTY = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
 """Key of a never-used slot. The one block hash equal to it lives outside the table (_special)."""
 _EMPTY_INT = int(_EMPTY)
@@ -56,7 +64,7 @@ HARD_LOAD = 0.92
 PREP_MIN = 1 << 16
 """Slots of the next table initialised (empty key, zero mask) by every write while it is
 prepared: 1 MiB with one mask word, a fraction of a millisecond."""
-MOVE_MIN = 4096
+MOVE_MIN = 1024
 """Slots of the old table moved into the new one by every write while a growth runs (plus more
 in proportion to the keys the write placed, so that it ends before the new table fills)."""
 REBUILD_LOAD = 0.55
@@ -96,6 +104,18 @@ def _as_keys(hashes: Iterable[int]) -> np.ndarray:
     if isinstance(hashes, Sized):
         return np.fromiter(hashes, np.uint64, len(hashes))
     return np.fromiter(hashes, np.uint64)
+
+
+def _small_pages(shape: int | tuple[int, int]) -> np.ndarray:
+    """np.empty(shape, uint64) without numpy's MADV_HUGEPAGE: a table's pages are written a slice
+    per write while it is prepared, and where transparent huge pages are on for advised memory,
+    the first write into each 2 MiB page stalled about 5 ms (the kernel compacting memory for it;
+    1 MiB slices: a 6 ms step in two); 4 KiB pages cost a steady 0.2 ms per MiB."""
+    before = _set_madvise_hugepage(False)
+    try:
+        return np.empty(shape, np.uint64)
+    finally:
+        _set_madvise_hugepage(before)
 
 
 def _bits(mask: int) -> list[int]:
@@ -153,8 +173,8 @@ class _Next:
     __slots__ = ("filled", "keys", "masks")
 
     def __init__(self, slots: int, words: int) -> None:
-        self.keys = np.empty(slots, np.uint64)  # untouched pages cost nothing until written
-        self.masks = np.empty((slots, words), np.uint64)
+        self.keys = _small_pages(slots)  # untouched pages cost nothing until written
+        self.masks = _small_pages((slots, words))
         self.filled = 0
 
 

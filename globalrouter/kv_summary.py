@@ -673,7 +673,7 @@ class KvSummary:
         self._nb[p] = 2 * nb
         self._lost[p] = lost + 1
         b1, b2, v = self._finish(p, b1, fp)
-        self._place(np.full(b1.size, p, np.int64), b1, b2, v)
+        self._bulk(p, b1, b2, v)  # a fresh region: sorted passes, not cuckoo rounds (4x less)
         self._doublings += 1
 
     def _fill(self, p: int, keys: np.ndarray) -> None:
