@@ -82,9 +82,10 @@ KICK_ROUNDS = 500
 """Rounds of cuckoo evictions before entries still homeless are dropped (see _settle)."""
 PENDING = 65536
 """Logged delta blocks that trigger a fold (reads fold first anyway)."""
-ARENA_SPACE = 1 << 40
-"""Bytes of address space the arena maps (Linux: private, anonymous, not reserved): pages cost
-memory only once written, and given-up regions give theirs back (MADV_DONTNEED), so the arena
+ARENA_SPACE = 1 << 38
+"""Bytes of address space the arena maps (Linux: private, anonymous, not reserved; 256 GiB, a
+hundred times the 1,000-pool x 1,000,000-block fleet's tables, and a 500th of a process's address
+space, so hundreds of instances fit): pages cost memory only once written, and given-up regions give theirs back (MADV_DONTNEED), so the arena
 never grows by copying (a copy of every table, seconds at 1,000 pools x 1,000,000 blocks, on
 the serving loop) nor compacts: freed regions are reused first-fit."""
 _MAP_NORESERVE = 0x4000  # Linux's MAP_NORESERVE (the mmap module does not export it)
