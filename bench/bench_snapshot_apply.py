@@ -385,7 +385,7 @@ def main() -> int:
         ]
     text = "\n".join(lines) + "\n"
     print(text)
-    write_result(f"snapshot_apply_{args.kv_state}.md", text)
+    write_result("snapshot_apply.md" if args.kv_state == "exact" else "snapshot_apply_summary.md", text)
     return 0
 
 

@@ -114,6 +114,14 @@ def test_a_growth_spans_many_writes_and_each_does_a_bounded_share():
             writes_in_growth += 1
     assert started, "the table did not grow"
     assert writes_in_growth >= 10, writes_in_growth
+    # The old table's pages go back a slice per write, then its arrays.
+    assert idx._shedding
+    for _ in range(100):
+        if not idx._shedding:
+            break
+        idx.add_blocks("a", rng.integers(0, 2**63, 64, dtype=np.uint64))
+    assert not idx._shedding
+    assert idx.memory_bytes() == idx._keys.nbytes + idx._masks.nbytes
 
 
 def test_the_longest_write_during_growths_is_a_small_multiple_of_the_median():
