@@ -11,8 +11,11 @@ Why this layout: a fleet holds tens of millions of blocks (64 pools x 1,000,000)
 dict of int -> int plus a set per source cost about 111 bytes per block. Here a block is one
 8-byte key plus one 8-byte mask word per 64 sources in two flat arrays (buckets of 8 slots,
 load kept between 0.55 and 0.8), so about 20 to 29 bytes per distinct block with up to 64 sources.
-A block no source holds any more stays as a tombstone (mask 0) that the next new key on its
-probe path reuses, and the table is rebuilt (live keys only) when used slots pass 0.8 of it.
+A block no source holds any more stays as a tombstone (mask 0) that the next new key folded
+from the overlay on its probe path reuses (big batches take empty slots, in sorted passes); when used slots pass 0.8 of it, the table grows into a new one (live keys
+only) a bounded step per write, so that no call pays for the whole table (see _room): the new
+table's arrays are initialised a slice per write, then the old table's keys move a slice per
+write while lookups read the new table, then the old one.
 Long prompts and big batches are looked up and updated vectorised; short prompts are walked one
 key at a time through memoryviews (a numpy call costs about a microsecond whatever its size;
 below the crossover WALK_SMALL, pure-Python reads cost less). The usual small deltas (a few dozen
@@ -31,11 +34,22 @@ a slice per step, so a stream's end costs its own blocks, not the whole table).
 
 from __future__ import annotations
 
+import ctypes
 import math
+import sys
 from collections.abc import Iterable, Sequence, Sized
 from itertools import islice
+from typing import Any
 
 import numpy as np
+
+try:
+    from numpy._core.multiarray import _set_madvise_hugepage  # type: ignore[attr-defined]
+except ImportError:  # another numpy: its allocations' page size stays as it is
+
+    def _set_madvise_hugepage(enabled: bool) -> bool:
+        return False
+
 
 _EMPTY = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
 """Key of a never-used slot. The one block hash equal to it lives outside the table (_special)."""
@@ -45,7 +59,21 @@ _BYTE_INDEX = np.uint64(0x0001_0203_0405_0607)
 """(w * _BYTE_INDEX) >> 56 is j for w = 1 << 8j: which of a bucket's 8 comparison bytes is set."""
 _TOP_BYTE = np.uint64(56)
 MAX_LOAD = 0.8
-"""Used slots (live + tombstones) / capacity above which the table is rebuilt."""
+"""Used slots (live + tombstones) / capacity above which the table grows (into a new table,
+a bounded step at a time: see _room)."""
+HARD_LOAD = 0.92
+"""While the next table is being prepared, the current one still takes new keys up to this load
+(a bucketed table probes a little longer there); past it the preparation is finished at once."""
+PREP_MIN = 1 << 16
+"""Slots of the next table initialised (empty key, zero mask) by every write while it is
+prepared: 1 MiB with one mask word, a fraction of a millisecond."""
+SHED_BYTES = 16 << 20
+"""Bytes of a grown-out-of table's arrays whose pages every write returns (MADV_DONTNEED) before
+the arrays go: dropping them at once returned every page in one call (4 KiB pages: 19 ms for
+256 MiB)."""
+MOVE_MIN = 1024
+"""Slots of the old table moved into the new one by every write while a growth runs (plus more
+in proportion to the keys the write placed, so that it ends before the new table fills)."""
 REBUILD_LOAD = 0.55
 """Live slots / capacity right after a rebuild (between the two, memory and probe length trade)."""
 MIN_CAPACITY = 1024
@@ -83,6 +111,37 @@ def _as_keys(hashes: Iterable[int]) -> np.ndarray:
     if isinstance(hashes, Sized):
         return np.fromiter(hashes, np.uint64, len(hashes))
     return np.fromiter(hashes, np.uint64)
+
+
+def _small_pages(shape: int | tuple[int, int]) -> np.ndarray:
+    """np.empty(shape, uint64) without numpy's MADV_HUGEPAGE: a table's pages are written a slice
+    per write while it is prepared, and where transparent huge pages are on for advised memory,
+    the first write into each 2 MiB page stalled about 5 ms (the kernel compacting memory for it;
+    1 MiB slices: a 6 ms step in two); 4 KiB pages cost a steady 0.2 ms per MiB."""
+    before = _set_madvise_hugepage(False)
+    try:
+        return np.empty(shape, np.uint64)
+    finally:
+        _set_madvise_hugepage(before)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+_MADV_DONTNEED = 4  # Linux
+
+
+def _shed(array: np.ndarray, start: int, size: int) -> int:
+    """Returns the whole pages within bytes [start, start + size) of `array` to the system
+    (Linux; elsewhere nothing, and the whole array counts as done); the end of what was done."""
+    if _LIBC is None:
+        return int(array.nbytes)
+    end = min(int(array.nbytes), start + size)
+    page = 4096
+    base = int(array.ctypes.data)
+    low = -(-(base + start) // page) * page
+    high = (base + end) // page * page
+    if high > low:
+        _LIBC.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), _MADV_DONTNEED)
+    return end
 
 
 def _bits(mask: int) -> list[int]:
@@ -131,6 +190,45 @@ def _distinct(keys: np.ndarray) -> np.ndarray:
     return keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if keys.size else keys
 
 
+class _Next:
+    """The next table while its arrays are being initialised (phase one of a growth): the
+    current table still answers and takes every write. Written in order a slice at a time: a
+    fresh array's pages cost their first write (a page fault each), and the keys it would get
+    land all over it (one move touched every page of a lazily zeroed mask array: 58 ms)."""
+
+    __slots__ = ("filled", "keys", "masks", "spare")
+
+    def __init__(self, slots: int, words: int, spare: float) -> None:
+        self.keys = _small_pages(slots)  # untouched pages cost nothing until written
+        self.masks = _small_pages((slots, words))
+        self.filled = 0
+        self.spare = spare
+        """Room (new keys) the current table should still have when this phase ends."""
+
+
+class _Old:
+    """The previous table while its keys move into the current one (phase two of a growth).
+
+    Its layout is frozen (no key is placed in it or emptied), so a probe in it stays valid;
+    slots below `cursor` have moved and are ignored. A key lives in at most one of the two
+    tables with a non-zero mask: writes move the old keys they touch (removals clear them in
+    place), and a key is placed in the current table only when neither table has it."""
+
+    __slots__ = ("cap", "cursor", "keys", "kmv", "live", "masks", "mmv", "nb", "spare", "words")
+
+    def __init__(self, keys: np.ndarray, masks: np.ndarray, nb: int, live: int) -> None:
+        self.keys, self.masks, self.nb = keys, masks, nb
+        self.cap = nb * BUCKET
+        self.words = masks.shape[1]
+        self.kmv = keys.data
+        self.mmv = masks.reshape(-1).data
+        self.cursor = 0
+        self.live = live
+        """Slots at or past `cursor` with a non-zero mask (what is left to move)."""
+        self.spare = 0.0
+        """Room (new keys) the current table should still have when the move ends."""
+
+
 class KvIndex:
     """Pool-level block sets keyed by source (one source = one relay telemetry stream)."""
 
@@ -148,9 +246,12 @@ class KvIndex:
         "_mmv",
         "_names",
         "_nb",
+        "_next",
         "_number",
+        "_old",
         "_pend",
         "_sh",
+        "_shedding",
         "_special",
         "_used",
         "_words",
@@ -163,6 +264,13 @@ class KvIndex:
         self._keys = np.empty(0, np.uint64)
         self._masks = np.empty((0, 1), np.uint64)
         self._kmv = self._mmv = memoryview(b"")
+        self._next: _Next | None = None
+        """The next table being prepared (a growth's first phase), or None."""
+        self._old: _Old | None = None
+        """The previous table whose keys are moving into this one (a growth's second phase), or None."""
+        self._shedding: list[list[Any]] = []
+        """[array, bytes returned so far] of arrays a growth left behind: their pages go a slice
+        per write (SHED_BYTES), then the arrays."""
         self._alloc(max(MIN_CAPACITY, capacity))
         self._used = 0
         """Slots whose key is set (live or tombstone)."""
@@ -214,16 +322,31 @@ class KvIndex:
         return (keys % np.uint64(self._cap // BUCKET)).astype(np.int64)
 
     def _find(self, keys: np.ndarray) -> np.ndarray:
-        """Slot of each key, -1 where absent (keys equal to _EMPTY are reported absent).
+        """Slot of each key in the current table, -1 where absent (see _find_in)."""
+        return self._find_in(keys, self._keys, self._nb)
+
+    def _find_old(self, keys: np.ndarray) -> np.ndarray:
+        """Slot of each key in the old table (a growth's second phase), -1 where absent or moved."""
+        old = self._old
+        if old is None or not keys.size:
+            return np.full(keys.size, -1, np.int64)
+        slots = self._find_in(keys, old.keys, old.nb)
+        slots[slots < old.cursor] = -1
+        return slots
+
+    @staticmethod
+    def _find_in(keys: np.ndarray, flat: np.ndarray, nb: int) -> np.ndarray:
+        """Slot of each key in the table of key array `flat` (nb buckets), -1 where absent (keys
+        equal to _EMPTY are reported absent).
 
         A key sits in its home bucket or, when that was full, in a later one; a bucket with an
         empty slot ends the search. Each round compares a whole bucket per key at once, so the
         rounds are few even at a load of 0.8 (one slot at a time, the longest probe run of a
         thousand keys took dozens of rounds)."""
-        buckets = self._home(keys)
+        buckets = (keys % np.uint64(nb)).astype(np.int64)
         out = np.full(keys.size, -1, np.int64)
         todo = np.arange(keys.size)
-        table, nb = self._keys.reshape(-1, BUCKET), self._cap // BUCKET
+        table, km, cap = flat.reshape(-1, BUCKET), flat.data, flat.size
         while todo.size > SCALAR_TAIL:
             b = buckets[todo]
             rows = np.take(table, b, axis=0)  # np.take: several times faster than table[b]
@@ -237,7 +360,17 @@ class KvIndex:
             todo = todo[go]
             buckets[todo] = (b[go] + 1) % nb
         for i in todo.tolist():  # the few keys whose buckets overflowed, one at a time
-            out[i] = self._slot_of(int(keys[i]), int(buckets[i]) * BUCKET)
+            key, s = int(keys[i]), int(buckets[i]) * BUCKET
+            k = km[s]
+            while k != key:
+                if k == _EMPTY_INT:
+                    s = -1
+                    break
+                s += 1
+                if s == cap:
+                    s = 0
+                k = km[s]
+            out[i] = s
         out[keys == _EMPTY] = -1
         return out
 
@@ -300,35 +433,163 @@ class KvIndex:
         nth = np.cumsum(free[ok], axis=1) == (rank[ok] + 1)[:, None]
         return ok, (nth & free[ok]).argmax(axis=1)
 
-    def _reserve(self, extra: int) -> None:
-        """Rebuilds the table (live keys only) if `extra` new keys could push it past MAX_LOAD."""
-        if self._used + extra <= MAX_LOAD * self._cap:
-            return
-        live = np.flatnonzero(self._masks.any(axis=1))
-        keys, rows = self._keys[live], self._masks[live]
-        del live
-        self._alloc(max(MIN_CAPACITY, math.ceil((keys.size + extra) / REBUILD_LOAD)))
-        self._used = 0
-        # The new table is empty: sorted by home bucket, the k-th key of a bucket takes its k-th
-        # slot directly (one sort instead of a round per key a bucket receives, each round
-        # reading every waiting key's bucket); only the few a full bucket overflows are probed.
+    # ---- growth, a bounded step at a time -----------------------------------------------------
+    # A growth has two phases, each advanced by every write (add, remove, fold) in proportion to
+    # the keys it places, so no single call pays for the whole table (a rebuild in one call took
+    # 2.8 s at 8,000,000 blocks): first the next table's key array is initialised (_Next; np.empty
+    # pages cost only once written), while the current table takes writes up to HARD_LOAD; then
+    # the next table becomes the current one and the old table's live keys move into it slice by
+    # slice (_Old), while lookups read the current table then the old one. The rates make each
+    # phase end before its table runs out of room (twice as fast as needed); if a write still
+    # needs more room, the phase is finished within that write.
+
+    def _room(self, extra: int) -> None:
+        """Makes room in the current table for `extra` keys about to be placed (usually by
+        starting a growth; at worst by finishing one within this call)."""
+        while True:
+            old = self._old
+            if old is not None:
+                if self._used + old.live + extra <= MAX_LOAD * self._cap:
+                    return
+                self._move(old.cap)  # the new table is short of room: finish the move now
+            elif self._next is not None:
+                if self._used + extra <= HARD_LOAD * self._cap:
+                    return
+                self._prepare(len(self._next.keys))
+            elif self._used + extra <= MAX_LOAD * self._cap:
+                return
+            else:
+                self._begin_growth(extra, self._words)
+
+    def _begin_growth(self, extra: int, words: int) -> None:
+        """Starts a growth into a table sized for the live keys and `extra` more at REBUILD_LOAD,
+        with `words` mask words (at least the current width)."""
+        slots = max(MIN_CAPACITY, math.ceil((self._live + extra) / REBUILD_LOAD))
+        buckets = -(-slots // BUCKET) | 1  # odd: key % buckets mixes keys with a common factor of 2
+        if buckets >= 1 << 32:
+            raise ValueError(f"KvIndex capacity {slots} exceeds 2^32 buckets")
+        spare = max(0.0, HARD_LOAD * self._cap - self._used - extra) / 2
+        self._next = _Next(buckets * BUCKET, max(words, self._words), spare)
+
+    def _put(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Places absent, distinct keys with masks `rows` (one per key) in empty slots, a sorted
+        pass per bucket hop (a growth's moves and a snapshot's new keys: _place, whose rounds
+        read every waiting key's bucket and its masks for tombstones and take two rounds per
+        hop, cost about 1 µs a key there, this 0.15). A bucket's keyed slots come before its
+        empty ones, so the k-th key aimed at a bucket whose first empty slot is f takes slot
+        f + k; those past its end go on to the next bucket."""
+        table, flat, masks, nb = self._keys.reshape(-1, BUCKET), self._keys, self._masks, self._nb
         buckets = self._home(keys)
-        order = np.argsort(buckets, kind="stable")
-        sb = buckets[order]
-        del buckets
-        n = sb.size
-        starts = np.flatnonzero(np.concatenate(([True], sb[1:] != sb[:-1])))
-        rank = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
-        direct = rank < BUCKET
-        slots = sb[direct] * BUCKET + rank[direct]
-        placed = order[direct]
-        self._keys[slots] = keys[placed]
-        self._masks[slots] = rows[placed]
-        self._used = slots.size
-        rest = order[~direct]
-        del sb, rank, direct, slots, placed, order
-        if rest.size:
-            self._place(keys[rest], rows[rest], reuse=False)
+        while keys.size:
+            n = keys.size
+            order = np.argsort(buckets)  # grouped by bucket; the order within one does not matter
+            sb = buckets[order]
+            empty = (np.take(table, sb, axis=0) == _EMPTY).view(np.uint64)[:, 0]
+            low = empty & (~empty + np.uint64(1))  # the bucket's first empty slot's byte
+            first = ((low * _BYTE_INDEX) >> _TOP_BYTE).astype(np.int64)
+            first[empty == 0] = BUCKET
+            starts = np.flatnonzero(np.concatenate(([True], sb[1:] != sb[:-1])))
+            pos = first + np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+            ok = pos < BUCKET
+            slots = sb[ok] * BUCKET + pos[ok]
+            src = order[ok]
+            flat[slots] = keys[src]
+            masks[slots] = rows[src]
+            self._used += slots.size
+            rest = order[~ok]
+            keys, rows, buckets = keys[rest], rows[rest], (sb[~ok] + 1) % nb
+
+    def _advance(self, placed: int) -> None:
+        """One write's share of a running growth: a minimum, plus for the `placed` keys what is
+        left of the phase in proportion to them out of the room left above the phase's `spare`
+        (half its room at the start): a steady pace that ends the phase with half its room unused
+        (a pace recomputed against the whole room left slowed down as it went: a growth at
+        16,000,000 blocks dragged through 4,000,000 inserts, both tables held)."""
+        nxt, old = self._next, self._old
+        if self._shedding:
+            entry = self._shedding[0]
+            entry[1] = _shed(entry[0], entry[1], SHED_BYTES)
+            if entry[1] >= entry[0].nbytes:
+                self._shedding.pop(0)  # its pages are back: dropping it is cheap now
+        if nxt is not None:
+            left = len(nxt.keys) - nxt.filled
+            room = HARD_LOAD * self._cap - self._used - nxt.spare
+            share = left if room <= placed else math.ceil(left * placed / room)
+            self._prepare(PREP_MIN + share)
+        elif old is not None:
+            left = old.cap - old.cursor
+            room = MAX_LOAD * self._cap - self._used - old.live - old.spare
+            share = left if room <= placed else math.ceil(left * placed / room)
+            self._move(MOVE_MIN + share)
+
+    def _prepare(self, slots: int) -> None:
+        """Initialises up to `slots` more slots of the next table; the last ones make it current."""
+        nxt = self._next
+        if nxt is None:
+            return
+        end = min(len(nxt.keys), nxt.filled + slots)
+        nxt.keys[nxt.filled : end] = _EMPTY
+        nxt.masks[nxt.filled : end] = 0
+        nxt.filled = end
+        if end < len(nxt.keys):
+            return
+        # The next table becomes the current one; the current one, the old one (O(1)).
+        self._next = None
+        special_live = int(self._special.any())
+        old = self._old = _Old(self._keys, self._masks, self._nb, self._live - special_live)
+        words = nxt.masks.shape[1]
+        if words > self._words:
+            extra = words - self._words
+            self._special = np.concatenate([self._special, np.zeros(extra, np.uint64)])
+            if self._pend:  # an overlay value is (set << 64 * words) | cleared
+                low, sh = (1 << self._sh) - 1, 64 * words
+                self._pend = {k: ((v >> self._sh) << sh) | (v & low) for k, v in self._pend.items()}
+            self._words, self._sh = words, 64 * words
+        self._keys = nxt.keys
+        self._nb = len(nxt.keys) // BUCKET
+        self._cap = len(nxt.keys)
+        self._masks = nxt.masks
+        self._used = 0
+        self._views()
+        old.spare = max(0.0, MAX_LOAD * self._cap - old.live) / 2
+
+    def _move(self, slots: int) -> None:
+        """Moves the live keys of up to `slots` more slots of the old table into the current one."""
+        old = self._old
+        if old is None:
+            return
+        start = old.cursor
+        end = min(old.cap, start + slots)
+        rows = old.masks[start:end]
+        live = np.flatnonzero(rows.any(axis=1))
+        if live.size:
+            moving = rows[live]
+            if old.words < self._words:
+                moving = np.hstack([moving, np.zeros((live.size, self._words - old.words), np.uint64)])
+            # Absent from the current table: a key is placed there only when neither table has
+            # it, and a write that moves an old key clears its old mask.
+            self._put(old.keys[start:end][live], moving)
+            old.live -= live.size
+        old.cursor = end
+        if end == old.cap:
+            self._old = None  # no lookup reads it any more: its pages go a slice per write
+            self._shedding += [[old.keys, 0], [old.masks, 0]]
+
+    def _finish_growth(self) -> None:
+        """Runs a growth to its end now (whole-table operations, tests and benches)."""
+        if self._next is not None:
+            self._prepare(len(self._next.keys))
+        if self._old is not None:
+            self._move(self._old.cap)
+        self._shedding.clear()
+
+    def _reserve(self, extra: int) -> None:
+        """Room for `extra` new keys now, growing the table within this call if need be (not for
+        the serving loop: the writes grow it a step at a time)."""
+        self._finish_growth()
+        if self._used + extra > MAX_LOAD * self._cap:
+            self._begin_growth(extra, self._words)
+            self._finish_growth()
 
     # ---- sources -------------------------------------------------------------------------------
     def _number_for(self, source: str) -> int:
@@ -336,9 +597,12 @@ class KvIndex:
         if n is None:
             n = self._free_numbers.pop() if self._free_numbers else len(self._number)
             if n >> 6 >= self._words:
-                # Half as wide again, not one word more: each widening copies the whole mask
-                # table on the loop (0.1-0.5 s at 1,000 pools), and sources arrive in storms.
+                # Half as wide again, not one word more: each widening is a growth (a pass over
+                # the table, if in steps), and sources arrive in storms.
                 self._widen(max(n // 64 + 1, self._words + self._words // 2))
+            elif n >= 48 * self._words and self._next is None and self._old is None:
+                # Widen ahead, a step at a time, while the numbers in use approach the width.
+                self._begin_growth(0, self._words + max(1, self._words // 2))
             self._number[source] = n
             self._names[n] = source
             self._bit_names[1 << n] = source
@@ -347,13 +611,18 @@ class KvIndex:
         return n
 
     def _widen(self, words: int) -> None:
-        self._flush()  # the overlay's values are laid out for the current width
-        extra = words - self._words
-        self._masks = np.hstack([self._masks, np.zeros((self._cap, extra), np.uint64)])
-        self._special = np.concatenate([self._special, np.zeros(extra, np.uint64)])
-        self._words = words
-        self._sh = 64 * words
-        self._views()
+        """Makes the current table `words` wide now (a source numbered past its width is here):
+        a growth into a wider table whose first phase (initialising its keys, about 1 ms per
+        2,000,000 slots) is finished at once; its keys then move a step at a time. Sources
+        usually find it wide already (_number_for widens ahead)."""
+        self._flush()
+        if self._old is not None:
+            self._finish_growth()  # a third table is not worth it: sources cross a width rarely
+        if self._next is not None and self._next.masks.shape[1] < words:
+            self._next = None  # started narrower: start again
+        if self._next is None:
+            self._begin_growth(0, words)
+        self._prepare(1 << 62)
 
     def _clear_bit(self, n: int) -> None:
         """Removes source `n` from every block (one pass over the table)."""
@@ -363,6 +632,15 @@ class KvIndex:
         if had.size:
             col[had] &= ~bit
             self._live -= int(np.count_nonzero(~self._masks[had].any(axis=1)))
+        old = self._old
+        if old is not None and word < old.words:
+            rows = old.masks[old.cursor :]
+            had = np.flatnonzero(rows[:, word] & bit)
+            if had.size:
+                rows[had, word] &= ~bit
+                gone = int(np.count_nonzero(~rows[had].any(axis=1)))
+                self._live -= gone
+                old.live -= gone
         self._set_special(word, bit, False)
         self._counts[self._names[n]] = 0
 
@@ -391,11 +669,6 @@ class KvIndex:
             added = self._set_special(word, bit, True)
         slots = self._find(keys)
         found = slots >= 0
-        absent = keys.size - int(np.count_nonzero(found))
-        if self._used + absent > MAX_LOAD * self._cap:  # only keys not in the table need room
-            self._reserve(absent)
-            slots = self._find(keys)
-            found = slots >= 0
         s = slots[found]
         rows = self._masks[s]
         fresh = (rows[:, word] & bit) == 0
@@ -403,12 +676,35 @@ class KvIndex:
         self._live += int(np.count_nonzero(~rows[fresh].any(axis=1)))
         self._masks[s, word] |= bit
         new = keys[~found]
+        gained = s.size + new.size
         if new.size:
-            row = np.zeros(self._words, np.uint64)
-            row[word] = bit
-            self._place(new, row)
+            moved = self._find_old(new)
+            at = moved >= 0
+            before = None
+            if at.any():
+                # Keys the old table has move here with their masks (cleared there first, so
+                # that a move of the old table's slots in _room does not place them too).
+                old = self._old
+                assert old is not None
+                o = moved[at]
+                before = old.masks[o]
+                was = int(np.count_nonzero(before.any(axis=1)))
+                old.masks[o] = 0
+                old.live -= was
+                self._live -= was
+                if word < old.words:
+                    gained -= int(np.count_nonzero(before[:, word] & bit))
+            self._room(new.size)  # may change the current table (and its width)
+            put = np.zeros((new.size, self._words), np.uint64)
+            if before is not None:
+                put[at, : before.shape[1]] = before
+            put[:, word] |= bit
+            # Empty slots only, in one sorted pass (_place's rounds, which also reuse tombstones,
+            # were most of a snapshot's cost): the tombstones go at the next growth.
+            self._put(new, put)
             self._live += new.size
-        self._counts[self._names[n]] += added + s.size + new.size
+        self._counts[self._names[n]] += added + gained
+        self._advance(new.size)
 
     def _remove(self, n: int, keys: np.ndarray) -> None:
         if not keys.size:
@@ -425,7 +721,21 @@ class KvIndex:
         if s.size:
             self._masks[s, word] &= ~bit
             self._live -= int(np.count_nonzero(~self._masks[s].any(axis=1)))
-        self._counts[self._names[n]] -= removed + s.size
+        removed += s.size
+        old = self._old
+        if old is not None and word < old.words:
+            # Removals clear old keys in place (nothing to place, the layout stays).
+            o = self._find_old(keys[slots < 0])
+            o = o[o >= 0]
+            o = o[(old.masks[o, word] & bit) != 0]
+            if o.size:
+                old.masks[o, word] &= ~bit
+                gone = int(np.count_nonzero(~old.masks[o].any(axis=1)))
+                self._live -= gone
+                old.live -= gone
+            removed += o.size
+        self._counts[self._names[n]] -= removed
+        self._advance(0)
 
     def _flush(self) -> None:
         """Folds the overlay into the table, vectorised: every pending key's new mask is
@@ -455,6 +765,14 @@ class KvIndex:
         found = slots >= 0
         old = np.zeros((size, words), np.uint64)
         old[found] = self._masks[slots[found]]
+        prev = self._old
+        there = np.zeros(0, np.int64)
+        if prev is not None:
+            there = self._find_old(keys)  # -1 where the current table has the key
+            there[found] = -1
+            at = there >= 0
+            if at.any():
+                old[at, : prev.words] = prev.masks[there[at]]
         new = (old & ~clear) | put
         was, now = old.any(axis=1), new.any(axis=1)
         self._live += int(np.count_nonzero(now & ~was)) - int(np.count_nonzero(was & ~now))
@@ -463,11 +781,23 @@ class KvIndex:
         for n in np.flatnonzero(change).tolist():
             self._counts[self._names[n]] += int(change[n])
         self._masks[slots[found]] = new[found]
+        if prev is not None:
+            # Keys the old table has: cleared there; those still held move here below.
+            at = there >= 0
+            if at.any():
+                o = there[at]
+                prev.live -= int(np.count_nonzero(prev.masks[o].any(axis=1)))
+                prev.masks[o] = 0
         fresh = ~found & now
+        placed = 0
         if fresh.any():
             keys, rows = keys[fresh], new[fresh]
-            self._reserve(keys.size)
+            placed = keys.size
+            self._room(placed)  # may change the current table (and its width)
+            if self._words > words:
+                rows = np.hstack([rows, np.zeros((placed, self._words - words), np.uint64)])
             self._place(keys, rows)
+        self._advance(placed)
 
     def apply_snapshot(self, source: str, hashes: Iterable[int]) -> None:
         """Replaces the source's whole block set (a stream's snapshot, once its last chunk is in)."""
@@ -565,8 +895,16 @@ class KvIndex:
         return self._live
 
     def memory_bytes(self) -> int:
-        """Bytes of the table's arrays (what grows with the number of blocks)."""
-        return self._keys.nbytes + self._masks.nbytes
+        """Bytes of the table's arrays (what grows with the number of blocks), a growing table's
+        next or old arrays included."""
+        out = self._keys.nbytes + self._masks.nbytes
+        if self._next is not None:
+            out += self._next.keys.nbytes
+        if self._old is not None:
+            out += self._old.keys.nbytes + self._old.masks.nbytes
+        for array, returned in self._shedding:
+            out += array.nbytes - returned
+        return out
 
     def _cached_mask_of(self, block_hash: int) -> int:
         """`_mask_of` through the hot-block cache."""
@@ -595,13 +933,37 @@ class KvIndex:
         else:
             slot = self._slot_of(block_hash)
             if slot < 0:
-                return 0
+                if self._old is None:
+                    return 0
+                return self._old_mask_of(block_hash)
             words = self._words
             if words == 1:
                 return int(self._mmv[slot])
             row = self._mmv[slot * words : (slot + 1) * words].tolist()
         out = 0
         for w, value in enumerate(row):
+            out |= value << (64 * w)
+        return out
+
+    def _old_mask_of(self, block_hash: int) -> int:
+        """The mask of one block in the old table (0 when absent or moved)."""
+        old = self._old
+        assert old is not None
+        km, cap = old.kmv, old.cap
+        s = block_hash % old.nb * BUCKET
+        k = km[s]
+        while k != block_hash:
+            if k == _EMPTY_INT:
+                return 0
+            s += 1
+            if s == cap:
+                s = 0
+            k = km[s]
+        if s < old.cursor:
+            return 0
+        words = old.words
+        out = 0
+        for w, value in enumerate(old.mmv[s * words : (s + 1) * words].tolist()):
             out |= value << (64 * w)
         return out
 
@@ -614,7 +976,16 @@ class KvIndex:
         """Masks of the keys (zero rows where absent)."""
         slots = self._find(keys)
         rows: np.ndarray = self._masks[slots]  # -1 reads the last slot: zeroed below
-        rows[slots < 0] = 0
+        absent = slots < 0
+        rows[absent] = 0
+        old = self._old
+        if old is not None and absent.any():
+            there = self._find_old(keys[absent])
+            at = there >= 0
+            if at.any():
+                sub = np.zeros((there.size, self._words), np.uint64)
+                sub[at, : old.words] = old.masks[there[at]]
+                rows[absent] = sub
         special = keys == _EMPTY
         if special.any():
             rows[special] = self._special
@@ -642,7 +1013,7 @@ class KvIndex:
         grouped, group_of = self._groups.get, self._group
         km, mm, nb, cap = self._kmv, self._mmv, self._nb, self._cap
         pending, sh = self._pend.get, self._sh
-        inline = self._words == 1
+        inline = self._words == 1 and self._old is None  # during a growth, both tables are read
         out: dict[str, int] = {}
         for i, h in enumerate(islice(block_hashes, 1, None), 1):
             held = cached(h)

@@ -51,7 +51,10 @@ set answers). remove_blocks is a no-op: a leaving source's blocks are its pool's
 
 from __future__ import annotations
 
+import bisect
 import math
+import mmap
+import sys
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 
@@ -79,6 +82,14 @@ KICK_ROUNDS = 500
 """Rounds of cuckoo evictions before entries still homeless are dropped (see _settle)."""
 PENDING = 65536
 """Logged delta blocks that trigger a fold (reads fold first anyway)."""
+ARENA_SPACE = 1 << 38
+"""Bytes of address space the arena maps (Linux: private, anonymous, not reserved; 256 GiB, a
+hundred times the 1,000-pool x 1,000,000-block fleet's tables, and a 500th of a process's address
+space, so hundreds of instances fit): pages cost memory only once written, and given-up regions give theirs back (MADV_DONTNEED), so the arena
+never grows by copying (a copy of every table, seconds at 1,000 pools x 1,000,000 blocks, on
+the serving loop) nor compacts: freed regions are reused first-fit."""
+_MAP_NORESERVE = 0x4000  # Linux's MAP_NORESERVE (the mmap module does not export it)
+_ROW_BYTES = SLOTS * 2
 
 _M32 = np.uint64(0xFFFF_FFFF)
 _S32 = np.uint64(32)
@@ -170,11 +181,13 @@ class KvSummary:
         "_dropped",
         "_feeder",
         "_floor",
+        "_free",
         "_garbage",
         "_hidden",
         "_log_keys",
         "_log_runs",
         "_lost",
+        "_map",
         "_nb",
         "_pool_ids",
         "_pool_names",
@@ -202,16 +215,33 @@ class KvSummary:
             raise ValueError(f"reserve_blocks must be >= 0, got {reserve_blocks}")
         self._pool_of = pool_of
         self.verify_top = verify_top
-        self._slots = np.zeros(
-            (max(MIN_BUCKETS, self._buckets_for(reserve_blocks * 101 // 100)), SLOTS), np.uint16
-        )
-        """The arena: every pool's rows, each pool's contiguous (np.zeros: pages cost on first use);
-        `reserve_blocks` (the fleet's pools x blocks, 1% over for the rounding of each table)
-        spares the copies of growing it by a quarter at a time."""
+        self._map: mmap.mmap | None = None
+        """The arena's mapping (ARENA_SPACE bytes), None where it could not be made (not Linux):
+        then the arena is an array grown by copies and compacted, sized from `reserve_blocks`."""
+        if sys.platform == "linux":
+            try:
+                self._map = mmap.mmap(
+                    -1, ARENA_SPACE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
+                )
+            except (OSError, ValueError, OverflowError):
+                self._map = None
+        if self._map is not None:
+            self._slots = np.frombuffer(self._map, np.uint16).reshape(-1, SLOTS)
+        else:
+            self._slots = np.zeros(
+                (max(MIN_BUCKETS, self._buckets_for(reserve_blocks * 101 // 100)), SLOTS), np.uint16
+            )
+        """The arena: every pool's rows, each pool's contiguous (pages cost on first use). In the
+        array fallback, `reserve_blocks` (the fleet's pools x blocks, 1% over for the rounding of
+        each table) spares the copies of growing it by a quarter at a time."""
         self._top = 0
         """First arena row no pool has used."""
         self._garbage = 0
-        """Arena rows of regions given up (a doubled or dropped table), reclaimed by compaction."""
+        """Arena rows of regions given up (a doubled or dropped table): in the free list (mapped
+        arena), or reclaimed by compaction (array fallback)."""
+        self._free: dict[int, int] = {}
+        """Mapped arena: first row -> rows of each given-up region (adjacent ones merged), reused
+        first-fit; one that ends at _top lowers it instead."""
         self._pool_ids: dict[str, int] = {}
         self._pool_names: list[str] = []
         self._pool_sources: list[set[str]] = []
@@ -246,9 +276,12 @@ class KvSummary:
         return max(MIN_BUCKETS, math.ceil(blocks / (SLOTS * TARGET_LOAD)))
 
     def _alloc(self, buckets: int) -> int:
-        """First row of a fresh zeroed region of `buckets` rows (compacts or grows the arena)."""
+        """First row of a fresh zeroed region of `buckets` rows: a given-up region's first fit or
+        the arena's end (mapped arena: O(buckets)), else compacts or grows the arena (fallback)."""
         if buckets >= 1 << 32:
             raise ValueError(f"a pool table of {buckets} buckets exceeds 2^32")
+        if self._map is not None:
+            return self._alloc_mapped(buckets)
         if self._top + buckets > len(self._slots):
             live = self._top - self._garbage
             if self._garbage and live + buckets <= len(self._slots):
@@ -271,11 +304,56 @@ class KvSummary:
             top += n
         self._slots, self._top, self._garbage = new, top, 0
 
+    def _alloc_mapped(self, buckets: int) -> int:
+        free = self._free
+        base = next((b for b, n in free.items() if n >= buckets), None)  # first fit
+        if base is not None:
+            rows = free.pop(base)
+            if rows > buckets:
+                free[base + buckets] = rows - buckets
+            self._garbage -= buckets
+        else:
+            base = self._top
+            if base + buckets > len(self._slots):
+                raise MemoryError(f"KvSummary arena: {ARENA_SPACE} bytes of address space used up")
+            self._top += buckets
+        self._slots[base : base + buckets] = 0
+        return base
+
     def _release(self, p: int) -> None:
-        self._garbage += int(self._nb[p])
+        rows = int(self._nb[p])
+        if rows and self._map is not None:
+            self._give_back(int(self._base[p]), rows)
+        elif rows:
+            self._garbage += rows
         self._nb[p] = 0
         self._count[p] = 0
         self._lost[p] = 0
+
+    def _give_back(self, base: int, rows: int) -> None:
+        """Puts a region in the free list (merged with adjacent ones; lowering _top when it ends
+        there) and returns its whole pages' memory (O(region))."""
+        assert self._map is not None
+        page = mmap.PAGESIZE
+        start = -(-base * _ROW_BYTES // page) * page
+        end = (base + rows) * _ROW_BYTES // page * page
+        if end > start:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        free = self._free
+        self._garbage += rows
+        bases = sorted(free)  # a few thousand regions at most: one per pool and build
+        at = bisect.bisect_left(bases, base)
+        if at and bases[at - 1] + free[bases[at - 1]] == base:
+            base = bases[at - 1]
+            rows += free.pop(base)
+        after = base + rows
+        if after in free:
+            rows += free.pop(after)
+        if base + rows == self._top:
+            self._top = base
+            self._garbage -= rows
+        else:
+            free[base] = rows
 
     # ---- pools and sources ---------------------------------------------------------------------
     def _pool_for(self, source: str) -> int:
@@ -363,17 +441,19 @@ class KvSummary:
             return
         # A snapshot's blocks are distinct (a relay's set), so no probe for those already placed:
         # two blocks sharing a fingerprint and a row get an entry each, as in apply_snapshot.
-        h = np.unique(h)
+        if h.size > 1:  # distinct within the slice (sorted; np.unique cost twice as much)
+            h = np.sort(h)
+            h = h[np.concatenate(([True], h[1:] != h[:-1]))]
         while (
             int(self._count[s]) + h.size > MAX_LOAD * SLOTS * int(self._nb[s])
             and int(self._lost[s]) < MAX_LOST
         ):
             self._double(s)
         b1, b2, v = self._locate(s, h)
-        if self._count[s]:
-            self._place(np.full(h.size, s, np.int64), b1, b2, v)
-        else:
-            self._bulk(s, b1, b2, v)
+        # Every slice the sorted way, not only the first: a build table only takes inserts, so
+        # each of its rows is filled from its first slot on (the cuckoo rounds of _place were
+        # most of a stepped snapshot's cost).
+        self._bulk(s, b1, b2, v)
 
     def remove_blocks(self, source: str, keys: np.ndarray) -> None:
         """Nothing: a source's blocks are its pool's, which keeps them while another source of the
@@ -488,24 +568,26 @@ class KvSummary:
             self._settle(p[cut], ga[cut], v[cut], gb[cut], vb[cut])
 
     def _bulk(self, p: int, b1: np.ndarray, b2: np.ndarray, v: np.ndarray) -> None:
-        """Fills pool p's empty table with distinct entries without a round per entry: each goes
-        to one of its rows by a fingerprint bit (so rows get even shares), takes the slot its
-        rank among that row's entries gives; those past a full row go to their other row the same
-        way (after what it already holds); the few left go the generic way (cuckoo evictions)."""
+        """Puts distinct entries into pool p's table without a round per entry, when its rows
+        are filled from their first slot on (a table that has only taken inserts: a fresh one,
+        or a snapshot's being built): each goes to one of its rows by a fingerprint bit (so rows
+        get even shares), takes the slot after the row's entries that its rank among that row's
+        new entries gives; those past a full row go to their other row the same way; the few
+        left go the generic way (cuckoo evictions)."""
         base, nb = int(self._base[p]), int(self._nb[p])
         region = self._slots[base : base + nb]
         second = (v & np.uint16(2)) != 0
         rows = np.where(second, b2, b1)
-        fill = np.zeros(nb, np.int64)
         todo = np.arange(b1.size)
         for attempt in range(2):
             if attempt:  # the overflow, to its other row
                 second = ~second[todo]
                 rows = np.where(second, b2[todo], b1[todo])
-            slot = fill[rows] + _ranks(rows)
+            # A row's entries so far (its used slots come first): 8 uint16 read as two words.
+            held = np.take(region, rows, axis=0) != 0
+            slot = np.count_nonzero(held, axis=1) + _ranks(rows)
             ok = slot < SLOTS
             region[rows[ok], slot[ok]] = v[todo[ok]] | second[ok].astype(np.uint16)
-            fill += np.bincount(rows[ok], minlength=nb)
             todo = todo[~ok]
             if not todo.size:
                 break
@@ -592,7 +674,7 @@ class KvSummary:
         self._nb[p] = 2 * nb
         self._lost[p] = lost + 1
         b1, b2, v = self._finish(p, b1, fp)
-        self._place(np.full(b1.size, p, np.int64), b1, b2, v)
+        self._bulk(p, b1, b2, v)  # a fresh region: sorted passes, not cuckoo rounds (4x less)
         self._doublings += 1
 
     def _fill(self, p: int, keys: np.ndarray) -> None:
@@ -738,7 +820,10 @@ class KvSummary:
         return int(self._count[~self._hidden].sum())
 
     def memory_bytes(self) -> int:
-        """Bytes of the arena (every pool's table, plus room not yet used or given up)."""
+        """Bytes of the arena: every pool's table plus rows given up and not yet reused (mapped
+        arena; their whole pages are returned), or the whole array (fallback)."""
+        if self._map is not None:
+            return (self._top - self._garbage) * _ROW_BYTES
         return int(self._slots.nbytes)
 
     def table_bytes(self) -> int:

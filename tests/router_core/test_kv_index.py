@@ -183,7 +183,8 @@ def test_sources_arriving_in_a_storm_widen_the_masks_a_few_times_not_once_per_64
     for i in range(2000):
         index.apply_snapshot(f"p{i // 2}/r{i % 2}", [i, 10_000_000 + i % 7])
     assert len(widenings) <= 10, widenings
-    assert widenings[-1] <= 48  # at most half as wide again as the 32 words needed
+    # (Widened ahead a step at a time as numbers approach the width, so few or none are forced.)
+    assert index._words <= 48  # at most half as wide again as the 32 words needed
     for i in (0, 1, 1999):
         assert index.prefix_overlaps([i]) == {f"p{i // 2}/r{i % 2}": 1}
     assert index.block_count("p999/r1") == 2
