@@ -53,7 +53,9 @@ def decision_attributes(decision: Decision) -> dict[str, object]:
     }
 
 
-def _count_cached_prefix(metrics: RouterMetrics, pool_id: str, prompt_blocks: int, cached_blocks: int) -> None:
+def _count_cached_prefix(
+    metrics: RouterMetrics, pool_id: str, prompt_blocks: int, cached_blocks: int
+) -> None:
     """Counts a pool's own word on the cached prefix of one request (its admission's, or an
     OpenAI-HTTP pool's usage at the finish, in the mesh's blocks)."""
     metrics.labelled(metrics.prompt_blocks, pool_id).inc(prompt_blocks)

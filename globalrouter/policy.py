@@ -10,6 +10,8 @@ The file (`globalrouter serve --policy FILE`)::
 
     [default]                      # every identity not listed below
     priority = 0                   # higher classes dispatch first (0-9)
+    # max_priority = 0             # the highest class a request may ask for (header x-priority);
+                                   # absent: its own priority (a caller may only ask for less)
     weight = 1.0                   # share within a class
     tokens_per_minute = 0          # 0: no limit
     tokens_per_day = 0
@@ -83,6 +85,10 @@ class TenantPolicy:
     """The policy key ("client/alice"), or "default" for identities not listed."""
     priority: int = 0
     """Priority class: higher dispatches first."""
+    max_priority: int | None = None
+    """The highest class a request may ask for with the `x-priority` header (gRPC metadata or
+    HTTP); None: `priority` (a caller may ask for a lower class than its own, never a higher).
+    Its own `priority` is always allowed, whatever this says."""
     weight: float = 1.0
     """Share within its class, relative to the others'."""
     tokens_per_minute: int = 0
@@ -92,6 +98,11 @@ class TenantPolicy:
     """Regions whose pools it may use; None: every region."""
     models: frozenset[str] | None = None
     """Models it may use; None: every model."""
+
+    @property
+    def highest_priority(self) -> int:
+        """The highest class its requests may ask for (at least its own)."""
+        return self.priority if self.max_priority is None else max(self.priority, self.max_priority)
 
     def allows_model(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -169,7 +180,7 @@ def _show(value: Any) -> str:
 # ---- parsing ----------------------------------------------------------------------------------
 
 _LIMITS = ("tokens_per_minute", "tokens_per_day", "requests_per_minute")
-_ENTRY_KEYS = frozenset({"priority", "weight", *_LIMITS, "regions", "models"})
+_ENTRY_KEYS = frozenset({"priority", "max_priority", "weight", *_LIMITS, "regions", "models"})
 _BUDGET_KEYS = frozenset({"minute_seconds", "day_seconds", "buckets", "chunk_fraction"})
 MAX_BUCKETS = 100
 """Buckets per window at most (each admission that reserves sums that many counters)."""
@@ -293,6 +304,13 @@ def _entry(table: Mapping[str, Any], base: TenantPolicy, where: str, source: str
                 f"{source}: {where}: priority must be a whole number 0 to {MAX_PRIORITY} (got {value!r})"
             )
         out = replace(out, priority=value)
+    if "max_priority" in table:
+        value = table["max_priority"]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PRIORITY:
+            raise PolicyError(
+                f"{source}: {where}: max_priority must be a whole number 0 to {MAX_PRIORITY} (got {value!r})"
+            )
+        out = replace(out, max_priority=value)
     if "weight" in table:
         value = _number(table["weight"], source, where, "weight")
         if not 0.0 < value <= 1e6:

@@ -20,7 +20,7 @@ from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import Decision
 from globalrouter.serving import ServingLinks
 from globalrouter.stall import StallPolicy
-from globalrouter.tenancy import Admission, TenantGate
+from globalrouter.tenancy import Admission, TenantGate, priority_refusal
 from globalrouter.v1 import sampling_pb2
 from meshkit import tracing
 from meshkit.authz import UNCHECKED
@@ -98,6 +98,7 @@ class RequestPath:
         adapter: str = "",
         identity: Identity = UNCHECKED,
         trace_context: Context | None = None,
+        priority: int | None = None,
     ) -> PathRun:
         """Lets `identity` use `model` (the resolved model: the policy names models, not aliases)
         under its budget (tenancy.TenantRefusal: PERMISSION_DENIED MODEL_NOT_ALLOWED,
@@ -106,7 +107,9 @@ class RequestPath:
         raises GenerateError (NOT_FOUND NO_POOL_FOR_MODEL, UNAVAILABLE NO_ELIGIBLE_POOL), counted,
         when no pool can take it. Nothing is sent to a pool until the returned run's outputs() is
         iterated. `trace_context`: the caller's (a front extracts it); with tracing on, the
-        request's span continues it (or starts a trace)."""
+        request's span continues it (or starts a trace). `priority`: the class the request asked for
+        (header x-priority, 0-9, checked by the front), allowed up to the policy's max_priority
+        (PERMISSION_DENIED PRIORITY_NOT_ALLOWED past it; without --policy only 0 may be asked for)."""
         span = None
         if tracing.enabled():
             span = tracing.start_span(
@@ -125,10 +128,12 @@ class RequestPath:
         try:
             if self.gate is not None:
                 # Prompt + max_tokens reserved now; the run's end gives back what was not generated.
-                admission = await self.gate.admit(identity, model, len(prompt), max_tokens)
+                admission = await self.gate.admit(identity, model, len(prompt), max_tokens, priority)
                 flow = self.core.metrics.flow.series(admission.label, admission.priority)
                 flow.admitted(admission.ticket.quotas if admission.label == admission.tenant else ())
             else:
+                if priority:  # without a policy nobody may ask for more than class 0
+                    raise priority_refusal(identity, priority, 0)
                 flow = self.core.metrics.flow.series(OTHER_LABEL, 0)
                 flow.admitted()
             decision = None

@@ -15,7 +15,7 @@ from globalrouter.request_path import RequestPath
 from globalrouter.routing import RoutingCore
 from globalrouter.selection import FilterReason
 from globalrouter.serving import ServingLinks
-from globalrouter.tenancy import grpc_status
+from globalrouter.tenancy import PRIORITY_HEADER, grpc_status, parse_priority
 from globalrouter.tokenizer import ModelTokenizer, Tokenizers
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit import pagination, tracing
@@ -144,8 +144,16 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         # The id a caller gives (field, else the x-request-id header, as on the HTTP front) names
         # the request in every log line and at every pool, picks an alias's split, and is sent
         # back as x-request-id.
-        header = dict(context.invocation_metadata() or ()).get("x-request-id")
+        metadata = dict(context.invocation_metadata() or ())
+        header = metadata.get("x-request-id")
         request_id = request.request_id or request_id_from(header if isinstance(header, str) else None)
+        priority = None
+        asked = metadata.get(PRIORITY_HEADER)
+        if asked is not None:
+            try:
+                priority = parse_priority(asked if isinstance(asked, str) else "")
+            except ValueError as exc:
+                v.add(f"metadata {PRIORITY_HEADER}", str(exc))
         target = self._resolve(v, request.model, request_id)
         tokens = await self._model_prompt(v, target.model, request.prompt, context)
         cap = self.config.max_output_tokens
@@ -161,7 +169,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         except LimitExceeded as exc:
             await context.abort_with_status(exc.status())
         try:
-            async for response in self._generate(request, request_id, target, tokens, context):
+            async for response in self._generate(request, request_id, target, tokens, context, priority):
                 yield response
         finally:
             self._streams.release(caller)
@@ -181,6 +189,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         target: Resolved,
         tokens: Sequence[int],
         context,
+        priority: int | None = None,
     ):
         # A header sent on its own is one more write per request; a client that asked for combined
         # messages gets the id in the summary and in the trailing metadata instead.
@@ -201,6 +210,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 trace_context=(
                     tracing.extract_metadata(context.invocation_metadata()) if tracing.enabled() else None
                 ),
+                priority=priority,
             )
         except GenerateError as exc:
             await _abort(context, exc, id_trailer)

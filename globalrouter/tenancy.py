@@ -23,7 +23,7 @@ from grpc_status import rpc_status
 from globalrouter.budgets import UNLIMITED, BudgetExceeded, Kind, Quota, StoreError, TenantBudgets, Ticket
 from globalrouter.metrics import RouterMetrics
 from globalrouter.migration import GenerateError
-from globalrouter.policy import OTHER_LABEL, PolicyFile, TenantPolicy, policy_key
+from globalrouter.policy import MAX_PRIORITY, OTHER_LABEL, PolicyFile, TenantPolicy, policy_key
 from globalrouter.selection import Decision, FilterReason
 from meshkit.errors import Reason, error_info
 from meshkit.identity import Identity
@@ -52,6 +52,29 @@ class TenantRefusal(GenerateError):
         self.headers = tuple(headers)
         self.http_type = http_type
         """OpenAI's error type for the HTTP body ("tokens", "requests"), "" for the default."""
+
+
+PRIORITY_HEADER = "x-priority"
+"""The header (HTTP) or metadata key (gRPC) a request asks for a priority class with."""
+
+
+def parse_priority(value: str) -> int:
+    """The class a request's x-priority names: a whole number 0 to MAX_PRIORITY; raises
+    ValueError with what is wrong (the fronts turn it into INVALID_ARGUMENT / 400)."""
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 2 or int(text) > MAX_PRIORITY:
+        raise ValueError(f"{PRIORITY_HEADER} must be a whole number 0 to {MAX_PRIORITY} (got {value[:20]!r})")
+    return int(text)
+
+
+def priority_refusal(identity: Identity, requested: int, highest: int) -> TenantRefusal:
+    """PERMISSION_DENIED PRIORITY_NOT_ALLOWED: the request asked for a class above `highest`."""
+    return TenantRefusal(
+        grpc.StatusCode.PERMISSION_DENIED,
+        Reason.PRIORITY_NOT_ALLOWED,
+        f"{identity} may not ask for priority class {requested} (x-priority): its policy allows at most {highest}",
+        metadata={"priority": str(requested), "max_priority": str(highest)},
+    )
 
 
 def grpc_status(error: GenerateError) -> grpc.Status:
@@ -112,6 +135,8 @@ class Admission:
     ticket: Ticket
     gate: TenantGate | None = None
     finished: bool = False
+    requested_priority: int | None = None
+    """The class the request asked for (header x-priority, within the policy's); None: the policy's."""
 
     @property
     def regions(self) -> frozenset[str] | None:
@@ -119,7 +144,7 @@ class Admission:
 
     @property
     def priority(self) -> int:
-        return self.policy.priority
+        return self.policy.priority if self.requested_priority is None else self.requested_priority
 
     @property
     def weight(self) -> float:
@@ -171,8 +196,16 @@ class TenantGate:
         """The caller's policy (priority class and weight for the dispatch queue)."""
         return self.policy.current.for_identity(identity)
 
-    async def admit(self, identity: Identity, model: str, prompt_tokens: int, max_tokens: int) -> Admission:
-        """Lets the request in or raises TenantRefusal (counted)."""
+    async def admit(
+        self,
+        identity: Identity,
+        model: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        requested_priority: int | None = None,
+    ) -> Admission:
+        """Lets the request in or raises TenantRefusal (counted). `requested_priority`: the class
+        the request asked for (header x-priority), None for its policy's."""
         current = self.policy.current
         key = policy_key(identity)
         policy = current.entries.get(key)
@@ -181,6 +214,9 @@ class TenantGate:
         else:
             tenant = label = key
         metrics = self.metrics
+        if requested_priority is not None and requested_priority > policy.highest_priority:
+            metrics.labelled(metrics.tenant_filter_refusals, label, Reason.PRIORITY_NOT_ALLOWED.value).inc()
+            raise priority_refusal(identity, requested_priority, policy.highest_priority)
         if not policy.allows_model(model):
             metrics.labelled(metrics.tenant_filter_refusals, label, Reason.MODEL_NOT_ALLOWED.value).inc()
             raise TenantRefusal(
@@ -190,7 +226,7 @@ class TenantGate:
                 metadata={"model": model},
             )
         if not policy.limited:
-            return Admission(tenant, label, policy, UNLIMITED, self)
+            return Admission(tenant, label, policy, UNLIMITED, self, requested_priority=requested_priority)
         try:
             ticket = await self.budgets.admit(tenant, policy, prompt_tokens + max_tokens)
         except BudgetExceeded as exc:
@@ -205,7 +241,7 @@ class TenantGate:
                 f"the budget store did not answer; retry: {exc}",
                 http_type="service_unavailable_error",
             ) from None
-        return Admission(tenant, label, policy, ticket, self)
+        return Admission(tenant, label, policy, ticket, self, requested_priority=requested_priority)
 
     async def close(self) -> None:
         """Gives unused reservations back to the shared counters."""

@@ -58,6 +58,9 @@ class Reason(StrEnum):
     # Tenant policy (globalrouter --policy): a model the caller may not use (PERMISSION_DENIED), a
     # budget spent for its window (RESOURCE_EXHAUSTED, with QuotaFailure and RetryInfo).
     MODEL_NOT_ALLOWED = "MODEL_NOT_ALLOWED"
+    # A request asked (header x-priority) for a priority class above what its policy allows
+    # (PERMISSION_DENIED; the policy's max_priority, else its own priority).
+    PRIORITY_NOT_ALLOWED = "PRIORITY_NOT_ALLOWED"
     BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
     # A newer telemetry stream of the same relay replica took over (ABORTED: the older one ends).
     TELEMETRY_SUPERSEDED = "TELEMETRY_SUPERSEDED"

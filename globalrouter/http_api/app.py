@@ -41,6 +41,7 @@ from globalrouter.migration import GenerateError, Output
 from globalrouter.request_path import PathRun, RequestPath
 from globalrouter.router_api import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS
 from globalrouter.routing import RoutingCore
+from globalrouter.tenancy import PRIORITY_HEADER, parse_priority
 from globalrouter.tokenizer import ModelTokenizer, TokenizerError, Tokenizers, prompt_context
 from globalrouter.v1 import router_pb2, sampling_pb2
 from meshkit import tracing
@@ -420,6 +421,11 @@ class OpenAIFront:
             or req.max_tokens
             or min(self.config.default_max_tokens, self.max_output_tokens)
         )
+        asked = request.headers.get(PRIORITY_HEADER)
+        try:
+            priority = None if asked is None else parse_priority(asked)
+        except ValueError as exc:
+            raise InvalidField(PRIORITY_HEADER, str(exc)) from None
         try:
             run = await self.path.start(
                 request_id=request_id,
@@ -430,6 +436,7 @@ class OpenAIFront:
                 adapter=target.adapter,
                 identity=request.scope.get("state", {}).get("identity", UNCHECKED),
                 trace_context=tracing.extract_headers(request.headers) if tracing.enabled() else None,
+                priority=priority,
             )
         except GenerateError as exc:
             if exc.reason == Reason.NO_POOL_FOR_MODEL:

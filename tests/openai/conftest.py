@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import openai
@@ -70,9 +71,10 @@ class Front:
         return pool
 
 
-@pytest.fixture
-async def front(tokenizer_dir):
-    """A frontend with pools p1, p2 (model m, the trained tokenizer) and pb (model b, bytes, ASCII ids)."""
+@contextlib.asynccontextmanager
+async def open_front(tokenizer_dir, **overrides):
+    """A frontend with pools p1, p2 (model m, the trained tokenizer) and pb (model b, bytes, ASCII
+    ids); `overrides`: RouterConfig fields (a policy file, late binding)."""
     config = RouterConfig(
         listen="127.0.0.1:0",
         migration_limit=2,
@@ -85,17 +87,27 @@ async def front(tokenizer_dir):
             write_timeout=1.0,
             body_timeout=2.0,
         ),
+        **overrides,
     )
     router = create_server(config)
     await router.handle.server.start()
     router.start_background()
     f = Front(router, {})
-    await f.add_pool("p1")
-    await f.add_pool("p2")
-    await f.add_pool("pb", model=BYTE_MODEL, vocab_size=128)
-    yield f
-    await router.leave()
-    await router.close()
-    await router.handle.server.stop(0)
-    for server in f.servers:
-        await server.stop(0)
+    try:
+        await f.add_pool("p1")
+        await f.add_pool("p2")
+        await f.add_pool("pb", model=BYTE_MODEL, vocab_size=128)
+        yield f
+    finally:
+        await router.leave()
+        await router.close()
+        await router.handle.server.stop(0)
+        for server in f.servers:
+            await server.stop(0)
+
+
+@pytest.fixture
+async def front(tokenizer_dir):
+    """A frontend with pools p1, p2 (model m, the trained tokenizer) and pb (model b, bytes, ASCII ids)."""
+    async with open_front(tokenizer_dir) as f:
+        yield f

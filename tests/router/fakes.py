@@ -122,12 +122,12 @@ def gen_request(tokens: list[int], max_tokens: int, model: str = "m") -> router_
 
 
 async def collect(
-    stub: router_pb2_grpc.RouterServiceAsyncStub, request
+    stub: router_pb2_grpc.RouterServiceAsyncStub, request, metadata=()
 ) -> tuple[list[int], router_pb2.GenerateSummary]:
-    """Runs Generate; checks offsets are continuous; returns (tokens, summary)."""
+    """Runs Generate (with `metadata`); checks offsets are continuous; returns (tokens, summary)."""
     tokens: list[int] = []
     summary = None
-    async for msg in stub.Generate(request, timeout=20):
+    async for msg in stub.Generate(request, timeout=20, metadata=metadata):
         if msg.WhichOneof("payload") == "tokens":
             assert msg.tokens.offset == len(tokens)
             tokens.extend(msg.tokens.token_ids)

@@ -61,6 +61,20 @@ def test_entries_start_from_the_default_and_override_what_they_set():
     assert policy.budget.buckets == 10 and parse("[budget]\nbuckets = 60").budget.buckets == 60
 
 
+def test_max_priority_is_the_highest_class_a_request_may_ask_for_never_below_its_own():
+    policy = parse(
+        "[default]\nmax_priority = 3\n"
+        '[identity."client/a"]\npriority = 6\n'
+        '[identity."client/b"]\npriority = 1\nmax_priority = 9\n'
+    )
+    assert policy.default.highest_priority == 3
+    # client/a inherits max_priority 3 from [default], below its own class: its own still counts.
+    a = policy.for_identity(Identity(Role.CLIENT, "a"))
+    assert (a.priority, a.max_priority, a.highest_priority) == (6, 3, 6)
+    assert policy.for_identity(Identity(Role.CLIENT, "b")).highest_priority == 9
+    assert TenantPolicy().highest_priority == 0  # absent: its own priority
+
+
 def test_metric_labels_are_bounded_to_listed_identities():
     policy = parse(GOOD)
     assert policy.label(ALICE) == "client/alice"
@@ -78,6 +92,8 @@ def test_no_policy_lets_everyone_do_everything():
     [
         ("[default]\npriority = 10", ["[default]", "priority"]),
         ("[default]\nweight = 0", ["[default]", "weight"]),
+        ("[default]\nmax_priority = 10", ["[default]", "max_priority", "0 to 9"]),
+        ('[identity."client/a"]\nmax_priority = "5"', ['[identity."client/a"]', "max_priority"]),
         ("[default]\ntokens_per_minute = -1", ["[default]", "tokens_per_minute"]),
         ("[default]\ntokens_per_minute = 1.5", ["[default]", "tokens_per_minute"]),
         ("[default]\ntokens_per_minut = 1", ["[default]", "tokens_per_minut"]),

@@ -1134,3 +1134,44 @@ CASES += [
         ),
     ),
 ]
+
+
+def _generate_with_metadata(metadata: tuple[tuple[str, str], ...]) -> Callable[[SecureMesh], Outcome]:
+    """A sender of a good Generate with `metadata` beside it (as the client certificate)."""
+
+    def send(mesh: SecureMesh) -> Outcome:
+        with secure_channel(mesh.router, mesh.config("client")) as ch:
+            rpc = rpb_grpc.RouterServiceStub(ch).Generate
+            return _rpc(lambda: rpc(_generate(), timeout=10, metadata=metadata))
+
+    return send
+
+
+# Issue 20: the priority class a request asks for (x-priority), checked on both fronts.
+CASES += [
+    Case(
+        "router",
+        "Generate",
+        "x-priority metadata 'high' (not a class 0-9)",
+        IA,
+        "metadata x-priority",
+        _generate_with_metadata((("x-priority", "high"),)),
+    ),
+    Case(
+        "router",
+        "Generate",
+        "x-priority 5 on a frontend without --policy (only 0 may be asked for)",
+        "PERMISSION_DENIED",
+        "",
+        _generate_with_metadata((("x-priority", "5"),)),
+        reason="PRIORITY_NOT_ALLOWED",
+    ),
+    Case(
+        "http",
+        _COMPLETIONS,
+        "x-priority header 10 (not a class 0-9)",
+        "HTTP 400",
+        "x-priority",
+        _http(_COMPLETIONS, _completion(), {"x-priority": "10"}),
+    ),
+]
