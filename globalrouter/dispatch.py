@@ -431,7 +431,9 @@ class DispatchQueue(Generic[T]):
         # First the requests of the top class whose best pool holds part of their prompt and is
         # free: a free pool goes to a request that it saves prefill for before one that any
         # pool would serve as well (committed at arrival, the latter could have taken it first).
-        for _, e in window:
+        # (Not ranked at all while the class must leave the free pools to higher ones: under a
+        # flood of a low class that is most polls, each of which would rank the whole window.)
+        for _, e in window if len(free) > reserved.get(top, 0) else ():
             if e.request.priority != top:
                 break
             decision = self._rank(e.request, now)
