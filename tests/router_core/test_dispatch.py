@@ -287,3 +287,20 @@ def test_no_eligible_pool_at_arrival_is_refused_with_the_decision():
     assert isinstance(out, Shed) and out.reason is ShedReason.NO_ELIGIBLE_POOL
     assert out.decision is not None and [f.pool_id for f in out.decision.filtered] == ["a"]
     assert h.q.queued() == 0
+
+
+def test_a_class_that_must_leave_the_free_pools_to_higher_ones_is_not_ranked(monkeypatch):
+    # under a flood of class 0 with one pool reserved, most polls find one free pool and a long
+    # class-0 queue: nothing can dispatch, so nothing is ranked (it ranked the whole window on
+    # every poll, which made the flood simulation hours long)
+    h = Harness([pool("a", backlog_tokens=5000), pool("b")], reserved_pools={0: 1})
+    for k in range(20):
+        assert h.q.enqueue(h.req(f"low{k}", priority=0)) is None
+    calls = []
+    select = Selector.select
+    monkeypatch.setattr(Selector, "select", lambda *a, **kw: calls.append(1) or select(*a, **kw))
+    assert h.at(NOW + 0.5) == []
+    assert calls == []
+    # a class-1 request is ranked and takes the free pool
+    assert h.q.enqueue(h.req("high", priority=1)) is None
+    assert names(h.at(NOW + 0.5)) == ["high"]
