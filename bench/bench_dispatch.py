@@ -75,6 +75,13 @@ FLOOD_RATE = 12_000
 FLOOD_QUEUE = DispatchConfig(start_within_seconds=0.0, max_queue_seconds=60.0, reserved_pools={0: 1})
 """The queue under the flood: pools take work only when idle, class 0 leaves one pool free for
 class 1 and waits at most 60 s."""
+FLOOD_SCAVENGER = replace(FLOOD_QUEUE, reserved_pools={0: 7})
+"""The same with class 0 taking a pool only while all 8 are idle: pools do not preempt, so this
+is what keeps class 1 within 1.2x of its p99 without the flood here (reserving 1, 3, 5 or 6
+pools does not; BENCHMARKS.md)."""
+FLOOD_WINDOW = replace(FLOOD_QUEUE, reserve_window_seconds=10.0)
+"""One pool reserved, and class 0 also leaves free every pool class 1 was given work at in the
+last 10 s (the window picked from 5, 10 and 20 s on the first 400 s of the flood trace)."""
 
 
 def flood(conv: list[TraceRequest], syn: list[TraceRequest]) -> list[tuple[str, SimResult]]:
@@ -105,6 +112,8 @@ def flood(conv: list[TraceRequest], syn: list[TraceRequest]) -> list[tuple[str, 
         ("no flood, late", conv, FLOOD_QUEUE),
         ("flood, early", mixed, None),
         ("flood, late", mixed, FLOOD_QUEUE),
+        ("flood, late, reserve 7", mixed, FLOOD_SCAVENGER),
+        ("flood, late, reserve 1 + 10 s window", mixed, FLOOD_WINDOW),
     ):
         r = simulate(trace, config, "default", dispatch=dispatch, priority=prio)
         out.append((label, r))
@@ -245,7 +254,10 @@ def main() -> int:
         f"Priority under a flood (conversation trace as class 1, R = {FLOOD_RATE:,}; class 0: "
         f"{FLOOD_COPIES} copies of the synthetic trace stretched over its span, about 3x what the pools "
         "serve; late binding: pools take work only when idle, class 0 leaves one free pool to class 1 "
-        "(`reserved_pools={0: 1}`) and waits at most 60 s, then DEADLINE_EXCEEDED):",
+        "(`reserved_pools={0: 1}`) and waits at most 60 s, then DEADLINE_EXCEEDED; *reserve 7*: "
+        "class 0 takes a pool only while all 8 are idle; *10 s window*: one pool reserved and "
+        "class 0 also leaves free the pools class 1 was given work at in the last 10 s, "
+        "`reserve_window_seconds=10`):",
         "",
         "| run | class 1 wait p99 (s) | class 0 wait p99 (s) | class 0 shed | class 1 shed |",
         "|---|---:|---:|---:|---:|",

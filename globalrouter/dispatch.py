@@ -85,6 +85,12 @@ class DispatchConfig:
     only while more pools than that can take work. Pools do not preempt, so without a reserve a
     request of a higher class arriving under a flood of a lower one waits for a pool to finish
     a lower-class request."""
+    reserve_window_seconds: float = 0.0
+    """With `reserved_pools`: a class listed there leaves free at least as many pools as higher
+    classes were given work at within this many seconds (0: the fixed count only). A fixed count
+    has to cover the higher classes' peak concurrency to keep their waits as without a flood
+    (bench_dispatch: 7 of 8 pools); this follows their recent use instead, so a lower class gets
+    the pools the higher ones have not been using."""
     record_sends: bool = True
     """Whether a dispatch counts the request in its pool's `PoolState.record_sent` (False when
     the caller's send path records it, as the live frontend's GenerateRun does)."""
@@ -118,6 +124,10 @@ class DispatchConfig:
         for cls, n in self.reserved_pools.items():
             if n < 0:
                 out.append(f"reserved_pools[{cls}] must be at least 0, got {n!r}")
+        if not (math.isfinite(self.reserve_window_seconds) and self.reserve_window_seconds >= 0):
+            out.append(
+                f"reserve_window_seconds must be a non-negative number of seconds, got {self.reserve_window_seconds!r}"
+            )
         if self.scan_limit < 1:
             out.append(f"scan_limit must be at least 1, got {self.scan_limit!r}")
         if not 0 < self.min_retry_after_seconds <= self.max_retry_after_seconds:
@@ -256,6 +266,9 @@ class DispatchQueue(Generic[T]):
         self._backlog: dict[str, _Backlog] = {}
         self._seq = itertools.count()
         self._displaced: list[Shed[T]] = []
+        self._recent: dict[int, dict[str, float]] = {}
+        """Priority class -> pool id -> when a request of that class was last dispatched there
+        (kept only with `reserve_window_seconds`; one entry per class and pool)."""
         """Requests displaced by enqueue since the last poll (the next poll reports them)."""
 
     # ---- state --------------------------------------------------------------------------
@@ -309,7 +322,7 @@ class DispatchQueue(Generic[T]):
                 shed = self._shed(request, reason, now, now, "no pool can take it", queued=False)
                 return Shed(shed.request, reason, shed.retry_after_seconds, shed.detail, 0.0, decision)
             pools = self._by_id()
-            reserve = cfg.reserved_pools.get(request.priority, 0)
+            reserve = self._reserve(request.priority, now)
             for ranked in decision.candidates[:1]:
                 pool = pools.get(ranked.pool_id)
                 if (
@@ -427,18 +440,27 @@ class DispatchQueue(Generic[T]):
             return
         window = queue[: self.config.scan_limit]
         top = window[0][1].request.priority
-        reserved = self.config.reserved_pools
+        reserves: dict[int, int] = {}
+
+        def reserved(priority: int) -> int:
+            n = reserves.get(priority)
+            if n is None:
+                n = reserves[priority] = self._reserve(priority, now)
+            return n
+
         # First the requests of the top class whose best pool holds part of their prompt and is
         # free: a free pool goes to a request that it saves prefill for before one that any
         # pool would serve as well (committed at arrival, the latter could have taken it first).
-        for _, e in window:
+        # (Not ranked at all while the class must leave the free pools to higher ones: under a
+        # flood of a low class that is most polls, each of which would rank the whole window.)
+        for _, e in window if len(free) > reserved(top) else ():
             if e.request.priority != top:
                 break
             decision = self._rank(e.request, now)
             if not decision.candidates:
                 continue
             best = decision.candidates[0]
-            if best.cached_blocks > 0 and best.pool_id in free and len(free) > reserved.get(top, 0):
+            if best.cached_blocks > 0 and best.pool_id in free and len(free) > reserved(top):
                 self._remove(e)
                 pool = pools[best.pool_id]
                 out.append(self._commit(e, best, decision, now, pool))
@@ -450,7 +472,7 @@ class DispatchQueue(Generic[T]):
         claimed: dict[str, float] = {}
         dw = self.selector.config.decode_weight
         for _, e in queue[: self.config.scan_limit]:
-            reserve = reserved.get(e.request.priority, 0)
+            reserve = reserved(e.request.priority)
             if reserve and len(free.difference(claimed)) <= reserve:
                 continue  # before ranking: under a flood most of the queue waits here
             decision = self._rank(e.request, now)
@@ -504,6 +526,8 @@ class DispatchQueue(Generic[T]):
             wait + (ranked.uncached_tokens + self.selector.config.decode_weight * e.request.max_tokens) / rate
         )
         b.at = now
+        if self.config.reserve_window_seconds:
+            self._recent.setdefault(e.request.priority, {})[ranked.pool_id] = now
         if self.config.record_sends:
             # recorded here, not by the caller, so the next request ranked in the same round sees it
             pool.record_sent(ranked.uncached_tokens, e.request.max_tokens)
@@ -590,6 +614,25 @@ class DispatchQueue(Generic[T]):
         return soonest if math.isfinite(soonest) else None
 
     # ---- helpers ------------------------------------------------------------------------
+    def _reserve(self, priority: int, now: float) -> int:
+        """Pools a request of class `priority` must leave free for higher classes."""
+        cfg = self.config
+        n = cfg.reserved_pools.get(priority)
+        if n is None:
+            return 0
+        window = cfg.reserve_window_seconds
+        if window:
+            since = now - window
+            used: set[str] = set()
+            for cls, last in self._recent.items():
+                if cls > priority:
+                    stale = [pid for pid, t in last.items() if t < since]
+                    for pid in stale:  # what it keeps stays bounded by the pools in use
+                        del last[pid]
+                    used.update(last)
+            n = max(n, len(used))
+        return n
+
     def _free_count(self, pools: Mapping[str, PoolState], now: float) -> int:
         return sum(1 for p in pools.values() if p.listed and self._can_start(p, now))
 

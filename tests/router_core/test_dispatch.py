@@ -287,3 +287,44 @@ def test_no_eligible_pool_at_arrival_is_refused_with_the_decision():
     assert isinstance(out, Shed) and out.reason is ShedReason.NO_ELIGIBLE_POOL
     assert out.decision is not None and [f.pool_id for f in out.decision.filtered] == ["a"]
     assert h.q.queued() == 0
+
+
+def test_a_class_that_must_leave_the_free_pools_to_higher_ones_is_not_ranked(monkeypatch):
+    # under a flood of class 0 with one pool reserved, most polls find one free pool and a long
+    # class-0 queue: nothing can dispatch, so nothing is ranked (it ranked the whole window on
+    # every poll, which made the flood simulation hours long)
+    h = Harness([pool("a", backlog_tokens=5000), pool("b")], reserved_pools={0: 1})
+    for k in range(20):
+        assert h.q.enqueue(h.req(f"low{k}", priority=0)) is None
+    calls: list[str] = []
+    select = Selector.select
+
+    def counted(self: Selector, *args: object, **kwargs: object) -> object:
+        calls.append("select")
+        return select(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Selector, "select", counted)
+    assert h.at(NOW + 0.5) == []
+    assert calls == []
+    # a class-1 request is ranked and takes the free pool
+    assert h.q.enqueue(h.req("high", priority=1)) is None
+    assert names(h.at(NOW + 0.5)) == ["high"]
+
+
+def test_a_lower_class_also_leaves_free_the_pools_higher_ones_used_within_the_window():
+    # class 1 used two pools at NOW; one pool reserved for it, but with a 10 s window class 0
+    # leaves two free (the pools class 1 has been using) until the window has passed
+    h = Harness([pool("a"), pool("b"), pool("c")], reserved_pools={0: 1}, reserve_window_seconds=10.0)
+    first = h.q.enqueue(h.req("high1", prompt=100, priority=1))
+    assert isinstance(first, Dispatched)
+    second = h.q.enqueue(h.req("high2", prompt=100, priority=1))
+    assert isinstance(second, Dispatched) and second.pool.pool_id != first.pool.pool_id
+    for k in range(3):
+        assert h.q.enqueue(h.req(f"low{k}", prompt=100, priority=0)) is None
+    # at NOW + 1 all three pools are idle: class 0 takes one, leaving two
+    assert names(h.at(NOW + 1.0)) == ["low0"]
+    assert names(h.at(NOW + 1.05)) == []
+    # after the window only the fixed reserve of one pool holds: of three idle pools, two go
+    assert names(h.at(NOW + 10.5)) == ["low1", "low2"]
+    with pytest.raises(ValueError, match="reserve_window_seconds"):
+        Harness([pool("a")], reserve_window_seconds=-1.0)
