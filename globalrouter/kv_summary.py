@@ -459,22 +459,36 @@ class KvSummary:
         return out
 
     def _erase(self, p: np.ndarray, h: np.ndarray) -> None:
-        """Removes the entries of (p, h) pairs (distinct pairs) where present."""
+        """Removes one entry per (p, h) pair where present (distinct pairs)."""
         if not p.size:
             return
         b1, b2, v = self._locate(p, h)
         base = self._base[p]
         g1, g2 = base + b1, base + b2
         slots = self._slots
-        at1 = _first_match(slots[g1], v)
-        hit1 = at1 >= 0
-        slots[g1[hit1], at1[hit1]] = 0
-        rest = ~hit1
-        at2 = _first_match(slots[g2[rest]], v[rest] | np.uint16(1))
-        hit2 = at2 >= 0
-        slots[g2[rest][hit2], at2[hit2]] = 0
-        gone = np.concatenate((p[hit1], p[rest][hit2]))
-        self._count -= np.bincount(gone, minlength=self._count.size)
+        while True:
+            # Pairs sharing a row and a fingerprint (each stored has its entry) would all find the
+            # same slot: one of them a round, the others in the next.
+            key = g1 * 65536 + v.astype(np.int64)
+            _, once = np.unique(key, return_index=True)
+            later = None
+            if once.size < key.size:
+                later = np.ones(key.size, bool)
+                later[once] = False
+                rest_p, rest_g1, rest_g2, rest_v = p[later], g1[later], g2[later], v[later]
+                p, g1, g2, v = p[once], g1[once], g2[once], v[once]
+            at1 = _first_match(slots[g1], v)
+            hit1 = at1 >= 0
+            slots[g1[hit1], at1[hit1]] = 0
+            rest = ~hit1
+            at2 = _first_match(slots[g2[rest]], v[rest] | np.uint16(1))
+            hit2 = at2 >= 0
+            slots[g2[rest][hit2], at2[hit2]] = 0
+            gone = np.concatenate((p[hit1], p[rest][hit2]))
+            self._count -= np.bincount(gone, minlength=self._count.size)
+            if later is None:
+                return
+            p, g1, g2, v = rest_p, rest_g1, rest_g2, rest_v
 
     def _place(self, p: np.ndarray, b1: np.ndarray, b2: np.ndarray, v: np.ndarray) -> None:
         """Puts absent entries (pool, first bucket, second bucket, first-bucket slot value) into
