@@ -3,8 +3,9 @@
 Run: `python -m bench.bench_decision_fleet [--pools 1000] [--blocks 2000] [--profile]`. Pools hold
 random blocks plus the first 1024 >> (k mod 8) blocks of a 16k-token prompt (as in bench_kv_summary);
 prints CPU-time p50 / p99 in µs of each part and of the whole for the cached and an uncached 16k
-prompt (hashing excluded), and with --profile the top of a cProfile of both; --gc off|freeze shows
-what the cyclic garbage collector adds to the tail. For the decision goal
+prompt (hashing excluded) and how many collections the cyclic garbage collector ran meanwhile,
+and with --profile the top of a cProfile of both; --gc off|freeze shows what the collector adds
+to the tail. For the decision goal
 of issue 19 (p99 <= 2 ms for a 16k-token prompt at 1,000 pools): where the time goes.
 """
 
@@ -77,7 +78,9 @@ def main() -> int:
         ("16k uncached", rng.integers(0, 2**64 - 1, PROMPT_BLOCKS, dtype=np.uint64).tolist()),
     )
     for name, p in cases:
+        before = [g["collections"] for g in gc.get_stats()]
         parts = [decide(p) for _ in range(n)]
+        runs = [g["collections"] - b for g, b in zip(gc.get_stats(), before, strict=True)]
         over = sorted(a for a, _ in parts)
         sel = sorted(b for _, b in parts)
         tot = sorted(a + b for a, b in parts)
@@ -85,7 +88,10 @@ def main() -> int:
         def q(v: list[int]) -> str:
             return f"{v[n // 2] / 1000:.0f} / {v[min(n - 1, int(n * 0.99))] / 1000:.0f}"
 
-        print(f"  {name}: overlaps {q(over)}, select {q(sel)}, decision {q(tot)}")
+        print(
+            f"  {name}: overlaps {q(over)}, select {q(sel)}, decision {q(tot)}; "
+            f"GC collections gen0/1/2 {'/'.join(map(str, runs))}"
+        )
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

@@ -1,20 +1,24 @@
-"""The etcd budget store: one counter key per (tenant, limit, window), changed only by compare-and-swap transactions.
+"""The etcd budget store: one record key per (tenant, limit), changed only by compare-and-swap transactions.
 
-Every frontend of a fleet points at the same etcd. A reservation reads the counter, adds what
-fits under the limit and writes it back only if nobody changed the key in between (its
-mod_revision), retrying on a race. The key is put under an etcd lease that outlives its window
-(window end + one window length), so counters of past windows disappear by themselves and a
-frontend that died holds its unused chunk only until then.
+Every frontend of a fleet points at the same etcd. The record holds the reservations of the
+buckets still in the horizon (`bucket:count,...`, see globalrouter.budgets). A step reads it,
+applies `budgets.apply_step` (forget buckets that left the horizon, take returns off, add what
+fits under the limit) and writes it back only if nobody changed the key in between (its
+mod_revision), retrying on a race. Each write puts the key under an etcd lease that ends a little
+after the written bucket leaves the horizon, so an idle tenant's record disappears by itself; a
+dead frontend's unused chunk stops counting when its bucket leaves the horizon (the next step
+forgets it), whether or not the lease has ended.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import aetcd
 import aetcd.exceptions
 
-from globalrouter.budgets import StoreError
+from globalrouter.budgets import StoreError, apply_step, decode_record, encode_record
 from meshkit import discovery_endpoints
 from meshkit.clock import Clock
 from meshkit.logs import get_logger
@@ -40,7 +44,9 @@ class EtcdBudgetStore:
             options=dict(discovery_endpoints.channel_options(parsed)),
         )
         self.clock = clock
-        self._leases: dict[int, int] = {}  # expiry second -> etcd lease id (one per window end)
+        self._leases: dict[
+            int, int
+        ] = {}  # expiry second -> etcd lease id (shared by the records written for it)
         self._connected = False
 
     async def _connect(self) -> None:
@@ -49,7 +55,7 @@ class EtcdBudgetStore:
             self._connected = True
 
     async def _lease(self, expires_wall: float) -> int:
-        """A lease that lasts until `expires_wall`, shared by every key of that window end."""
+        """A lease that lasts until `expires_wall` (rounded up to the second), shared by every record of that second."""
         second = math.ceil(expires_wall)
         lease_id = self._leases.get(second)
         if lease_id is None:
@@ -60,56 +66,50 @@ class EtcdBudgetStore:
             self._leases[second] = lease_id
         return lease_id
 
-    async def reserve(self, key: str, ask: int, limit: int, expires_wall: float) -> tuple[int, int]:
-        length = expires_wall - math.floor(self.clock.wall())
-        try:
-            await self._connect()
-            # The counter outlives its window by a window's length: a late give-back still finds it.
-            lease_id = await self._lease(expires_wall + max(1.0, length))
-            k = PREFIX + key.encode()
-            t = self._client.transactions
-            for _ in range(MAX_RACES):
-                current = await self._client.get(k)
-                counter = int(current.value) if current is not None else 0
-                granted = max(0, min(ask, limit - counter))
-                if granted == 0:
-                    return 0, counter
-                ok, _ = await self._client.transaction(
-                    compare=[t.mod(k) == (current.mod_revision if current is not None else 0)],
-                    success=[t.put(k, str(counter + granted).encode(), lease=lease_id)],
-                    failure=[],
-                )
-                if ok:
-                    return granted, counter + granted
-        except _ETCD_ERRORS as exc:
-            raise StoreError(f"etcd did not answer: {exc}") from exc
-        raise StoreError(f"budget counter {key!r} changed {MAX_RACES} times while reserving")
-
-    async def give_back(self, key: str, amount: int) -> None:
+    async def reserve(
+        self,
+        key: str,
+        bucket: int,
+        first: int,
+        ask: int,
+        limit: int,
+        returns: Mapping[int, int],
+        expires_wall: float,
+    ) -> tuple[int, dict[int, int]]:
+        length = max(1.0, expires_wall - self.clock.wall())
         k = PREFIX + key.encode()
         try:
             await self._connect()
             t = self._client.transactions
             for _ in range(MAX_RACES):
                 current = await self._client.get(k)
-                if current is None:
-                    return  # its window ended and the lease took it
-                counter = int(current.value)
+                try:
+                    counts = decode_record(current.value) if current is not None else {}
+                except ValueError as exc:
+                    raise StoreError(f"budget record {key!r} in etcd is corrupt: {exc}") from exc
+                granted, after = apply_step(counts, bucket, first, ask, limit, returns)
+                if after == counts:
+                    return granted, after  # nothing to write (nothing granted, nothing to return)
+                # The record outlives its newest bucket's horizon a little: a late give-back
+                # still finds it, and an idle tenant's record goes by itself.
+                lease_id = await self._lease(expires_wall + min(length, 60.0))
+                revision = current.mod_revision if current is not None else 0
                 ok, _ = await self._client.transaction(
-                    compare=[t.mod(k) == current.mod_revision],
-                    success=[t.put(k, str(max(0, counter - amount)).encode(), lease=current.lease)],
+                    compare=[t.mod(k) == revision],
+                    success=[t.put(k, encode_record(after), lease=lease_id)],
                     failure=[],
                 )
                 if ok:
-                    return
+                    return granted, after
         except _ETCD_ERRORS as exc:
             raise StoreError(f"etcd did not answer: {exc}") from exc
+        raise StoreError(f"budget record {key!r} changed {MAX_RACES} times while reserving")
 
-    async def counter(self, key: str) -> int:
-        """The counter's value (0 when absent), for tests and status."""
+    async def record(self, key: str) -> dict[int, int]:
+        """The record (reservations per bucket; empty when absent), for tests and status."""
         await self._connect()
         current = await self._client.get(PREFIX + key.encode())
-        return int(current.value) if current is not None else 0
+        return decode_record(current.value) if current is not None else {}
 
     async def close(self) -> None:
         if self._connected:

@@ -1,21 +1,39 @@
-"""Tenant budgets that hold across frontend replicas: tokens per minute and per day, requests per minute.
+"""Tenant budgets that hold over any window, across frontend replicas: tokens per minute and per day, requests per minute.
 
-Each limit is counted in fixed windows aligned to the wall clock (window i covers
-[i * length, (i + 1) * length)), so every frontend agrees on which window a moment belongs to.
-One shared counter per (tenant, limit, window) says how much of the limit frontends have
-*reserved*; a frontend reserves allowance from it in chunks (the policy's chunk_fraction of the
-limit), never past the limit, and spends from its own chunk without asking anyone. So the fleet
-never admits more than the limit in a window, and at most one chunk per frontend of it stays
-reserved and unused (underspend, not overspend). The counter lives in the store (etcd for a
-fleet, memory for a lone frontend), so a restarted frontend finds what was spent before it; a
-frontend that stops gives its unused allowance back, and one that dies holds its chunk until
-the window ends (the counter's etcd lease ends with the window).
+A limit of L seconds (`minute_seconds`, `day_seconds`) is counted in k buckets of b = L / k
+seconds (`[budget] buckets`, 10 by default) aligned to the wall clock: bucket j covers
+[j * b, (j + 1) * b), so every frontend agrees on which bucket a moment belongs to. One shared
+record per (tenant, limit) holds, per bucket, how much of the limit frontends *reserved* in that
+bucket. A frontend reserves in chunks (the policy's chunk_fraction of the limit) and only while
+the sum over the current bucket and the k before it (the horizon, k + 1 buckets) stays within
+the limit; it spends from its own chunk without asking anyone, but only during the bucket the
+chunk was reserved in. At the first request of a later bucket it moves what is left of the chunk
+into the new bucket in the same store step that reserves more, so an allowance never spends
+outside its bucket and a bucket's count only grows while it is the current bucket.
+
+The bound (tokens counted at admission, prompt + what was generated): **in every interval of L
+seconds, wherever it starts, the fleet admits at most the limit** (no chunk on top). Any such
+interval meets at most k + 1 buckets; the last reservation made in them checked their sum
+against the limit, later buckets were empty then, and counts only shrink afterwards (unused
+allowance moved on or given back). The price of the bucket rounding: a tenant spending at a
+steady rate gets k / (k + 1) of its limit per window (10/11 with 10 buckets); a burst may still
+use the whole limit at once. This assumes the frontends' clocks agree to well under a bucket
+(NTP); a frontend ahead of the others only makes the sum larger (entries ahead of a frontend's
+own bucket are counted), never smaller.
+
+Chunks cost nothing against the bound, only underspend: at most one chunk per frontend reserved
+and unused at a time (up to k + 1 buckets' worth for a frontend that died: a bucket's count
+drops out of the sum when the bucket leaves the horizon, (k + 1) * b after it began, the moment
+no interval of L seconds holding it can include the present). The record lives in the store
+(etcd for a fleet, memory for a lone frontend), so a restarted frontend finds what was spent
+before it; a frontend that stops gives its unused allowance back. Store writes stay amortised:
+one per chunk, plus one per bucket in which a (tenant, limit) is used on a frontend.
 
 Tokens: a request reserves prompt + max_tokens at admission and gives back what it did not
-generate when it ends (`Ticket.settle`): the limit holds for what is generated however the
-stream goes, at the cost of refusing a request that might have fitted with fewer output tokens.
+generate when it ends (`Ticket.settle`): into the frontend's allowance while that is still of the
+request's bucket, else as a decrement of the request's bucket sent with the next store step.
 
-`BudgetLedger` is the pure core (window arithmetic, chunk accounting, what to reserve next) on
+`BudgetLedger` is the pure core (bucket arithmetic, chunk accounting, what to ask the store) on
 times passed in; `TenantBudgets` drives it over a `BudgetStore`.
 """
 
@@ -25,7 +43,7 @@ import asyncio
 import contextlib
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple, Protocol
@@ -37,7 +55,11 @@ from meshkit.logs import get_logger
 log = get_logger(module="globalrouter.budgets")
 
 MAX_ALLOWANCES = 100_000
-"""Allowances (tenant x limit) kept before those of past windows are dropped."""
+"""Allowances (tenant x limit) kept before those whose buckets left the horizon are dropped."""
+MAX_RECORD_TEXT = 16_384
+"""Bytes of a stored record at most (k + 1 buckets of at most MAX_BUCKETS): more is corrupt."""
+_NEVER = -(2**62)
+"""The bucket of an allowance that never reserved (before every horizon)."""
 
 
 class Kind(StrEnum):
@@ -59,10 +81,9 @@ def window_length(kind: Kind, settings: BudgetSettings) -> float:
     return settings.day_seconds if kind is Kind.TOKENS_PER_DAY else settings.minute_seconds
 
 
-def window_at(wall: float, length: float) -> tuple[int, float]:
-    """(index, end) of the window of `length` seconds holding wall time `wall`."""
-    index = math.floor(wall / length)
-    return index, (index + 1) * length
+def bucket_at(wall: float, length: float, buckets: int) -> int:
+    """The index of the bucket (of a window of `length` seconds cut in `buckets`) holding `wall`."""
+    return math.floor(wall * buckets / length)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -71,16 +92,61 @@ def limits_of(policy: TenantPolicy) -> tuple[tuple[Kind, int], ...]:
     return tuple((k, getattr(policy, k.value)) for k in Kind if getattr(policy, k.value) > 0)
 
 
+def apply_step(
+    counts: Mapping[int, int], bucket: int, first: int, ask: int, limit: int, returns: Mapping[int, int]
+) -> tuple[int, dict[int, int]]:
+    """One store step on a record (reservations per bucket), the same for every store: forgets
+    buckets before `first` (out of the horizon), takes returns[b] off bucket b (not below 0), then
+    adds to `bucket` up to `ask`, never taking the sum of what is left past `limit`.
+    Returns (granted, the record after)."""
+    out = {b: c for b, c in counts.items() if b >= first}
+    for b, amount in returns.items():
+        if b in out:
+            out[b] = max(0, out[b] - amount)
+    granted = max(0, min(ask, limit - sum(out.values())))
+    if granted:
+        out[bucket] = out.get(bucket, 0) + granted
+    return granted, {b: c for b, c in out.items() if c > 0}
+
+
+def encode_record(counts: Mapping[int, int]) -> bytes:
+    """A record as stored: `bucket:count` pairs, comma-separated, oldest first."""
+    return ",".join(f"{b}:{c}" for b, c in sorted(counts.items())).encode()
+
+
+def decode_record(raw: bytes) -> dict[int, int]:
+    """The record `encode_record` wrote; ValueError naming what is wrong otherwise."""
+    if len(raw) > MAX_RECORD_TEXT:
+        raise ValueError(f"budget record of {len(raw)} bytes (at most {MAX_RECORD_TEXT})")
+    out: dict[int, int] = {}
+    text = raw.decode("ascii", errors="replace")
+    for part in filter(None, text.split(",")):
+        bucket, sep, count = part.partition(":")
+        try:
+            b, c = int(bucket), int(count)
+        except ValueError:
+            b, c, sep = 0, -1, ""
+        if not sep or c < 0:
+            raise ValueError(f"budget record entry {part[:40]!r} is not BUCKET:COUNT")
+        out[b] = c
+    return out
+
+
 class BudgetStore(Protocol):
-    """The shared counters: how much of each limit frontends have reserved, per window."""
+    """The shared records: per (tenant, limit), how much frontends reserved in each bucket."""
 
-    async def reserve(self, key: str, ask: int, limit: int, expires_wall: float) -> tuple[int, int]:
-        """Adds up to `ask` to counter `key`, never past `limit`; returns (granted, counter after).
-        The counter may be forgotten after `expires_wall` (its window is over)."""
-        ...
-
-    async def give_back(self, key: str, amount: int) -> None:
-        """Takes `amount` (reserved, unused) off counter `key`, not below 0."""
+    async def reserve(
+        self,
+        key: str,
+        bucket: int,
+        first: int,
+        ask: int,
+        limit: int,
+        returns: Mapping[int, int],
+        expires_wall: float,
+    ) -> tuple[int, dict[int, int]]:
+        """`apply_step` on record `key`, atomically; returns (granted, the record after). The record
+        may be forgotten after `expires_wall` (when `bucket` leaves the horizon)."""
         ...
 
     async def close(self) -> None: ...
@@ -92,21 +158,69 @@ class StoreError(Exception):
 
 @dataclass(slots=True)
 class _Allowance:
-    """This frontend's reservation for one (tenant, limit) in its current window."""
+    """This frontend's reservation for one (tenant, limit), and the shared record as last seen."""
 
     key: str
-    window: int
-    end: float
-    start: float = 0.0
+    length: float
+    """The window's length in seconds."""
+    span: int
+    """Buckets per window (k); the horizon is k + 1 buckets."""
+    bucket: int = _NEVER
+    """The bucket `available` was reserved in (or moved to): it can be spent only during it."""
     available: int = 0
-    """Reserved from the shared counter and not spent by this frontend."""
-    counter: int = 0
-    """The shared counter as last seen (every frontend's reservations)."""
+    """Reserved in `bucket` and not spent by this frontend."""
+    seen: dict[int, int] = field(default_factory=dict)
+    """The shared record as last seen: every frontend's reservations per bucket."""
+    returns: dict[int, int] = field(default_factory=dict)
+    """Refunds of requests of past buckets, to take off those buckets at the next store step."""
+    view_first: int = _NEVER
+    view_used: int = 0
+    view_newest: int = _NEVER
+    """`seen` summed over the horizon starting at view_first, and its newest bucket with some:
+    kept until the horizon moves or `seen` changes (the headers of every admission read them)."""
+
+    def view(self, first: int) -> tuple[int, int]:
+        """(reserved in the horizon starting at `first`, its newest bucket with some or _NEVER), as last seen."""
+        if self.view_first != first:
+            live = [b for b, c in self.seen.items() if b >= first and c > 0]
+            self.view_first = first
+            self.view_used = sum(self.seen[b] for b in live)
+            self.view_newest = max(live, default=_NEVER)
+        return self.view_used, self.view_newest
+
+    def horizon(self, now: float) -> tuple[int, int]:
+        """(current bucket, first bucket of the horizon) at wall time `now`."""
+        current = bucket_at(now, self.length, self.span)
+        return current, current - self.span
+
+    def leaves(self, bucket: int) -> float:
+        """The wall time at which `bucket` leaves the horizon (k + 1 buckets after it began)."""
+        return (bucket + self.span + 1) * self.length / self.span
+
+
+class Plan(NamedTuple):
+    """One store step the ledger asks for (`TenantBudgets` sends it, `BudgetLedger.granted` records it)."""
+
+    key: str
+    bucket: int
+    first: int
+    ask: int
+    """Added to `bucket` if the limit allows (carry included)."""
+    returns: dict[int, int]
+    """Everything taken off buckets: refunds, the carried allowance, what is given back."""
+    refunds: dict[int, int]
+    """The part of `returns` from the allowance's pending refunds."""
+    carry: int
+    """Allowance moved from its old bucket into `bucket` (taken off there, asked again here)."""
+    give: int
+    """Allowance given back (taken off its bucket, not asked again)."""
+    expires: float
+    """When `bucket` leaves the horizon (the record may go then)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Exceeded:
-    """A refusal: which limit, and when its window resets."""
+    """A refusal: which limit, and when enough of it frees for the request."""
 
     kind: Kind
     limit: int
@@ -123,6 +237,7 @@ class Quota(NamedTuple):
     limit: int
     remaining: int
     reset_seconds: float
+    """Seconds until everything counted now has left the horizon (the limit is whole again)."""
 
 
 class BudgetLedger:
@@ -132,96 +247,179 @@ class BudgetLedger:
         self.settings = settings
         self._held: dict[tuple[str, Kind], _Allowance] = {}
 
-    def allowance(self, tenant: str, kind: Kind, now: float) -> _Allowance:
-        """The (tenant, kind) allowance of the window holding `now`; a new window starts empty
-        (what was left of the last one is gone with it: its counter is another key)."""
+    def allowance(self, tenant: str, kind: Kind) -> _Allowance:
+        """The (tenant, kind) allowance (created empty)."""
         held = self._held.get((tenant, kind))
-        if held is not None and held.start <= now < held.end:  # the common case, per request
-            return held
-        length = window_length(kind, self.settings)
-        index, end = window_at(now, length)
-        if held is None or held.window != index:
-            held = _Allowance(
-                key=f"{tenant}\x00{kind.value}\x00{length:g}\x00{index}",
-                window=index,
-                end=end,
-                start=end - length,
-            )
+        if held is None:
+            length = window_length(kind, self.settings)
+            k = self.settings.buckets
+            held = _Allowance(key=f"{tenant}\x00{kind.value}\x00{length:g}\x00{k}", length=length, span=k)
             self._held[(tenant, kind)] = held
         return held
 
-    def ask(self, tenant: str, kind: Kind, limit: int, amount: int, now: float) -> int:
-        """How much to reserve from the store so that `amount` fits (0: it fits already): whole
-        chunks, at least the shortfall."""
-        held = self.allowance(tenant, kind, now)
-        short = amount - held.available
-        if short <= 0:
-            return 0
-        chunk = self.settings.chunk(limit)
-        return math.ceil(short / chunk) * chunk
+    @staticmethod
+    def spendable(held: _Allowance, now: float) -> int:
+        """What this frontend may spend now without the store: its allowance, if of the current bucket."""
+        return held.available if bucket_at(now, held.length, held.span) == held.bucket else 0
 
-    def granted(self, tenant: str, kind: Kind, window: int, granted: int, counter: int) -> None:
-        """Records a reservation the store granted for `window` (ignored if that window is over)."""
+    def plan(self, tenant: str, kind: Kind, limit: int, amount: int, now: float) -> Plan | None:
+        """The store step that makes `amount` fit (None: it fits already): move the allowance of
+        an older bucket into the current one, reserve whole chunks covering the shortfall, and
+        send pending refunds along. A carried allowance leaves `available` at once; `granted`
+        records the step's outcome."""
+        held = self.allowance(tenant, kind)
+        current, first = held.horizon(now)
+        refunds = {b: a for b, a in held.returns.items() if b >= first}
+        if held.bucket == current:
+            if held.available >= amount:
+                return None
+            carry, have = 0, held.available
+        else:
+            carry = held.available if held.bucket >= first else 0
+            have = carry
+        short = amount - have
+        chunk = self.settings.chunk(limit)
+        extra = math.ceil(short / chunk) * chunk if short > 0 else 0
+        if extra == 0 and carry == 0:
+            return None  # amount 0
+        returns = dict(refunds)
+        if carry:
+            returns[held.bucket] = returns.get(held.bucket, 0) + carry
+            held.available -= carry  # leaves now: a step that fails only underspends
+        return Plan(
+            held.key,
+            current,
+            first,
+            carry + extra,
+            returns,
+            refunds,
+            carry,
+            0,
+            held.leaves(current),
+        )
+
+    def give_back_plan(self, tenant: str, kind: Kind, keep: int, now: float) -> Plan | None:
+        """The store step giving back what this frontend holds beyond `keep` (its unused allowance,
+        if of a bucket still in the horizon, and pending refunds); None when there is nothing.
+        What it gives leaves `available` at once."""
         held = self._held.get((tenant, kind))
-        if held is None or held.window != window:
-            return
+        if held is None:
+            return None
+        current, first = held.horizon(now)
+        refunds = {b: a for b, a in held.returns.items() if b >= first}
+        give = max(0, held.available - keep) if held.bucket >= first else 0
+        if not give and not refunds:
+            return None
+        returns = dict(refunds)
+        if give:
+            returns[held.bucket] = returns.get(held.bucket, 0) + give
+            held.available -= give  # leaves now: requests admitted meanwhile cannot spend it
+        return Plan(held.key, current, first, 0, returns, refunds, 0, give, held.leaves(current))
+
+    def granted(self, tenant: str, kind: Kind, plan: Plan, granted: int, counts: Mapping[int, int]) -> None:
+        """Records a store step's outcome (the record after it and what `plan.ask` got)."""
+        held = self._held.get((tenant, kind))
+        if held is None or held.key != plan.key:
+            return  # forgotten meanwhile: what it got is never spent (underspend only)
+        for b, amount in plan.refunds.items():
+            left = held.returns.get(b, 0) - amount
+            if left > 0:
+                held.returns[b] = left
+            else:
+                held.returns.pop(b, None)
+        if plan.ask and held.bucket != plan.bucket:
+            # Refunds that came in during the step are still counted in the old bucket: they go
+            # back as decrements of it (spending them in the new bucket would escape the sum).
+            if held.available > 0 and held.bucket >= plan.first:
+                held.returns[held.bucket] = held.returns.get(held.bucket, 0) + held.available
+            held.bucket = plan.bucket
+            held.available = 0
         held.available += granted
-        held.counter = max(held.counter, counter)
+        held.seen = dict(counts)
+        held.view_first = _NEVER  # the record changed
 
     def fits(self, tenant: str, needs: Iterable[tuple[Kind, int, int]], now: float) -> Exceeded | None:
-        """None when every (kind, limit, amount) fits this frontend's allowance; else the first that does not."""
+        """None when every (kind, limit, amount) fits this frontend's allowance now; else the first that does not."""
         for kind, limit, amount in needs:
-            held = self.allowance(tenant, kind, now)
-            if held.available < amount:
-                return Exceeded(kind, limit, self._remaining(held, limit), max(0.0, held.end - now))
+            held = self.allowance(tenant, kind)
+            if self.spendable(held, now) < amount:
+                return Exceeded(
+                    kind, limit, self._remaining(held, limit, now), self._retry(held, limit, amount, now)
+                )
         return None
 
+    def fits_fast(self, tenant: str, needs: Iterable[tuple[Kind, int, int]], now: float) -> bool:
+        """Whether every need fits the allowance of the current bucket (the per-request check)."""
+        held_of = self._held.get
+        for kind, _limit, amount in needs:
+            held = held_of((tenant, kind))
+            if held is None or held.available < amount:
+                return False
+            if math.floor(now * held.span / held.length) != held.bucket:  # bucket_at, inlined
+                return False
+        return True
+
     def take(self, tenant: str, needs: Iterable[tuple[Kind, int, int]], now: float) -> dict[Kind, int]:
-        """Spends every (kind, limit, amount) (call after `fits`); returns the windows spent from."""
+        """Spends every (kind, limit, amount) (call after `fits`); returns the buckets spent from."""
         out = {}
         for kind, _limit, amount in needs:
-            held = self.allowance(tenant, kind, now)
+            held = self.allowance(tenant, kind)
             held.available -= amount
-            out[kind] = held.window
+            out[kind] = held.bucket
         return out
 
-    def refund(self, tenant: str, kind: Kind, window: int, amount: int) -> None:
-        """Gives back to this frontend's allowance what a request reserved and did not use (only
-        while its window lasts: an old window's counter is no longer read)."""
+    def refund(self, tenant: str, kind: Kind, bucket: int, amount: int) -> None:
+        """Gives back what a request of `bucket` reserved and did not use: to the allowance while
+        that is still of `bucket`, else as a decrement of `bucket` for the next store step."""
         held = self._held.get((tenant, kind))
-        if held is not None and held.window == window and amount > 0:
+        if held is None or amount <= 0:
+            return
+        if held.bucket == bucket:
             held.available += amount
+        elif bucket >= held.bucket - held.span:  # older ones have left every horizon from now on
+            held.returns[bucket] = held.returns.get(bucket, 0) + amount
+            if len(held.returns) > held.span + 1:
+                floor = held.bucket - held.span
+                held.returns = {b: a for b, a in held.returns.items() if b >= floor}
 
     def quotas(self, tenant: str, limits: Iterable[tuple[Kind, int]], now: float) -> list[Quota]:
-        """Each limit's estimated remaining share of the fleet and seconds to its reset."""
+        """Each limit's estimated remaining share of the fleet and seconds until it is whole again."""
         out = []
         for kind, limit in limits:
-            held = self.allowance(tenant, kind, now)
-            out.append(Quota(kind, limit, self._remaining(held, limit), max(0.0, held.end - now)))
+            held = self.allowance(tenant, kind)
+            _used, newest = held.view(held.horizon(now)[1])
+            reset = 0.0 if newest == _NEVER else held.leaves(newest) - now
+            out.append(Quota(kind, limit, self._remaining(held, limit, now), max(0.0, reset)))
         return out
 
     @staticmethod
-    def _remaining(held: _Allowance, limit: int) -> int:
-        # Not yet reserved by any frontend, plus what this frontend holds unspent.
-        return max(0, limit - held.counter) + held.available
+    def _remaining(held: _Allowance, limit: int, now: float) -> int:
+        # Not reserved in the horizon by any frontend (as last seen), plus what this frontend
+        # holds there unspent or is about to give back.
+        _current, first = held.horizon(now)
+        used, _newest = held.view(first)
+        mine = held.available if held.bucket >= first else 0
+        if held.returns:
+            mine += sum(a for b, a in held.returns.items() if b >= first)
+        return min(limit, max(0, limit - used) + mine)
 
-    def unused(self, now: float) -> list[tuple[str, int]]:
-        """(counter key, amount) of every allowance of a current window with some left (to give back)."""
-        return [
-            (h.key, h.available)
-            for (_t, kind), h in self._held.items()
-            if h.available > 0 and h.window == window_at(now, window_length(kind, self.settings))[0]
-        ]
+    @staticmethod
+    def _retry(held: _Allowance, limit: int, amount: int, now: float) -> float:
+        """Seconds until enough of the horizon's reservations (as last seen) leave it for `amount`."""
+        _current, first = held.horizon(now)
+        live = sorted((b, c) for b, c in held.seen.items() if b >= first)
+        used = sum(c for _b, c in live)
+        if limit - used >= amount:
+            return 0.0
+        for b, c in live:
+            used -= c
+            if limit - used >= amount:
+                return max(0.0, held.leaves(b) - now)
+        return 0.0  # only when amount > limit (refused as too large before this is asked)
 
-    def excess(self, tenant: str, limits: Iterable[tuple[Kind, int]], now: float) -> list[tuple[Kind, int]]:
-        """(kind, amount) held beyond one chunk, per limit: what a refused request's reservation
-        should give back."""
-        out = []
-        for kind, limit in limits:
-            extra = self.allowance(tenant, kind, now).available - self.settings.chunk(limit)
-            if extra > 0:
-                out.append((kind, extra))
-        return out
+    def holders(self) -> list[tuple[str, Kind]]:
+        """Every (tenant, kind) with an allowance (for giving back on close)."""
+        return list(self._held)
 
     @property
     def size(self) -> int:
@@ -229,8 +427,9 @@ class BudgetLedger:
         return len(self._held)
 
     def forget_old(self, now: float) -> None:
-        """Drops allowances of windows that are over (bounds memory to the tenants of current windows)."""
-        for key in [k for k, h in self._held.items() if h.end <= now]:
+        """Drops allowances whose bucket left the horizon (nothing of theirs counts any more):
+        bounds memory to the tenants of the last window."""
+        for key in [k for k, h in self._held.items() if h.bucket < h.horizon(now)[1]]:
             del self._held[key]
 
 
@@ -246,7 +445,7 @@ class BudgetExceeded(Exception):
         self.quotas = quotas
         super().__init__(
             f"{tenant} is over its budget: {exceeded.kind.value} {exceeded.limit} "
-            f"(resets in {exceeded.reset_seconds:.0f}s)"
+            f"(enough frees in {exceeded.reset_seconds:.0f}s)"
         )
 
 
@@ -254,24 +453,25 @@ class BudgetExceeded(Exception):
 class Ticket:
     """One admitted request's reservation; `settle` gives back what it did not use."""
 
-    budgets: TenantBudgets | None
+    ledger: BudgetLedger | None
+    """The ledger it was taken from (a reloaded policy's new ledger has other buckets)."""
     tenant: str
     reserved_tokens: int
-    windows: dict[Kind, int] = field(default_factory=dict)
+    buckets: dict[Kind, int] = field(default_factory=dict)
     quotas: list[Quota] = field(default_factory=list)
     """The limits' state after admission (x-ratelimit-* headers)."""
     settled: bool = False
 
     def settle(self, used_tokens: int) -> None:
-        """The request ended having used `used_tokens` (prompt + generated): the rest returns to
-        this frontend's allowance. Idempotent."""
-        if self.settled or self.budgets is None:
+        """The request ended having used `used_tokens` (prompt + generated): the rest goes back
+        (see BudgetLedger.refund). Idempotent."""
+        if self.settled or self.ledger is None:
             return
         self.settled = True
         unused = max(0, self.reserved_tokens - used_tokens)
-        for kind, window in self.windows.items():
+        for kind, bucket in self.buckets.items():
             if kind in _TOKEN_KINDS:
-                self.budgets.ledger.refund(self.tenant, kind, window, unused)
+                self.ledger.refund(self.tenant, kind, bucket, unused)
 
 
 UNLIMITED = Ticket(None, "", 0, settled=True)
@@ -304,16 +504,14 @@ class TenantBudgets:
         needs = [(k, limit, tokens if k in _TOKEN_KINDS else 1) for k, limit in limits]
         ledger = self.ledger
         now = self.clock.wall()
-        if ledger.fits(tenant, needs, now) is None:  # the fast path: no store, no await
-            return self._take(tenant, needs, limits, now)
+        if ledger.fits_fast(tenant, needs, now):  # the common case: no store, no await
+            return self._take(ledger, tenant, needs, limits, now)
         for kind, limit, amount in needs:
             if amount > limit:  # can never fit: refused without reserving anything for it
-                held = ledger.allowance(tenant, kind, now)
+                held = ledger.allowance(tenant, kind)
                 raise BudgetExceeded(
                     tenant,
-                    Exceeded(
-                        kind, limit, ledger._remaining(held, limit), max(0.0, held.end - now), too_large=True
-                    ),
+                    Exceeded(kind, limit, ledger._remaining(held, limit, now), 0.0, too_large=True),
                     ledger.quotas(tenant, limits, now),
                 )
         if ledger.size > MAX_ALLOWANCES:
@@ -323,68 +521,92 @@ class TenantBudgets:
             if len(self._locks) > 10_000:
                 self._locks = {t: lk for t, lk in self._locks.items() if lk.locked()}
             lock = self._locks[tenant] = asyncio.Lock()
-        async with lock:  # one reservation at a time per tenant: concurrent requests share its chunk
-            for kind, limit, amount in needs:
+        async with lock:  # one store step at a time per tenant: concurrent requests share its chunk
+            for _attempt in range(2):  # again only if a bucket ended during the steps
+                planned: list[tuple[Kind, int]] = []
+                for kind, limit, amount in needs:
+                    plan = ledger.plan(tenant, kind, limit, amount, self.clock.wall())
+                    if plan is not None:
+                        granted, counts = await self._step(plan, limit)
+                        ledger.granted(tenant, kind, plan, granted, counts)
+                        planned.append((kind, plan.bucket))
                 now = self.clock.wall()
-                ask = ledger.ask(tenant, kind, limit, amount, now)
-                if ask == 0:
-                    continue
-                held = ledger.allowance(tenant, kind, now)
-                try:
-                    granted, counter = await self.store.reserve(held.key, ask, limit, held.end)
-                except StoreError:
-                    raise
-                except Exception as exc:  # any client failure: the store did not answer
-                    raise StoreError(f"the budget store did not answer: {exc!r}") from exc
-                ledger.granted(tenant, kind, held.window, granted, counter)
-            now = self.clock.wall()
-            exceeded = ledger.fits(tenant, needs, now)
-            if exceeded is not None:
-                # A partial grant that did not make the request fit stays here only up to one
-                # chunk: the rest goes back, so other frontends can use it this window.
-                for kind, excess in ledger.excess(tenant, [(k, limit) for k, limit, _ in needs], now):
-                    held = ledger.allowance(tenant, kind, now)
+                exceeded = ledger.fits(tenant, needs, now)
+                if exceeded is None:
+                    return self._take(ledger, tenant, needs, limits, now)
+                if planned and all(b == ledger.allowance(tenant, k).horizon(now)[0] for k, b in planned):
+                    break
+            # A partial grant that did not make the request fit stays here only up to one chunk:
+            # the rest goes back, so other frontends can use it.
+            for kind, limit, _amount in needs:
+                plan = ledger.give_back_plan(tenant, kind, self.settings.chunk(limit), now)
+                if plan is not None and plan.give:
                     with contextlib.suppress(Exception):  # not given back: it only underspends
-                        await self.store.give_back(held.key, excess)
-                        held.available -= excess
-                        held.counter -= excess
-                raise BudgetExceeded(tenant, exceeded, ledger.quotas(tenant, limits, now))
-            return self._take(tenant, needs, limits, now)
+                        granted, counts = await self._step(plan, limit)
+                        ledger.granted(tenant, kind, plan, granted, counts)
+            now = self.clock.wall()
+            refusal = ledger.fits(tenant, needs, now)
+            if refusal is None:  # a refund came in meanwhile
+                return self._take(ledger, tenant, needs, limits, now)
+            raise BudgetExceeded(tenant, refusal, ledger.quotas(tenant, limits, now))
 
-    def _take(self, tenant, needs, limits, now) -> Ticket:
-        windows = self.ledger.take(tenant, needs, now)
+    async def _step(self, plan: Plan, limit: int) -> tuple[int, dict[int, int]]:
+        try:
+            return await self.store.reserve(
+                plan.key, plan.bucket, plan.first, plan.ask, limit, plan.returns, plan.expires
+            )
+        except StoreError:
+            raise
+        except Exception as exc:  # any client failure: the store did not answer
+            raise StoreError(f"the budget store did not answer: {exc!r}") from exc
+
+    def _take(self, ledger, tenant, needs, limits, now) -> Ticket:
+        buckets = ledger.take(tenant, needs, now)
         tokens = next((amount for k, _l, amount in needs if k in _TOKEN_KINDS), 0)
-        return Ticket(self, tenant, tokens, windows, self.ledger.quotas(tenant, limits, now))
+        return Ticket(ledger, tenant, tokens, buckets, ledger.quotas(tenant, limits, now))
 
     async def close(self) -> None:
-        """Gives this frontend's unused allowance back to the shared counters, then closes the store."""
+        """Gives this frontend's unused allowance and pending refunds back to the shared records,
+        then closes the store."""
         now = self.clock.wall()
-        for key, amount in self.ledger.unused(now):
-            with contextlib.suppress(Exception):  # a counter not given back only underspends
-                await self.store.give_back(key, amount)
+        ledger = self.ledger
+        for tenant, kind in ledger.holders():
+            plan = ledger.give_back_plan(tenant, kind, 0, now)
+            if plan is not None:
+                with contextlib.suppress(Exception):  # a record not given back only underspends
+                    granted, counts = await self._step(plan, 0)
+                    ledger.granted(tenant, kind, plan, granted, counts)
         await self.store.close()
 
 
 class MemoryStore:
-    """Counters in this process (a frontend without etcd): the same arithmetic, no fleet."""
+    """Records in this process (a frontend without etcd): the same arithmetic, no fleet."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self.counters: dict[str, tuple[int, float]] = {}
+        self.records: dict[str, tuple[dict[int, int], float]] = {}
 
-    async def reserve(self, key: str, ask: int, limit: int, expires_wall: float) -> tuple[int, int]:
+    async def reserve(
+        self,
+        key: str,
+        bucket: int,
+        first: int,
+        ask: int,
+        limit: int,
+        returns: Mapping[int, int],
+        expires_wall: float,
+    ) -> tuple[int, dict[int, int]]:
         now = self.clock.wall()
-        if len(self.counters) > 100_000:  # bounded: windows that are over go first
-            self.counters = {k: v for k, v in self.counters.items() if v[1] > now}
-        counter, _ = self.counters.get(key, (0, expires_wall))
-        granted = max(0, min(ask, limit - counter))
-        self.counters[key] = (counter + granted, expires_wall)
-        return granted, counter + granted
+        if len(self.records) > MAX_ALLOWANCES:  # bounded: records whose buckets all left go first
+            self.records = {k: v for k, v in self.records.items() if v[1] > now}
+        counts, expires = self.records.get(key, ({}, expires_wall))
+        granted, after = apply_step(counts if expires > now else {}, bucket, first, ask, limit, returns)
+        self.records[key] = (after, max(expires, expires_wall))
+        return granted, dict(after)
 
-    async def give_back(self, key: str, amount: int) -> None:
-        if key in self.counters:
-            counter, expires = self.counters[key]
-            self.counters[key] = (max(0, counter - amount), expires)
+    def total(self, key: str) -> int:
+        """The record's sum over every bucket it still holds (tests)."""
+        return sum(self.records.get(key, ({}, 0.0))[0].values())
 
     async def close(self) -> None:
         return None

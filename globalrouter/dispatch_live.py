@@ -11,7 +11,7 @@ while it waits is taken out of the queue.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import grpc
@@ -27,6 +27,7 @@ from globalrouter.dispatch import (
     Shed,
     ShedReason,
 )
+from globalrouter.metrics import Flow
 from globalrouter.migration import GenerateError
 from globalrouter.pool_state import PoolState
 from globalrouter.routing import RoutingCore, affinity_key
@@ -43,14 +44,39 @@ POLL_SECONDS = 0.02
 
 
 class _Ask:
-    """A queued request's prompt (for the KV overlaps at dispatch) and its future."""
+    """A queued request's prompt (for the KV overlaps at dispatch), its future, and the flow
+    series (tenant, class) its queue time and shed are counted in."""
 
-    __slots__ = ("future", "seed", "tokens")
+    __slots__ = ("flow", "future", "in_queue", "seed", "tokens")
 
-    def __init__(self, tokens: Sequence[int], seed: int, future: asyncio.Future[Decision]) -> None:
+    def __init__(
+        self, tokens: Sequence[int], seed: int, future: asyncio.Future[Decision], flow: Flow | None
+    ) -> None:
         self.tokens = tokens
         self.seed = seed
         self.future = future
+        self.flow = flow
+        self.in_queue = False
+        """Counted in its flow's queue length (left it exactly once: outcome or withdrawal)."""
+
+    def left_queue(self) -> None:
+        if self.in_queue:
+            self.in_queue = False
+            if self.flow is not None:
+                self.flow.dequeued()
+
+
+def _count(outcome: Outcome[_Ask]) -> None:
+    """Counts a decided request in its flow series: queue time when dispatched, else its shed."""
+    ask = outcome.request.payload
+    ask.left_queue()
+    flow = ask.flow
+    if flow is None:
+        return
+    if isinstance(outcome, Dispatched):
+        flow.dispatched(outcome.queued_seconds)
+    elif outcome.decision is None:  # a refusal with a decision is the request path's to count
+        flow.shed(outcome.reason.name)
 
 
 class LateBinder:
@@ -69,7 +95,7 @@ class LateBinder:
     def _pools(self) -> list[PoolState]:
         return [p for p in self.core.table.pools.values() if p.listed]
 
-    def _overlaps(self, request: DispatchRequest[_Ask], now: float) -> dict[str, int]:
+    def _overlaps(self, request: DispatchRequest[_Ask], now: float) -> Mapping[str, int]:
         ask = request.payload
         return self.core.overlaps(self._pools(), ask.tokens, now, ask.seed)
 
@@ -84,14 +110,16 @@ class LateBinder:
         priority: int = 0,
         tenant: str = "",
         weight: float = 1.0,
+        flow: Flow | None = None,
     ) -> Decision:
         """The decision to run the request with, its chosen pool first, once a pool can start it.
         A decision without candidates (no pool serves the model or none is eligible) comes back
-        at once, as `RoutingCore.decide` gives it; a shed request raises TenantRefusal."""
+        at once, as `RoutingCore.decide` gives it; a shed request raises TenantRefusal. `flow`: the
+        (tenant, class) series its queue time, queue presence and shed are counted in."""
         seed = adapter_seed(adapter)
         future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         request = DispatchRequest(
-            _Ask(tokens, seed, future),
+            _Ask(tokens, seed, future, flow),
             model,
             len(tokens),
             max_tokens,
@@ -104,13 +132,18 @@ class LateBinder:
         )
         outcome = self.queue.enqueue(request)
         if outcome is not None:
+            _count(outcome)
             return _decision(outcome)
+        request.payload.in_queue = True
+        if flow is not None:
+            flow.enqueued()
         self._ensure_task()
         self._wake.set()
         try:
             return await future
         except asyncio.CancelledError:
             self.queue.withdraw(request)
+            request.payload.left_queue()
             raise
 
     def _ensure_task(self) -> None:
@@ -127,8 +160,10 @@ class LateBinder:
                 outcomes = []
             for outcome in outcomes:
                 future = outcome.request.payload.future
-                if future.done():
+                if future.done():  # its caller left: not sent anywhere, not refused
+                    outcome.request.payload.left_queue()
                     continue
+                _count(outcome)
                 try:
                     future.set_result(_decision(outcome))
                 except GenerateError as exc:

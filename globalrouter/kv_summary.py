@@ -842,6 +842,7 @@ class KvSummary:
         pools = pools[self._held(pools, np.full(pools.size, h[0]))]
         if not pools.size or total == 1:
             return pools, np.ones(pools.size, np.int64)
+        probe = _Probe(self, pools, h)  # for the pools holding the first block only
         # Binary search, every pool at once: lo blocks are known held (block lo-1 was), hi is
         # the most it can be; each step probes block mid-1 of each pool still searching.
         lo = np.ones(pools.size, np.int64)
@@ -849,15 +850,19 @@ class KvSummary:
         todo = np.arange(pools.size)
         while todo.size:
             mid = (lo[todo] + hi[todo] + 1) >> 1
-            ok = self._held(pools[todo], h[mid - 1])
+            ok = probe.held(todo, mid - 1)
             lo[todo] = np.where(ok, mid, lo[todo])
             hi[todo] = np.where(ok, hi[todo], mid - 1)
             todo = todo[lo[todo] < hi[todo]]
-        return pools, self._verify(pools, lo, h)
+        return pools, self._verify(pools, lo, h, probe)
 
-    def _verify(self, pools: np.ndarray, bound: np.ndarray, h: np.ndarray) -> np.ndarray:
+    def _verify(
+        self, pools: np.ndarray, bound: np.ndarray, h: np.ndarray, probe: _Probe | None = None
+    ) -> np.ndarray:
         """Checks the search's bounds block by block for the pools with the longest, VERIFY_TOP at
         a time, until VERIFY_TOP checked pools reach the longest unchecked bound."""
+        if probe is None:
+            probe = _Probe(self, pools, h)
         out = bound.copy()
         order = np.argsort(-bound, kind="stable")
         k = self.verify_top
@@ -866,11 +871,14 @@ class KvSummary:
             batch = order[done : done + k]
             done += batch.size
             need = bound[batch] - 1  # blocks 1 .. bound-1 (block 0 is known held)
-            if need.sum():
+            firsts = probe.first_misses(batch, need)
+            if firsts is not None:
+                out[batch] = np.minimum(bound[batch], firsts)
+            elif need.sum():
                 owner = np.repeat(np.arange(batch.size), need)
                 starts = np.cumsum(need) - need
                 block = np.arange(int(need.sum())) - np.repeat(starts, need) + 1
-                held = self._held(pools[batch][owner], h[block])
+                held = probe.held(batch[owner], block)
                 miss = ~held
                 # each pool's first miss: the smallest block index among its misses
                 firsts = np.full(batch.size, np.iinfo(np.int64).max, np.int64)
@@ -880,4 +888,106 @@ class KvSummary:
                 break
             if np.count_nonzero(out[order[:done]] >= bound[order[done]]) >= k:
                 break
+        return out
+
+    def pool_lengths(self, block_hashes: Sequence[int]) -> np.ndarray | None:
+        """Per table id (`table_of`), the leading blocks of the prompt its pool holds (0 for pools
+        not holding the first block, for builds and empty tables), None when no pool holds the
+        first block: what selection.pool_overlaps reads for all pools at once, without a dict
+        per source."""
+        pools, lengths = self._prefix_lengths(block_hashes)
+        if not pools.size:
+            return None
+        out = np.zeros(len(self._pool_names), np.int64)
+        out[pools] = lengths
+        return out
+
+    def table_of(self, source: str) -> int:
+        """The table id of the pool a source names (pool_of), -1 when there is none yet. Ids are
+        never reused for another pool, so a mapping stays right until `table_count` grows."""
+        try:
+            return self._pool_ids.get(self._pool_of(source), -1)
+        except ValueError:  # a key naming no pool (default_pool_of) has no table
+            return -1
+
+    def table_count(self) -> int:
+        """Pools named so far (grows only)."""
+        return len(self._pool_ids)
+
+
+class _Probe:
+    """Membership probes of one prompt's blocks in many pools (the longest-prefix search).
+
+    A block's buckets and slot value depend only on its pool's bucket count and lost bits, and
+    a fleet's tables mostly share a few sizes (sized from the same KV capacity): so they are
+    worked out once per distinct size for every prompt block, and each probe is a gather. With
+    many distinct sizes (more work than probing per element), per element as before."""
+
+    __slots__ = ("_b1", "_b2", "_base", "_flat", "_h", "_one", "_pools", "_s", "_v", "_v2")
+
+    def __init__(self, s: KvSummary, pools: np.ndarray, h: np.ndarray) -> None:
+        self._s = s
+        self._pools = pools
+        self._h = h
+        self._base = s._base[pools]
+        key = s._nb[pools] * 64 + s._lost[pools]
+        first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        self._one = first.size == 1
+        if self._one:  # one size (the usual fleet): no grouping needed
+            self._flat: np.ndarray | None = np.zeros(pools.size, np.int64)
+            reps = pools[:1]
+        else:
+            groups, where, inverse = np.unique(key, return_index=True, return_inverse=True)
+            # a gather of the precomputed values beats probing per element when there are
+            # fewer sizes than probes per pool (about log2(blocks) + the verify)
+            if groups.size * h.size > 16 * pools.size:
+                self._flat = None
+                return
+            self._flat = inverse.reshape(-1) * h.size
+            reps = pools[where]
+        parts = [s._locate(int(p), h) for p in reps.tolist()]
+        self._b1 = np.concatenate([b1 for b1, _, _ in parts])
+        self._b2 = np.concatenate([b2 for _, b2, _ in parts])
+        self._v = np.concatenate([v for _, _, v in parts])
+        self._v2 = self._v | np.uint16(1)
+
+    def first_misses(self, i: np.ndarray, need: np.ndarray) -> np.ndarray | None:
+        """Per pool i[k], the first of prompt blocks 1 .. need[k] it does not hold (int64 max
+        when it holds them all); None unless the pools are all of one size (then the blocks'
+        buckets are slices shared by the pools: a pool x block grid without per-probe gathers)."""
+        if self._flat is None or np.count_nonzero(self._flat[i] != self._flat[i[0]]):
+            return None
+        upto = int(need.max()) + 1
+        out = np.full(i.size, np.iinfo(np.int64).max, np.int64)
+        if upto == 1:
+            return out
+        g = int(self._flat[i[0]])
+        slots = self._s._slots
+        base = self._base[i][:, None]
+        width = upto - 1
+        grid = (
+            (np.take(slots, base + self._b1[g + 1 : g + upto], axis=0) == self._v[g + 1 : g + upto][:, None])
+            .view(np.uint64)
+            .reshape(i.size, width)
+        )
+        two = (
+            (np.take(slots, base + self._b2[g + 1 : g + upto], axis=0) == self._v2[g + 1 : g + upto][:, None])
+            .view(np.uint64)
+            .reshape(i.size, width)
+        )
+        miss = ((grid | two) == 0) & (np.arange(1, upto) <= need[:, None])
+        any_miss = miss.any(axis=1)
+        out[any_miss] = miss[any_miss].argmax(axis=1) + 1
+        return out
+
+    def held(self, i: np.ndarray, block: np.ndarray) -> np.ndarray:
+        """Whether pool i[k] (an index into the pools) holds prompt block block[k]."""
+        if self._flat is None:
+            return self._s._held(self._pools[i], self._h[block])
+        at = block if self._one else self._flat[i] + block
+        slots = self._s._slots
+        base = self._base[i]
+        one = (np.take(slots, base + self._b1[at], axis=0) == self._v[at][:, None]).view(np.uint64)[:, 0]
+        two = (np.take(slots, base + self._b2[at], axis=0) == self._v2[at][:, None]).view(np.uint64)[:, 0]
+        out: np.ndarray = (one | two) != 0
         return out

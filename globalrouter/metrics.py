@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from globalrouter.policy import OTHER_LABEL
 from meshkit.metrics_http import MAX_SCRAPES, SCRAPE_SECONDS, MetricsEndpoint, serve_metrics
 from meshkit.tls import SecurityConfig, ServerCertificates
 
@@ -129,6 +133,9 @@ class RouterMetrics:
             ["tenant", "reason"],
             registry=r,
         )
+        self.flow = FlowStats()
+        """Per tenant and priority class: requests, tokens, dispatch queue, sheds, budget refusals."""
+        r.register(self.flow)
         self._children: dict[tuple[object, tuple[str, ...]], object] = {}
 
     def pools_by_state(self, count: Callable[[], Mapping[str, int]]) -> None:
@@ -286,3 +293,232 @@ def _histogram(name: str, documentation: str, counts: list[int], total: float) -
         cumulative += n
         buckets.append((floatToGoString(bound), cumulative))
     return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=total)
+
+
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Buckets of globalrouter_flow_queue_seconds (the dispatch queue's default deadline is 60 s)."""
+MAX_FLOW_SERIES = 2_000
+"""(tenant, class) series kept at most; past it a new tenant counts under "other" in its class."""
+RECENT_QUEUE_TIMES = 512
+"""Queue times per series kept for the status page's quantiles (the newest)."""
+
+
+class Flow:
+    """One (tenant label, priority class) series of FlowStats. The request path looks it up once
+    per request and calls these methods, which add to plain numbers without a lock: only the
+    serving event loop writes them; the scrape thread copies them (CPython copies a list or dict
+    in one step), so a scrape may see a request's sum before its bucket, never a torn value. Three
+    calls per request cost about as much as one prometheus_client child's inc (which locks)."""
+
+    __slots__ = (
+        "budget_refusals",
+        "priority",
+        "queue_counts",
+        "queue_sum",
+        "queued",
+        "quotas",
+        "quotas_at",
+        "recent",
+        "requests",
+        "sheds",
+        "tenant",
+        "tokens",
+    )
+
+    def __init__(self, tenant: str, priority: int) -> None:
+        self.tenant = tenant
+        self.priority = priority
+        self.requests = 0
+        """Requests the tenant gate let in (or every request, without --policy)."""
+        self.tokens = 0
+        """Prompt + generated tokens of finished requests."""
+        self.queued = 0
+        """Requests in the dispatch queue now (--dispatch late)."""
+        self.queue_counts = [0] * (len(QUEUE_BUCKETS) + 1)
+        self.queue_sum = 0.0
+        self.recent: deque[float] = deque(maxlen=RECENT_QUEUE_TIMES)
+        self.sheds: dict[str, int] = {}
+        """ShedReason name -> requests the dispatch queue refused or dropped."""
+        self.budget_refusals: dict[str, int] = {}
+        """Budget limit (tokens_per_minute, ...) -> requests refused over it."""
+        self.quotas: Sequence[Any] = ()
+        """The budgets' state after this series' last admission (budgets.Quota), for the status page."""
+        self.quotas_at = 0.0
+        """Wall time of that admission."""
+
+    def admitted(self, quotas: Sequence[Any] = ()) -> None:
+        self.requests += 1
+        if quotas:
+            self.quotas = quotas
+            self.quotas_at = time.time()
+
+    def finished(self, tokens: int) -> None:
+        if tokens > 0:
+            self.tokens += tokens
+
+    def enqueued(self) -> None:
+        self.queued += 1
+
+    def dequeued(self) -> None:
+        if self.queued > 0:
+            self.queued -= 1
+
+    def dispatched(self, queued_seconds: float) -> None:
+        """A request left the dispatch queue for a pool after `queued_seconds` (0: at once)."""
+        self.queue_counts[bisect_left(QUEUE_BUCKETS, queued_seconds)] += 1
+        self.queue_sum += queued_seconds
+        self.recent.append(queued_seconds)
+
+    def shed(self, reason: str) -> None:
+        self.sheds[reason] = self.sheds.get(reason, 0) + 1
+
+    def budget_refused(self, limit: str) -> None:
+        self.budget_refusals[limit] = self.budget_refusals.get(limit, 0) + 1
+
+
+class FlowStats(Collector):
+    """Flow control per tenant and priority class, for /metrics and the status page.
+
+    The tenant label is the policy's key for identities the policy names, else "other" (never a
+    string a client chose), and at most MAX_FLOW_SERIES series exist: the label set stays bounded
+    by the policy file. Exported at scrape time: globalrouter_flow_requests_total,
+    _flow_tokens_total, _flow_queued, _flow_queue_seconds (histogram), _flow_sheds_total{reason},
+    _flow_budget_refusals_total{limit}, each with labels tenant and class."""
+
+    def __init__(self, max_series: int = MAX_FLOW_SERIES) -> None:
+        self._lock = threading.Lock()
+        self._series: dict[tuple[str, int], Flow] = {}
+        self.max_series = max_series
+
+    def series(self, tenant: str, priority: int) -> Flow:
+        """The series of (`tenant`, `priority`), created on first use; "other" past the cap."""
+        flow = self._series.get((tenant, priority))
+        if flow is not None:
+            return flow
+        with self._lock:
+            if len(self._series) >= self.max_series:
+                tenant = OTHER_LABEL
+            flow = self._series.get((tenant, priority))
+            if flow is None:
+                flow = self._series[(tenant, priority)] = Flow(tenant, priority)
+            return flow
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every series as plain values (highest class first, then by tenant), for the status page."""
+        now = time.time()
+        with self._lock:
+            flows = sorted(self._series.values(), key=lambda f: (-f.priority, f.tenant))
+            rows = [
+                (
+                    f,
+                    f.requests,
+                    f.tokens,
+                    f.queued,
+                    sorted(f.recent),
+                    sum(f.queue_counts),
+                    f.queue_sum,
+                    dict(f.sheds),
+                    dict(f.budget_refusals),
+                    list(f.quotas),
+                    f.quotas_at,
+                )
+                for f in flows
+            ]
+        out = []
+        for f, requests, tokens, queued, recent, dispatched, queue_sum, sheds, refusals, quotas, at in rows:
+            age = now - at
+            out.append(
+                {
+                    "tenant": f.tenant,
+                    "class": f.priority,
+                    "requests": requests,
+                    "tokens": tokens,
+                    "queued": queued,
+                    "dispatched": dispatched,
+                    "queue_mean_s": round(queue_sum / dispatched, 4) if dispatched else None,
+                    "queue_p50_s": _quantile(recent, 0.5),
+                    "queue_p99_s": _quantile(recent, 0.99),
+                    "sheds": sheds,
+                    "budget_refusals": refusals,
+                    "budget": [
+                        {
+                            "limit": str(q.kind),
+                            "max": q.limit,
+                            "remaining": q.remaining,
+                            "as_of_s": round(age, 1),
+                            "resets_in_s": round(max(0.0, q.reset_seconds - age), 1),
+                        }
+                        for q in quotas
+                    ],
+                }
+            )
+        return out
+
+    def collect(self):
+        labels = ["tenant", "class"]
+        requests = CounterMetricFamily(
+            "globalrouter_flow_requests",
+            "Requests let in by the tenant gate (every request without --policy), per tenant and priority class",
+            labels=labels,
+        )
+        tokens = CounterMetricFamily(
+            "globalrouter_flow_tokens",
+            "Tokens (prompt + generated) of finished requests, per tenant and priority class",
+            labels=labels,
+        )
+        queued = GaugeMetricFamily(
+            "globalrouter_flow_queued",
+            "Requests waiting in the dispatch queue now (--dispatch late), per tenant and priority class",
+            labels=labels,
+        )
+        queue = HistogramMetricFamily(
+            "globalrouter_flow_queue_seconds",
+            "Time a request spent in the dispatch queue before it went to a pool (--dispatch late; 0: at once)",
+            labels=labels,
+        )
+        sheds = CounterMetricFamily(
+            "globalrouter_flow_sheds",
+            "Requests the dispatch queue refused or dropped (429 / RESOURCE_EXHAUSTED), by shed reason",
+            labels=[*labels, "reason"],
+        )
+        refusals = CounterMetricFamily(
+            "globalrouter_flow_budget_refusals",
+            "Requests refused over a tenant budget (BUDGET_EXCEEDED), by limit",
+            labels=[*labels, "limit"],
+        )
+        with self._lock:
+            flows = [
+                (
+                    f.tenant,
+                    str(f.priority),
+                    f.requests,
+                    f.tokens,
+                    f.queued,
+                    list(f.queue_counts),
+                    f.queue_sum,
+                    dict(f.sheds),
+                    dict(f.budget_refusals),
+                )
+                for f in self._series.values()
+            ]
+        for tenant, cls, n, tok, q, counts, total, shed, refused in flows:
+            requests.add_metric([tenant, cls], n)
+            tokens.add_metric([tenant, cls], tok)
+            queued.add_metric([tenant, cls], q)
+            cumulative, buckets = 0, []
+            for bound, c in zip((*QUEUE_BUCKETS, float("inf")), counts, strict=True):
+                cumulative += c
+                buckets.append((floatToGoString(bound), cumulative))
+            queue.add_metric([tenant, cls], buckets, total)
+            for reason, c in shed.items():
+                sheds.add_metric([tenant, cls, reason], c)
+            for limit, c in refused.items():
+                refusals.add_metric([tenant, cls, limit], c)
+        yield from (requests, tokens, queued, queue, sheds, refusals)
+
+
+def _quantile(ordered: list[float], q: float) -> float | None:
+    """The `q` quantile of sorted values (nearest rank), None when there are none."""
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)

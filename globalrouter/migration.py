@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_state import FreshnessLimits, PoolState
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import Decision
@@ -24,6 +25,7 @@ from globalrouter.serving import (
 from globalrouter.stall import FirstTokenWait, Silent, StallPolicy, StallWatch, TurnTooLong, within
 from globalrouter.v1 import pool_frontend_pb2, router_pb2, sampling_pb2
 from meshkit import tracing
+from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.errors import Reason
 from meshkit.logs import get_logger
 
@@ -49,6 +51,15 @@ def decision_attributes(decision: Decision) -> dict[str, object]:
         "decision.cached_blocks": best.cached_blocks if best else None,
         "decision.prompt_blocks": decision.prompt_blocks,
     }
+
+
+def _count_cached_prefix(metrics: RouterMetrics, pool_id: str, prompt_blocks: int, cached_blocks: int) -> None:
+    """Counts a pool's own word on the cached prefix of one request (its admission's, or an
+    OpenAI-HTTP pool's usage at the finish, in the mesh's blocks)."""
+    metrics.labelled(metrics.prompt_blocks, pool_id).inc(prompt_blocks)
+    metrics.labelled(metrics.cached_blocks, pool_id).inc(cached_blocks)
+    if prompt_blocks:
+        metrics.cached_prefix_ratio.observe(cached_blocks / prompt_blocks)
 
 
 def known_busy(pool: PoolState, now: float, limits: FreshnessLimits) -> bool:
@@ -249,6 +260,13 @@ class GenerateRun:
                     )
             if finish is not None and finish.HasField("cached_tokens") and len(rec.pools) == 1:
                 rec.pool_cached_tokens = finish.cached_tokens
+                if not rec.pool_states_cache:
+                    _count_cached_prefix(
+                        self._core.metrics,
+                        admitted.pool_id,
+                        rec.prompt_blocks,
+                        min(rec.prompt_blocks, finish.cached_tokens // DEFAULT_BLOCK_SIZE),
+                    )
             if finish is not None or len(rec.tokens) >= self._max_tokens:
                 reason = _FINISH.get(finish.reason, router_pb2.FINISH_REASON_LENGTH) if finish else None
                 offset = len(rec.tokens)
@@ -534,10 +552,9 @@ class GenerateRun:
                         "admission.prompt_blocks": adm.prompt_blocks,
                     },
                 )
-            metrics.labelled(metrics.prompt_blocks, pool.pool_id).inc(adm.prompt_blocks)
-            metrics.labelled(metrics.cached_blocks, pool.pool_id).inc(adm.cached_blocks)
-            if adm.prompt_blocks:
-                metrics.cached_prefix_ratio.observe(adm.cached_blocks / adm.prompt_blocks)
+            if admitted.states_cache:
+                # An OpenAI-HTTP pool states its cache only with its finish (usage): counted there.
+                _count_cached_prefix(metrics, pool.pool_id, adm.prompt_blocks, adm.cached_blocks)
             q = self._core.record_admission(decision, pool.pool_id)  # available vs achieved cache
             self._event(
                 "decision",

@@ -8,7 +8,7 @@ None of them peeks at the simulated pools' true state.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,7 +28,7 @@ class FrontendView:
     index: KvIndex
     config: SelectionConfig
 
-    def overlaps(self, hash_ids: Sequence[int], now: float) -> dict[str, int]:
+    def overlaps(self, hash_ids: Sequence[int], now: float) -> Mapping[str, int]:
         """Pool id -> cached leading blocks, as the frontend's index says (one pass)."""
         return pool_overlaps(self.index, self.pools, hash_ids, now, self.config.freshness)
 

@@ -5,6 +5,7 @@ The file (`globalrouter serve --policy FILE`)::
     [budget]                       # optional: how budgets are counted (the fleet's, not a tenant's)
     minute_seconds = 60            # the length of a "per minute" window (tests shorten it)
     day_seconds = 86400            # the length of a "per day" window
+    buckets = 10                   # a window is counted in this many buckets (see budgets.py)
     chunk_fraction = 0.1           # a frontend reserves this share of a limit at a time (at least 1)
 
     [default]                      # every identity not listed below
@@ -58,9 +59,13 @@ class BudgetSettings:
     """How budgets are counted across the fleet."""
 
     minute_seconds: float = 60.0
-    """Length of the window of the per-minute limits (windows are aligned to the wall clock)."""
+    """Length of the window of the per-minute limits: every such window, wherever it starts, holds."""
     day_seconds: float = 86_400.0
     """Length of the window of the per-day limit."""
+    buckets: int = 10
+    """Buckets per window (aligned to the wall clock): reservations are counted per bucket and a
+    limit checked over the last buckets + 1, so a steady tenant gets buckets / (buckets + 1) of its
+    limit per window; more buckets waste less and cost a store write per bucket more often."""
     chunk_fraction: float = 0.1
     """Share of a limit a frontend reserves from the shared counter at a time: the fleet can
     hold at most one such chunk per frontend unused, and a frontend asks the store once per chunk."""
@@ -165,7 +170,9 @@ def _show(value: Any) -> str:
 
 _LIMITS = ("tokens_per_minute", "tokens_per_day", "requests_per_minute")
 _ENTRY_KEYS = frozenset({"priority", "weight", *_LIMITS, "regions", "models"})
-_BUDGET_KEYS = frozenset({"minute_seconds", "day_seconds", "chunk_fraction"})
+_BUDGET_KEYS = frozenset({"minute_seconds", "day_seconds", "buckets", "chunk_fraction"})
+MAX_BUCKETS = 100
+"""Buckets per window at most (each admission that reserves sums that many counters)."""
 _TOP_KEYS = frozenset({"budget", "default", "identity"})
 
 
@@ -247,7 +254,15 @@ def _budget(table: Mapping[str, Any], source: str) -> BudgetSettings:
                 raise PolicyError(
                     f"{source}: [budget]: {key} must be 1 to {366 * 86_400} seconds (got {value})"
                 )
-            out = replace(out, **{key: value})
+            seconds: dict[str, Any] = {key: value}
+            out = replace(out, **seconds)
+    if "buckets" in table:
+        buckets = table["buckets"]
+        if isinstance(buckets, bool) or not isinstance(buckets, int) or not 1 <= buckets <= MAX_BUCKETS:
+            raise PolicyError(
+                f"{source}: [budget]: buckets must be a whole number 1 to {MAX_BUCKETS} (got {buckets!r})"
+            )
+        out = replace(out, buckets=buckets)
     if "chunk_fraction" in table:
         value = _number(table["chunk_fraction"], source, "[budget]", "chunk_fraction")
         if not 0.0 < value <= 1.0:

@@ -13,7 +13,9 @@ import grpc
 from globalrouter.aliases import Resolved, Target
 from globalrouter.config import RouterConfig
 from globalrouter.dispatch_live import LateBinder
+from globalrouter.metrics import Flow
 from globalrouter.migration import GenerateError, GenerateRun, Output, RunRecord, decision_attributes
+from globalrouter.policy import OTHER_LABEL
 from globalrouter.routing import RoutingCore, describe_filtered
 from globalrouter.selection import Decision
 from globalrouter.serving import ServingLinks
@@ -124,6 +126,11 @@ class RequestPath:
             if self.gate is not None:
                 # Prompt + max_tokens reserved now; the run's end gives back what was not generated.
                 admission = await self.gate.admit(identity, model, len(prompt), max_tokens)
+                flow = self.core.metrics.flow.series(admission.label, admission.priority)
+                flow.admitted(admission.ticket.quotas if admission.label == admission.tenant else ())
+            else:
+                flow = self.core.metrics.flow.series(OTHER_LABEL, 0)
+                flow.admitted()
             decision = None
             if self.binder is not None:
                 # late binding: the request waits here until a pool can start it (or is shed)
@@ -136,9 +143,10 @@ class RequestPath:
                     priority=admission.priority if admission is not None else 0,
                     tenant=admission.tenant if admission is not None else "",
                     weight=admission.weight if admission is not None else 1.0,
+                    flow=flow,
                 )
             return self._start(
-                request_id, model, prompt, max_tokens, sampling, adapter, admission, span, decision
+                request_id, model, prompt, max_tokens, sampling, adapter, admission, span, decision, flow
             )
         except BaseException as exc:
             if admission is not None:
@@ -162,6 +170,7 @@ class RequestPath:
         admission: Admission | None,
         span: Span | None,
         decision: Decision | None = None,
+        flow: Flow | None = None,
     ) -> PathRun:
         core = self.core
         regions = admission.regions if admission is not None else None
@@ -193,7 +202,7 @@ class RequestPath:
             adapter=adapter,
         )
         run.trace = span
-        return PathRun(core, run, decision, model, admission, len(prompt))
+        return PathRun(core, run, decision, model, admission, len(prompt), flow)
 
 
 class PathRun:
@@ -204,7 +213,7 @@ class PathRun:
     and end(): either way the run's stream is closed and the request counted exactly once. (A
     context rather than a wrapping generator: no extra layer on every output of the hot path.)"""
 
-    __slots__ = ("_admission", "_core", "_ended", "_model", "_prompt_tokens", "_run", "outputs")
+    __slots__ = ("_admission", "_core", "_ended", "_flow", "_model", "_prompt_tokens", "_run", "outputs")
 
     def __init__(
         self,
@@ -214,8 +223,10 @@ class PathRun:
         model: str,
         admission: Admission | None = None,
         prompt_tokens: int = 0,
+        flow: Flow | None = None,
     ) -> None:
         self._core = core
+        self._flow = flow
         self._run = run
         self._model = model
         self._admission = admission
@@ -262,9 +273,12 @@ class PathRun:
                     outcome = "CANCELLED"
             metrics = self._core.metrics
             metrics.labelled(metrics.requests, self._model, outcome).inc()
+            used = self._prompt_tokens + len(self._run.record.tokens)
             if self._admission is not None:
                 # Prompt plus what was generated: the rest of the max_tokens reservation returns.
-                self._admission.finish(self._prompt_tokens + len(self._run.record.tokens))
+                self._admission.finish(used)
+            if self._flow is not None:
+                self._flow.finished(used)
             span = self._run.trace
             if span is not None:
                 rec = self._run.record

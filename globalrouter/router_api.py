@@ -329,6 +329,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             pending_requests=pool.pending_requests,
             listed=pool.listed,
             frontend_protocol="openai_http" if pool.openai_http else "mesh_grpc",
+            adapters=sorted(pool.adapters.get(pool.model, ())),
         )
         if pool.load is not None:
             ld = pool.load

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -77,7 +77,7 @@ class RoutingCore:
 
     def overlaps(
         self, pools: Sequence[PoolState], tokens: Sequence[int], now: float, seed: int = 0
-    ) -> dict[str, int]:
+    ) -> Mapping[str, int]:
         """Cached leading blocks per pool; the prompt is hashed once per distinct block size, from
         `seed` (a LoRA adapter's, meshkit.blocks.adapter_seed; 0 for the base model)."""
         by_size: dict[int, list[PoolState]] = defaultdict(list)
@@ -92,6 +92,8 @@ class RoutingCore:
             first = block_hashes(tokens[:size], size, seed)
             if not first or not self.index.holds(first[0]):
                 continue
+            if len(group) == len(pools):  # every pool (the usual fleet): select reads the array as is
+                return pool_overlaps(self.index, pools, block_hashes(tokens, size, seed), now, limits)
             cached.update(pool_overlaps(self.index, group, block_hashes(tokens, size, seed), now, limits))
         return cached
 

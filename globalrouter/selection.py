@@ -14,13 +14,41 @@ by the caller. The simulator runs exactly this code.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+import itertools
+import operator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
+import numpy as np
 import xxhash
 
 from globalrouter.kv_index import KvIndex
-from globalrouter.pool_state import FreshnessLimits, PoolState
+from globalrouter.kv_summary import KvSummary
+from globalrouter.pool_state import (
+    BACKOFF,
+    BLOCK_SIZE,
+    BLOCKED,
+    CAP_RATE,
+    COLUMNS,
+    FLAGS,
+    KV_AT,
+    LISTED,
+    LOAD_AT,
+    LOAD_DECODE,
+    LOAD_PREFILL,
+    LOAD_PRESENT,
+    MODEL,
+    NOT_READY,
+    PEND_DECODE,
+    PEND_PREFILL,
+    REGION,
+    SLOTS,
+    STATE_AT,
+    UNINTERNED,
+    FreshnessLimits,
+    PoolState,
+)
 from globalrouter.wait_slo import WaitPrice, WaitSlo
 
 _xxh3 = xxhash.xxh3_64_intdigest
@@ -126,8 +154,8 @@ class FilteredPool:
 class Decision:
     """The outcome of one selection."""
 
-    candidates: list[RankedPool]
-    """Eligible pools, best first."""
+    candidates: Sequence[RankedPool]
+    """Eligible pools, best first (a `Ranking` from `select`: built as read, slices are lists)."""
     filtered: list[FilteredPool]
     """Listed pools filtered out, ordered by pool_id."""
     prompt_blocks: int
@@ -136,26 +164,98 @@ class Decision:
     """Whether some listed pool serves the model at all (if not: NOT_FOUND)."""
 
 
+class PoolOverlaps(Mapping[str, int]):
+    """Pool id -> cached leading blocks, as `pool_overlaps` gives it: the values in an array
+    aligned with the pools it was asked about (their PoolColumns rows), which `Selector.select`
+    reads directly when given the same pools; a dict is only built for callers that look up ids."""
+
+    __slots__ = ("_dict", "counts", "pools", "rows")
+
+    def __init__(self, pools: Sequence[PoolState], rows: np.ndarray, counts: np.ndarray) -> None:
+        self.pools = pools
+        self.rows = rows
+        self.counts = counts
+        self._dict: dict[str, int] | None = None
+
+    def _as_dict(self) -> dict[str, int]:
+        if self._dict is None:
+            self._dict = dict(zip((p.pool_id for p in self.pools), self.counts.tolist(), strict=True))
+        return self._dict
+
+    def __getitem__(self, pool_id: str) -> int:
+        return self._as_dict()[pool_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._as_dict())
+
+    def __len__(self) -> int:
+        return len(self._as_dict())
+
+    def __repr__(self) -> str:
+        return f"PoolOverlaps({self._as_dict()!r})"
+
+
+_row_of = operator.attrgetter("row")
+_ZEROS = itertools.repeat(0)
+
+
+def _rows(pools: Sequence[PoolState]) -> np.ndarray:
+    return np.fromiter(map(_row_of, pools), np.int64, len(pools))
+
+
 def pool_overlaps(
-    index: KvIndex,
+    index: KvIndex | KvSummary,
     pools: Iterable[PoolState],
     block_hashes: Sequence[int],
     now: float,
     limits: FreshnessLimits,
-) -> dict[str, int]:
+) -> PoolOverlaps:
     """Pool id -> cached leading blocks: the max over the pool's KV sources, 0 when the pool's
-    KV state is not fresh. One pass over the prompt for all pools."""
-    by_source = index.prefix_overlaps(block_hashes)
-    out: dict[str, int] = {}
-    for pool in pools:
-        best = 0
-        if by_source and pool.kv_fresh(now, limits):
-            for source in pool.kv_sources:
-                n = by_source.get(source, 0)
-                if n > best:
-                    best = n
-        out[pool.pool_id] = best
-    return out
+    KV state is not fresh. One pass over the prompt for all pools.
+
+    With a KvSummary (pool-level tables) a pool's sources answer with the table of the pool they
+    name, looked up once per change of the pool's sources (PoolColumns.kv_table), so the answer
+    for all pools is one gather; with the exact KvIndex, per source."""
+    states = pools if isinstance(pools, list) else list(pools)
+    rows = _rows(states)
+    c = COLUMNS
+    fresh = now - c.f[KV_AT, rows] <= limits.kv_max_age
+    if isinstance(index, KvSummary):
+        values = _summary_overlaps(index, states, rows, block_hashes)
+        values[~fresh] = 0
+    else:
+        values = np.zeros(len(states), np.int64)
+        by_source = index.prefix_overlaps(block_hashes)
+        if by_source:
+            get = by_source.get
+            for i in np.flatnonzero(fresh).tolist():
+                values[i] = max(map(get, states[i].kv_sources, _ZEROS), default=0)
+    return PoolOverlaps(states, rows, values)
+
+
+def _summary_overlaps(
+    summary: KvSummary, states: list[PoolState], rows: np.ndarray, block_hashes: Sequence[int]
+) -> np.ndarray:
+    lengths = summary.pool_lengths(block_hashes)
+    if lengths is None:  # no pool holds the first block (an uncached prompt)
+        return np.zeros(len(states), np.int64)
+    c = COLUMNS
+    tables = summary.table_count()
+    if c.kv_owner is None or c.kv_owner[0] is not summary or c.kv_owner[1] != tables:
+        c.kv_owner = (summary, tables)
+        c.kv_seen[:] = -1  # every row's table looked up again (a new summary, or new pools in it)
+    stale = np.flatnonzero(c.kv_seen[rows] != c.sources_ver[rows])
+    for i in stale.tolist():
+        found = {summary.table_of(source) for source in states[i].kv_sources}
+        found.discard(-1)
+        row = int(rows[i])
+        c.kv_table[row] = found.pop() if len(found) == 1 else (-2 if found else -1)
+        c.kv_seen[row] = c.sources_ver[row]
+    table = c.kv_table[rows]
+    values: np.ndarray = np.where(table >= 0, lengths[table], 0)
+    for i in np.flatnonzero(table == -2).tolist():  # sources naming several pools: the best
+        values[i] = max(int(lengths[t]) for t in map(summary.table_of, states[i].kv_sources) if t >= 0)
+    return values
 
 
 def _filter_reason(
@@ -221,7 +321,8 @@ class Selector:
         return self.wait_price.excess_weight if self.wait_price is not None else 0.0
 
     def throughput(self, pool: PoolState) -> float:
-        """Work tokens per second the pool serves (stated, else estimated from its slots)."""
+        """Work tokens per second the pool serves (stated, else estimated from its slots); `select`
+        works this out for all pools at once (`_rates`), the same way."""
         rate = pool.capacity.prefill_tokens_per_second
         if rate > 0:
             return float(rate)
@@ -231,29 +332,6 @@ class Selector:
         if slots > 0:
             return slots * self.config.tokens_per_second_per_slot
         return self.config.default_tokens_per_second
-
-    def _queue(self, pool: PoolState, known: bool, rate: float, now: float) -> tuple[float, float, float]:
-        """(load_cost, pending_cost, assigned): the reported work left now and the pending work,
-        in seconds of throughput, weighted; `assigned` is reported + pending undrained (what
-        the hotspot term compares)."""
-        cfg = self.config
-        dw = cfg.decode_weight
-        load_cost = reported = 0.0
-        if known:
-            load = pool.load
-            reported = (
-                cfg.load_weight
-                * (load.prefill_tokens_in_flight + dw * load.decode_tokens_in_flight)  # type: ignore[union-attr]
-                / rate
-            )
-            load_cost = reported
-            if cfg.drain_reports and reported > 0:
-                # served since the report at the pool's throughput (load_weight scales seconds)
-                load_cost = max(0.0, reported - cfg.load_weight * (now - pool.load_at))  # type: ignore[operator]
-        pending_cost = (
-            cfg.pending_weight * (pool.pending_prefill_tokens + dw * pool.pending_decode_tokens) / rate
-        )
-        return load_cost, pending_cost, reported + pending_cost
 
     def select(
         self,
@@ -276,14 +354,76 @@ class Selector:
         on every frontend. `observe` False (a dry run) leaves the wait SLO's price as it is.
         `regions`, when set, are the only regions the caller may use (residency, a hard filter).
         `adapter` (a LoRA adapter of `model`) keeps only the pools that serve it.
+
+        Works on the pools' PoolColumns rows as vectors (one numpy operation per term for all
+        pools, the float operations in the same order as the per-pool rule, so the results are
+        the same to the bit); candidates are built as a caller reads them (`Ranking`).
         """
         cfg = self.config
         limits = cfg.freshness
-        rows: list[_Row] = []
+        c = COLUMNS
+        states = pools if isinstance(pools, list) else list(pools)
+        rows = _rows(states)
+        # Cached blocks straight from pool_overlaps' array when it was asked about these same
+        # pools (the usual caller), else looked up by id below.
+        ov_values = None
+        if type(cached_blocks) is PoolOverlaps:
+            ov_rows = cached_blocks.rows
+            if ov_rows.size == rows.size and not np.count_nonzero(ov_rows != rows):
+                ov_values = cached_blocks.counts
+        ints = c.i[:, rows]
+        flags = ints[FLAGS]
+        if np.count_nonzero(flags & LISTED) != len(states):
+            keep = ((flags & LISTED) != 0).nonzero()[0]
+            rows, ints, flags = rows[keep], ints[:, keep], flags[keep]
+            if ov_values is not None:
+                ov_values = ov_values[keep]
+            states = [states[i] for i in keep.tolist()]
+        n = len(states)
+        same_model = ints[MODEL] == c.code(model)
+        f = c.f[:, rows]
+        # The filter (the reasons and details come from _filter_reason, for the pools filtered out).
+        bad = ~same_model | ((flags & BLOCKED) != 0) | (f[BACKOFF] > now)
+        not_ready = flags & NOT_READY
+        if np.count_nonzero(not_ready):  # only a fresh report counts
+            bad |= (not_ready != 0) & (now - f[STATE_AT] <= limits.state_max_age)
+        if regions is not None:
+            bad |= ~np.isin(ints[REGION], [c.code(r) for r in regions])
         filtered: list[FilteredPool] = []
-        model_served = False
-        first_block_size = 0
-        own_work = prompt_tokens + cfg.decode_weight * max_tokens
+        if np.count_nonzero(bad):
+            for i in bad.nonzero()[0].tolist():
+                reason = _filter_reason(states[i], model, now, limits, regions)
+                if reason is None:  # the rule has the last word (a column out of step)
+                    bad[i] = False
+                else:
+                    filtered.append(reason)
+            eligible = (~bad).nonzero()[0]
+        else:
+            eligible = None  # all of them (the usual case: no index arrays to apply)
+        if adapter:
+            ok = np.ones(n, bool)
+            for i in range(n) if eligible is None else eligible.tolist():
+                reason = _adapter_filter(states[i], model, adapter)
+                if reason is not None:
+                    filtered.append(reason)
+                    ok[i] = False
+            if np.count_nonzero(ok) != n:
+                eligible = (ok if eligible is None else ok & ~bad).nonzero()[0]
+        if filtered:
+            filtered.sort(key=_pool_id_of)
+        block_size = ints[BLOCK_SIZE]
+        if eligible is not None or not n:
+            if eligible is None or not eligible.size:
+                return self._none_eligible(states, ints, same_model, model, adapter, prompt_tokens, filtered)
+            f, flags, block_size = f[:, eligible], flags[eligible], block_size[eligible]
+            if ov_values is not None:
+                ov_values = ov_values[eligible]
+            states = [states[i] for i in eligible.tolist()]
+        if ov_values is not None:
+            cached = ov_values
+        else:
+            get = cached_blocks.get
+            cached = np.fromiter((get(p.pool_id, 0) for p in states), np.int64, len(states))
         price = self.wait_price
         if price is not None:
             prefill_weight = price.slo.prefill_weight
@@ -292,84 +432,142 @@ class Selector:
         else:
             prefill_weight = cfg.prefill_weight
             excess_weight = knee = 0.0
-        for pool in pools:
-            if not pool.listed:
-                continue
-            if pool.model == model and (not adapter or adapter in pool.adapters.get(model, ())):
-                model_served = True
-            if not first_block_size:
-                first_block_size = pool.block_size
-            reason = _filter_reason(pool, model, now, limits, regions)
-            if reason is None and adapter:
-                reason = _adapter_filter(pool, model, adapter)
-            if reason is not None:
-                filtered.append(reason)
-                continue
-            rate = self.throughput(pool)
-            block_size = pool.block_size
-            cached = cached_blocks.get(pool.pool_id, 0)
-            if block_size > 0:
-                blocks = prompt_tokens // block_size
-                cached = min(cached, blocks)
-                uncached = prompt_tokens - cached * block_size
-            else:
-                blocks = cached = 0
-                uncached = prompt_tokens
-            known = pool.load_fresh(now, limits)
-            load_cost, pending_cost, assigned = self._queue(pool, known, rate, now)
-            if excess_weight:
-                over = load_cost + pending_cost - knee
-                if over > 0:
-                    load_cost += excess_weight * over
-            rows.append(
-                _Row(
-                    pool,
-                    known,
-                    prefill_weight * uncached / rate,
-                    load_cost,
-                    pending_cost,
-                    cached,
-                    blocks,
-                    uncached,
-                    assigned,
-                    own_work / rate,
-                )
-            )
-        if cfg.hotspot_seconds > 0 and rows:
-            _penalize_hotspots(rows, cfg.hotspot_seconds, cfg.hotspot_request_share)
-        candidates: list[tuple[bool, float, RankedPool]] = []
-        for r in rows:
-            total = r.prefill_cost + r.load_cost + r.pending_cost
-            ranked = _new_ranked(
-                r.pool.pool_id,
-                total,
-                r.prefill_cost,
-                r.load_cost,
-                r.pending_cost,
-                r.cached,
-                r.blocks,
-                r.known,
-                r.pool.region,
-                r.uncached,
-            )
-            candidates.append((not r.known, total, ranked))
-        candidates.sort(key=_rank_key)
-        filtered.sort(key=lambda f: f.pool_id)
-        ranked_list = _break_ties(candidates, affinity_key & _SEED_MASK)
-        if price is not None and observe and ranked_list:
-            # The estimated wait at the pick, without the hotspot and wait-price terms: drained
-            # reported work plus pending, in seconds (worked out again only here, off the path
-            # without an SLO).
-            first = next(r for r in rows if r.pool.pool_id == ranked_list[0].pool_id)
-            load_cost, pending_cost, _ = self._queue(
-                first.pool, first.known, self.throughput(first.pool), now
-            )
-            price.observe(load_cost + pending_cost)
-        if ranked_list:
-            prompt_blocks = ranked_list[0].prompt_blocks
+        dw = cfg.decode_weight
+        rate = self._rates(f)
+        sized = block_size > 0
+        if np.count_nonzero(sized) == sized.size:
+            blocks = prompt_tokens // block_size
+            cached = np.minimum(cached, blocks)
+            uncached = prompt_tokens - cached * block_size
         else:
-            prompt_blocks = prompt_tokens // first_block_size if first_block_size > 0 else 0
-        return Decision(ranked_list, filtered, prompt_blocks, model_served)
+            blocks = np.where(sized, prompt_tokens // np.where(sized, block_size, 1), 0)
+            cached = np.where(sized, np.minimum(cached, blocks), 0)
+            uncached = np.where(sized, prompt_tokens - cached * block_size, prompt_tokens)
+        load_at = f[LOAD_AT]
+        known = ((flags & LOAD_PRESENT) != 0) & (now - load_at <= limits.load_max_age)
+        # Selector._queue of the per-pool rule, for all pools at once (the same operations in the
+        # same order): the reported work (drained since the report) and the pending work.
+        # (a weight of 1 is skipped: 1.0 * x is x to the bit, and each operation costs ~1 µs)
+        reported = np.where(
+            known, _weighted(cfg.load_weight, f[LOAD_PREFILL] + dw * f[LOAD_DECODE]) / rate, 0.0
+        )
+        load_cost = reported
+        if cfg.drain_reports:
+            # served since the report at the pool's throughput (load_weight scales seconds)
+            load_cost = np.where(
+                reported > 0, np.maximum(0.0, reported - _weighted(cfg.load_weight, now - load_at)), reported
+            )
+        pending_cost = _weighted(cfg.pending_weight, f[PEND_PREFILL] + dw * f[PEND_DECODE]) / rate
+        wait = load_cost + pending_cost  # the estimated wait (what the wait SLO's price observes)
+        if excess_weight:
+            over = wait - knee
+            load_cost = np.where(over > 0, load_cost + excess_weight * over, load_cost)
+        prefill_cost = prefill_weight * uncached / rate
+        if cfg.hotspot_seconds > 0:
+            load_cost = _penalize_hotspots(
+                load_cost,
+                reported + pending_cost,
+                known,
+                (prompt_tokens + dw * max_tokens) / rate,
+                cfg.hotspot_seconds,
+                cfg.hotspot_request_share,
+            )
+        total = prefill_cost + load_cost + pending_cost
+        # Known load first, then by cost (stable: equal keys keep the listing order until the
+        # tie-break reorders them).
+        if np.count_nonzero(known) == known.size:
+            order = np.argsort(total, kind="stable")
+            ts = total[order]
+            ties = (ts[1:] == ts[:-1]).nonzero()[0]
+        else:
+            order = np.lexsort((total, ~known))
+            ts, ks = total[order], known[order]
+            ties = ((ts[1:] == ts[:-1]) & (ks[1:] == ks[:-1])).nonzero()[0]
+        ranked = (
+            order.tolist() if not ties.size else _break_ties(order, ties, states, affinity_key & _SEED_MASK)
+        )
+        ranking = Ranking(
+            states, ranked, total, prefill_cost, load_cost, pending_cost, cached, blocks, known, uncached
+        )
+        if price is not None and observe:
+            # The estimated wait at the pick, without the hotspot and wait-price terms.
+            price.observe(float(wait[ranked[0]]))
+        # a candidate serves the model (and the adapter)
+        return Decision(ranking, filtered, int(blocks[ranked[0]]), True)
+
+    @staticmethod
+    def _none_eligible(
+        states: list[PoolState],
+        ints: np.ndarray,
+        same_model: np.ndarray,
+        model: str,
+        adapter: str,
+        prompt_tokens: int,
+        filtered: list[FilteredPool],
+    ) -> Decision:
+        """The decision without candidates: whether some listed pool serves the model (and the
+        adapter) at all, and the prompt's blocks at the first listed pool's block size."""
+        odd = (ints[MODEL] == UNINTERNED).nonzero()[0]
+        if odd.size:  # names past PoolColumns' bound: the pools' own model names decide
+            same_model = same_model.copy()
+            same_model[odd] = [states[i].model == model for i in odd.tolist()]
+        if adapter:
+            served = any(
+                adapter in states[i].adapters.get(model, ()) for i in same_model.nonzero()[0].tolist()
+            )
+        else:
+            served = bool(np.count_nonzero(same_model))
+        sizes = ints[BLOCK_SIZE]
+        nonzero = sizes.nonzero()[0]
+        first = int(sizes[nonzero[0]]) if nonzero.size else 0
+        return Decision(Ranking.empty(), filtered, prompt_tokens // first if first > 0 else 0, served)
+
+    def _rates(self, f: np.ndarray) -> np.ndarray:
+        """`throughput` of the pools whose PoolColumns.f columns are `f`, at once."""
+        stated, slots = f[CAP_RATE], f[SLOTS]
+        return np.where(
+            stated > 0,
+            stated,
+            np.where(
+                slots > 0,
+                slots * self.config.tokens_per_second_per_slot,
+                self.config.default_tokens_per_second,
+            ),
+        )
+
+
+def _penalize_hotspots(
+    load_cost: np.ndarray,
+    assigned: np.ndarray,
+    known: np.ndarray,
+    own_seconds: np.ndarray,
+    floor: float,
+    share: float,
+) -> np.ndarray:
+    """Adds E^2 / (floor + share * T + M) to the load term of pools whose assigned work exceeds
+    the mean M of the known-load pools by E (T: the request's own service time there).
+
+    The assigned work is undrained on purpose: the drained estimate is the better guess of the
+    wait, but a pool that was given well above its share within the last report interval is
+    where the next burst piles up, so spreading keys on what was assigned."""
+    queues = assigned[known]
+    if not queues.size:
+        return load_cost
+    # Python's sum, as the per-pool rule had it (numpy's pairwise sum differs in the last bits)
+    mean = sum(queues.tolist()) / queues.size
+    excess = assigned - mean
+    over = excess > 0
+    if not np.count_nonzero(over):  # no pool above the mean (an idle or even fleet)
+        return load_cost
+    return np.where(over, load_cost + excess * excess / (floor + share * own_seconds + mean), load_cost)
+
+
+def _weighted(weight: float, x: np.ndarray) -> np.ndarray:
+    return x if weight == 1.0 else weight * x
+
+
+def _pool_id_of(f: FilteredPool) -> str:
+    return f.pool_id
 
 
 (
@@ -415,55 +613,120 @@ def _new_ranked(
     return r
 
 
-@dataclass(slots=True)
-class _Row:
-    """One eligible pool while its costs are worked out."""
-
-    pool: PoolState
-    known: bool
-    prefill_cost: float
-    load_cost: float
-    pending_cost: float
-    cached: int
-    blocks: int
-    uncached: int
-    assigned: float
-    """Reported + pending work in seconds, undrained (what the hotspot term compares)."""
-    own_seconds: float
-    """The request's whole service time at this pool with nothing cached."""
-
-
-def _penalize_hotspots(rows: list[_Row], floor: float, request_share: float) -> None:
-    """Adds E^2 / (floor + request_share * T + M) to the load term of pools whose assigned work
-    exceeds the mean M of the known-load pools by E (T: the request's own service time there).
-
-    The assigned work is undrained on purpose: the drained estimate is the better guess of the
-    wait, but a pool that was given well above its share within the last report interval is
-    where the next burst piles up, so spreading keys on what was assigned."""
-    queues = [r.assigned for r in rows if r.known]
-    if not queues:
-        return
-    mean = sum(queues) / len(queues)
-    for r in rows:
-        excess = r.assigned - mean
-        if excess > 0:
-            r.load_cost += excess * excess / (floor + request_share * r.own_seconds + mean)
-
-
-def _rank_key(entry: tuple[bool, float, RankedPool]) -> tuple[bool, float]:
-    return entry[0], entry[1]
-
-
-def _break_ties(candidates: list[tuple[bool, float, RankedPool]], seed: int) -> list[RankedPool]:
-    """The ranked pools, each run of equal keys reordered by rendezvous hash (hashes are only
-    computed for ties, which are rare outside idle pools and uncached prompts)."""
-    out = [c[2] for c in candidates]
-    i, n = 0, len(candidates)
-    while i < n:
-        j = i + 1
-        while j < n and candidates[j][0] == candidates[i][0] and candidates[j][1] == candidates[i][1]:
-            j += 1
-        if j - i > 1:
-            out[i:j] = sorted(out[i:j], key=lambda r: _xxh3(r.pool_id.encode(), seed=seed))
-        i = j
+def _break_ties(order: np.ndarray, ties: np.ndarray, pools: list[PoolState], seed: int) -> list[int]:
+    """`order` with each run of equal keys reordered by rendezvous hash of the pool id (`ties`:
+    positions i where keys i and i+1 are equal; hashes are only computed for ties, which are
+    rare outside idle pools and uncached prompts)."""
+    out: list[int] = order.tolist()
+    starts = ties[np.concatenate(([True], ties[1:] != ties[:-1] + 1))].tolist()
+    ends = ties[np.concatenate((ties[1:] != ties[:-1] + 1, [True]))].tolist()
+    for i, j in zip(starts, ends, strict=True):
+        run = out[i : j + 2]
+        out[i : j + 2] = sorted(run, key=lambda k: _xxh3(pools[k].pool_id.encode(), seed=seed))
     return out
+
+
+class Ranking(Sequence[RankedPool]):
+    """A decision's candidates, best first: a read-only list whose RankedPools are built from
+    the cost vectors as they are read (building 1,000 of them took as long as ranking them, and
+    the request path reads the first few)."""
+
+    __slots__ = ("_built", "_cols", "_order", "_pools")
+
+    def __init__(
+        self,
+        pools: list[PoolState],
+        order: list[int],
+        total: np.ndarray,
+        prefill: np.ndarray,
+        load: np.ndarray,
+        pending: np.ndarray,
+        cached: np.ndarray,
+        blocks: np.ndarray,
+        known: np.ndarray,
+        uncached: np.ndarray,
+    ) -> None:
+        """`pools` and the cost vectors in the pools' order; `order` ranks them (best first)."""
+        self._pools = pools
+        self._order = order
+        self._cols = (total, prefill, load, pending, cached, blocks, known, uncached)
+        self._built: list[RankedPool | None] = [None] * len(order)
+
+    @classmethod
+    def empty(cls) -> Ranking:
+        z = np.zeros(0)
+        return cls([], [], z, z, z, z, z, z, z, z)
+
+    def _build(self, i: int) -> RankedPool:
+        r = self._built[i]
+        if r is None:
+            total, prefill, load, pending, cached, blocks, known, uncached = self._cols
+            k = self._order[i]
+            pool = self._pools[k]
+            r = self._built[i] = _new_ranked(
+                pool.pool_id,
+                float(total[k]),
+                float(prefill[k]),
+                float(load[k]),
+                float(pending[k]),
+                int(cached[k]),
+                int(blocks[k]),
+                bool(known[k]),
+                pool.region,
+                int(uncached[k]),
+            )
+        return r
+
+    def _all(self) -> list[RankedPool]:
+        built = self._built
+        if None in built:
+            total, prefill, load, pending, cached, blocks, known, uncached = (
+                col.tolist() for col in self._cols
+            )
+            pools = self._pools
+            for i, k in enumerate(self._order):
+                if built[i] is None:
+                    pool = pools[k]
+                    built[i] = _new_ranked(
+                        pool.pool_id,
+                        total[k],
+                        prefill[k],
+                        load[k],
+                        pending[k],
+                        cached[k],
+                        blocks[k],
+                        known[k],
+                        pool.region,
+                        uncached[k],
+                    )
+        return built  # type: ignore[return-value]
+
+    @overload
+    def __getitem__(self, i: int) -> RankedPool: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[RankedPool]: ...
+    def __getitem__(self, i: int | slice) -> RankedPool | list[RankedPool]:
+        if isinstance(i, slice):
+            return [self._build(k) for k in range(*i.indices(len(self._order)))]
+        n = len(self._order)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("candidate index out of range")
+        return self._build(i)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __iter__(self) -> Iterator[RankedPool]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Ranking | list | tuple):
+            return self._all() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._all())

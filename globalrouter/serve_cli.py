@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import sys
 from dataclasses import replace
@@ -72,6 +73,23 @@ def policy_file(value: str) -> str:
     except policy.PolicyError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return value
+
+
+def class_seconds(value: str) -> dict[int, float]:
+    """argparse type: CLASS=SECONDS[,CLASS=SECONDS...] (priority classes 0-9), "" for none."""
+    out: dict[int, float] = {}
+    for part in filter(None, (x.strip() for x in value.split(","))):
+        cls, sep, seconds = part.partition("=")
+        try:
+            number, wait = int(cls), float(seconds)
+        except ValueError:
+            number, wait = -1, -1.0
+        if not sep or not 0 <= number <= policy.MAX_PRIORITY or not (wait >= 0 and math.isfinite(wait)):
+            raise argparse.ArgumentTypeError(
+                f"expected CLASS=SECONDS with CLASS 0 to {policy.MAX_PRIORITY} and SECONDS >= 0, got {part!r}"
+            )
+        out[number] = wait
+    return out
 
 
 def add_parser(subparsers) -> None:
@@ -165,6 +183,15 @@ def add_parser(subparsers) -> None:
         default=settings.field_default(DispatchConfig, "max_queue_seconds"),
         metavar="SECONDS",
         help="late: seconds a request may wait in the queue before it is shed (default %(default)s)",
+    )
+    p.add_argument(
+        "--dispatch-shed-after",
+        type=class_seconds,
+        default="",
+        metavar="CLASS=SECONDS[,...]",
+        help="late: under overload, a request of priority class CLASS queued longer than SECONDS is "
+        "shed (429 / RESOURCE_EXHAUSTED, shed reason OVERLOADED) so that higher classes keep the "
+        "pools; classes not named wait up to --dispatch-max-wait (default: none)",
     )
     p.add_argument(
         "--metrics-listen",
@@ -508,7 +535,12 @@ def _dispatch_config(args: argparse.Namespace) -> DispatchConfig | None:
     if args.dispatch != "late":
         return None
     base = DispatchConfig.for_wait_slo(args.wait_slo) if args.wait_slo else DispatchConfig()
-    return replace(base, max_queued=args.dispatch_max_queued, max_queue_seconds=args.dispatch_max_wait)
+    return replace(
+        base,
+        max_queued=args.dispatch_max_queued,
+        max_queue_seconds=args.dispatch_max_wait,
+        shed_after_seconds=args.dispatch_shed_after,
+    )
 
 
 def _exit_now(code: int) -> NoReturn:

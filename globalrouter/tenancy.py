@@ -195,6 +195,7 @@ class TenantGate:
             ticket = await self.budgets.admit(tenant, policy, prompt_tokens + max_tokens)
         except BudgetExceeded as exc:
             metrics.labelled(metrics.tenant_budget_refusals, label, exc.exceeded.kind.value).inc()
+            metrics.flow.series(label, policy.priority).budget_refused(exc.exceeded.kind.value)
             raise budget_refusal(exc, prompt_tokens + max_tokens) from None
         except StoreError as exc:
             log.warning("budget store unavailable; request refused", tenant=tenant, error=str(exc))

@@ -47,6 +47,7 @@ from meshkit import tracing
 from meshkit.authz import UNCHECKED, Authorizer
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
 from meshkit.errors import Reason
+from meshkit.identity import Role
 from meshkit.ids import request_id_from
 from meshkit.limits import LimitExceeded, Slots
 from meshkit.logs import get_logger
@@ -232,7 +233,11 @@ class OpenAIFront:
         return HTMLResponse(PAGE, headers={"cache-control": "no-cache"})
 
     async def status_json(self, request: Request) -> Response:
-        return JSONResponse(status(self.core, self.frontend_id), headers={"cache-control": "no-store"})
+        # A client sees the flow rows of its own tenant only: others' names and usage are not its to read.
+        identity = request.scope.get("state", {}).get("identity", UNCHECKED)
+        tenant = str(identity) if identity.role is Role.CLIENT else None
+        data = status(self.core, self.frontend_id, tenant=tenant)
+        return JSONResponse(data, headers={"cache-control": "no-store"})
 
     async def health(self, request: Request) -> Response:
         """/health and /livez: alive and not stopping (a liveness probe; readiness is /readyz)."""

@@ -42,8 +42,9 @@ def cached_prefix(decisions: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def status(core: RoutingCore, frontend_id: str) -> dict[str, Any]:
-    """What the page shows: pools by region with their signals, and the recent events of the core."""
+def status(core: RoutingCore, frontend_id: str, *, tenant: str | None = None) -> dict[str, Any]:
+    """What the page shows: pools by region with their signals, the recent events of the core, and
+    flow control per tenant and class (only `tenant`'s rows when given: a client sees its own)."""
     now = core.clock.monotonic()
     limits = core.selector_limits
     regions: dict[str, list[dict[str, Any]]] = {}
@@ -56,6 +57,7 @@ def status(core: RoutingCore, frontend_id: str) -> dict[str, Any]:
             {
                 "pool_id": pool.pool_id,
                 "model": pool.model,
+                "adapters": sorted(pool.adapters.get(pool.model, ())),
                 "state": pool_state(core, pool, now),
                 "requests_running": load.requests_running if load else None,
                 "requests_waiting": load.requests_waiting if load else None,
@@ -82,6 +84,9 @@ def status(core: RoutingCore, frontend_id: str) -> dict[str, Any]:
         "cached_prefix": cached_prefix(decisions),
         "migrations": [e for e in recent if e["kind"] == "migration"][:20],
         "refusals": [e for e in recent if e["kind"] == "refusal"][:20],
+        # per tenant and priority class (metrics.FlowStats): requests, tokens, the dispatch queue
+        # now and its recent wait, sheds, budget refusals and what the last admission left
+        "flow": [f for f in core.metrics.flow.snapshot() if tenant is None or f["tenant"] == tenant],
     }
 
 
@@ -105,6 +110,7 @@ th{background:#eef1f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 <h1>Global Router</h1>
 <div id="meta">loading…</div>
 <h2>Pools</h2><div id="pools"></div>
+<h2>Tenants and priority classes</h2><div id="flow"></div>
 <h2>Recent decisions</h2><div id="prefix"></div><div id="decisions"></div>
 <h2>Migrations</h2><div id="migrations"></div>
 <h2>Refusals</h2><div id="refusals"></div>
@@ -135,6 +141,11 @@ function clock(wall) { return new Date(wall * 1000).toLocaleTimeString(); }
 function share(e) { return e.prompt_blocks ? Math.round(100 * e.cached_blocks / e.prompt_blocks) + "%" : "–"; }
 function pct(x) { return x === null || x === undefined ? "–" : Math.round(100 * x) + "%"; }
 function age(x) { return x === null ? null : x.toFixed(1) + " s"; }
+function secs(x) { return x === null || x === undefined ? null : (x < 1 ? Math.round(1000 * x) + " ms" : x.toFixed(2) + " s"); }
+function counts(o) { const k = Object.keys(o).sort(); return k.length ? k.map(r => r + " " + o[r]).join(", ") : "0"; }
+function budget(b) {
+  return b.length ? b.map(q => q.limit + ": " + q.remaining + " / " + q.max + " (resets in " + q.resets_in_s + " s)").join("; ") : "–";
+}
 function render(s) {
   document.getElementById("meta").textContent =
     "frontend " + s.frontend_id + " · updated " + clock(s.time);
@@ -146,13 +157,18 @@ function render(s) {
     pools.append(table(
       ["pool", "model", "state", "running", "waiting", "KV blocks used / total", "indexed blocks", "KV view age", "telemetry age"],
       region.pools.map(p => [
-        p.pool_id, p.model, el("span", {class: "state " + p.state, "data-pool": p.pool_id}, p.state),
+        p.pool_id, p.adapters.length ? p.model + " + adapters " + p.adapters.join(", ") : p.model, el("span", {class: "state " + p.state, "data-pool": p.pool_id}, p.state),
         p.requests_running, p.requests_waiting,
         p.kv_blocks_used === null ? null : p.kv_blocks_used + " / " + p.kv_blocks_total,
         p.indexed_blocks, el("span", {class: p.kv_fresh ? "" : "stale-kv", "data-kv-pool": p.pool_id},
           p.kv_age_s === null ? "no KV yet" : age(p.kv_age_s) + (p.kv_fresh ? "" : " (stale: counts as uncached)")),
         age(p.telemetry_age_s)])));
   }
+  document.getElementById("flow").replaceChildren(table(
+    ["class", "tenant", "requests", "tokens", "queued now", "queue p50", "queue p99", "queue mean", "shed", "budget refusals", "budget left (last admission)"],
+    s.flow.map(f => [f.class, el("span", {"data-tenant": f.tenant, "data-class": f.class}, f.tenant), f.requests, f.tokens, f.queued,
+                     secs(f.queue_p50_s), secs(f.queue_p99_s), secs(f.queue_mean_s), counts(f.sheds),
+                     counts(f.budget_refusals), budget(f.budget)])));
   const q = s.cached_prefix;
   document.getElementById("prefix").textContent = q.decisions
     ? "cached prefix over the last " + q.decisions + " decisions: achieved " + pct(q.achieved_mean) +

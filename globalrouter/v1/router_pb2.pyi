@@ -213,7 +213,7 @@ class PoolLoadView(_message.Message):
     def __init__(self, requests_waiting: _Optional[int] = ..., requests_running: _Optional[int] = ..., prefill_tokens_in_flight: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., decode_tokens_in_flight: _Optional[int] = ...) -> None: ...
 
 class PoolView(_message.Message):
-    __slots__ = ("pool_id", "model", "region", "frontends", "draining", "ready", "load", "load_freshness", "kv_freshness", "state_freshness", "indexed_blocks", "telemetry_streams", "pending_requests", "listed", "frontend_protocol")
+    __slots__ = ("pool_id", "model", "region", "frontends", "draining", "ready", "load", "load_freshness", "kv_freshness", "state_freshness", "indexed_blocks", "telemetry_streams", "pending_requests", "listed", "frontend_protocol", "adapters")
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +229,7 @@ class PoolView(_message.Message):
     PENDING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     LISTED_FIELD_NUMBER: _ClassVar[int]
     FRONTEND_PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     pool_id: str
     model: str
     region: str
@@ -244,7 +245,8 @@ class PoolView(_message.Message):
     pending_requests: int
     listed: bool
     frontend_protocol: str
-    def __init__(self, pool_id: _Optional[str] = ..., model: _Optional[str] = ..., region: _Optional[str] = ..., frontends: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., ready: _Optional[bool] = ..., load: _Optional[_Union[PoolLoadView, _Mapping]] = ..., load_freshness: _Optional[_Union[SignalFreshness, _Mapping]] = ..., kv_freshness: _Optional[_Union[SignalFreshness, _Mapping]] = ..., state_freshness: _Optional[_Union[SignalFreshness, _Mapping]] = ..., indexed_blocks: _Optional[int] = ..., telemetry_streams: _Optional[int] = ..., pending_requests: _Optional[int] = ..., listed: _Optional[bool] = ..., frontend_protocol: _Optional[str] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pool_id: _Optional[str] = ..., model: _Optional[str] = ..., region: _Optional[str] = ..., frontends: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., ready: _Optional[bool] = ..., load: _Optional[_Union[PoolLoadView, _Mapping]] = ..., load_freshness: _Optional[_Union[SignalFreshness, _Mapping]] = ..., kv_freshness: _Optional[_Union[SignalFreshness, _Mapping]] = ..., state_freshness: _Optional[_Union[SignalFreshness, _Mapping]] = ..., indexed_blocks: _Optional[int] = ..., telemetry_streams: _Optional[int] = ..., pending_requests: _Optional[int] = ..., listed: _Optional[bool] = ..., frontend_protocol: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListPoolsResponse(_message.Message):
     __slots__ = ("pools", "next_page_token")

@@ -31,8 +31,9 @@ from poolrelay.engine.events import AllBlocksCleared as Cleared
 from poolrelay.engine.events import BlockRemoved, BlockStored, decode_batch
 from poolrelay.v1 import telemetry_pb2 as tm
 from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
+from tests.engines.vllm_support import make_engine_files, start_vllm_relay, wait_vllm
 from tests.router.mesh import Mesh, RouterProc
-from tests.support import REPO, ProcessGroup, command, free_port, wait_until
+from tests.support import ProcessGroup, free_port, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -40,7 +41,6 @@ ENGINES_PYTHON = os.environ.get("ENGINES_PYTHON", "")
 REQUIRED = os.environ.get("GR_TEST_ENGINES") == "1"
 MESH_BLOCK = 16
 LOAD_WINDOW_S = 8.0
-START_TIMEOUT_S = 900.0  # vLLM on a busy 2-core machine: about 65 s idle, several minutes loaded
 
 
 def _engines_or_skip() -> str:
@@ -168,14 +168,7 @@ class EngineMesh:
         )
 
     def wait_engine(self, pool: str) -> None:
-        e = self.engines[pool]
-
-        def up():
-            if e.proc is not None and not e.proc.alive():
-                raise AssertionError(f"vLLM {pool} exited:\n{e.proc.output()[-4000:]}")
-            return e.healthy()
-
-        wait_until(up, START_TIMEOUT_S, interval=1.0, message=f"vLLM {pool} healthy")
+        wait_vllm(self.engines[pool], f"vLLM {pool}")
 
     def ensure_up(self) -> None:
         """Both pools serve and the frontend routes to both (a test that killed one restarts it)."""
@@ -191,13 +184,7 @@ class EngineMesh:
 def em(tmp_path_factory):
     python = _engines_or_skip()
     tmp = tmp_path_factory.mktemp("engines")
-    model_dir = tmp / "model"
-    subprocess.run(
-        [python, str(REPO / "scripts" / "engines" / "make_model.py"), str(model_dir)],
-        check=True,
-        timeout=600,
-        capture_output=True,
-    )
+    model_dir = make_engine_files(python, tmp / "model")
     group = ProcessGroup(tmp)
     sink = TelemetrySink()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
@@ -218,16 +205,9 @@ def em(tmp_path_factory):
             logs[pool] = EventLog(f"tcp://127.0.0.1:{e.events}")
             em.start_engine(pool)
         for pool, e in engines.items():
-            worker = f"url={e.url},events=tcp://127.0.0.1:{e.events},replay=tcp://127.0.0.1:{e.replay}"
-            group.start(
-                f"relay-{pool}",
-                [
-                    command("poolrelay"), "serve", "--engine", "vllm", "--engine-worker", worker,
-                    "--engine-block-size", str(ENGINE_BLOCK), "--discovery", mesh.discovery,
-                    "--routing-pool", pool, "--routing-pool-region", "local", "--relay-id", f"relay-{pool}",
-                    "--report-interval", "0.2", "--global-frontends", f"http://127.0.0.1:{sink_port}",
-                ],
-            )  # fmt: skip
+            start_vllm_relay(
+                group, e, pool, mesh.discovery, "--global-frontends", f"http://127.0.0.1:{sink_port}"
+            )
         em.ensure_up()
         yield em
     except BaseException:

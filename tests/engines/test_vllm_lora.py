@@ -12,16 +12,15 @@ Run by `make test-engines` (ENGINES_PYTHON, GR_TEST_ENGINES=1); skipped otherwis
 
 from __future__ import annotations
 
-import subprocess
-
 import grpc
 import pytest
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
-from meshlaunch.vllm_engine import ENGINE_BLOCK, MODEL, Engine
-from tests.engines.test_vllm_e2e import START_TIMEOUT_S, _engines_or_skip
+from meshlaunch.vllm_engine import MODEL, Engine
+from tests.engines.test_vllm_e2e import _engines_or_skip
+from tests.engines.vllm_support import make_engine_files, start_vllm_relay, wait_vllm
 from tests.router.mesh import Mesh
-from tests.support import REPO, ProcessGroup, command, free_port, wait_until
+from tests.support import ProcessGroup, free_port, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 ADAPTER = "sql-lora"
@@ -32,14 +31,8 @@ PROMPT = list(range(300, 400))  # 100 tokens: 3 engine blocks of 32, 6 mesh bloc
 def lm(tmp_path_factory):
     python = _engines_or_skip()
     tmp = tmp_path_factory.mktemp("lora")
-    model_dir, lora_dir = tmp / "model", tmp / "lora"
-    for script, out in (("make_model.py", model_dir), ("make_lora.py", lora_dir)):
-        subprocess.run(
-            [python, str(REPO / "scripts" / "engines" / script), str(out)],
-            check=True,
-            timeout=600,
-            capture_output=True,
-        )
+    model_dir = make_engine_files(python, tmp / "model")
+    lora_dir = make_engine_files(python, tmp / "lora", "make_lora.py")
     group = ProcessGroup(tmp)
     try:
         engine = Engine("pool-vllm", free_port(), free_port(), free_port())
@@ -59,25 +52,8 @@ def lm(tmp_path_factory):
         mesh.start_discovery(None, "--heartbeat-interval", "2", "--lease-duration", "10")
         router = mesh.start_router()
         mesh.start_pool("pool-mock", "local", "--workers", "1", "--speedup", "10", model=MODEL)
-
-        def up() -> bool:
-            if engine.proc is not None and not engine.proc.alive():
-                raise AssertionError(f"vLLM exited:\n{engine.proc.output()[-4000:]}")
-            return engine.healthy()
-
-        wait_until(up, START_TIMEOUT_S, interval=1.0, message="vLLM healthy")
-        worker = (
-            f"url={engine.url},events=tcp://127.0.0.1:{engine.events},replay=tcp://127.0.0.1:{engine.replay}"
-        )
-        group.start(
-            "relay-pool-vllm",
-            [
-                command("poolrelay"), "serve", "--engine", "vllm", "--engine-worker", worker,
-                "--engine-block-size", str(ENGINE_BLOCK), "--discovery", mesh.discovery,
-                "--routing-pool", "pool-vllm", "--routing-pool-region", "local", "--relay-id", "relay-pool-vllm",
-                "--report-interval", "0.2",
-            ],
-        )  # fmt: skip
+        wait_vllm(engine)
+        start_vllm_relay(group, engine, "pool-vllm", mesh.discovery)
         mesh.wait_routable(router, ["pool-vllm", "pool-mock"], timeout=120)
         yield engine, router
     except BaseException:

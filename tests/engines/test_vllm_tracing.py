@@ -9,10 +9,11 @@ import grpc
 import pytest
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
-from meshlaunch.vllm_engine import ENGINE_BLOCK, MODEL, Engine
-from tests.engines.test_vllm_e2e import START_TIMEOUT_S, _engines_or_skip
+from meshlaunch.vllm_engine import MODEL, Engine
+from tests.engines.test_vllm_e2e import _engines_or_skip
+from tests.engines.vllm_support import make_engine_files, start_vllm_relay, wait_vllm
 from tests.router.mesh import Mesh
-from tests.support import REPO, ProcessGroup, command, free_port, wait_until
+from tests.support import ProcessGroup, free_port
 from tests.tracing.otlp_receiver import OtlpReceiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -20,16 +21,8 @@ MESH_SERVICES = {"globalrouter", "poolrelay", "mocker"}
 
 
 def test_the_mesh_and_vllm_spans_are_one_trace(tmp_path, monkeypatch):
-    import subprocess
-
     python = _engines_or_skip()
-    model_dir = tmp_path / "model"
-    subprocess.run(
-        [python, str(REPO / "scripts" / "engines" / "make_model.py"), str(model_dir)],
-        check=True,
-        timeout=600,
-        capture_output=True,
-    )
+    model_dir = make_engine_files(python, tmp_path / "model")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
     receiver = OtlpReceiver()
     group = ProcessGroup(tmp_path)
@@ -43,25 +36,8 @@ def test_the_mesh_and_vllm_spans_are_one_trace(tmp_path, monkeypatch):
         mesh = Mesh(group)
         mesh.start_discovery(None, "--heartbeat-interval", "2", "--lease-duration", "10")
         router = mesh.start_router("--otlp-endpoint", receiver.endpoint)
-
-        def up() -> bool:
-            if engine.proc is not None and not engine.proc.alive():
-                raise AssertionError(f"vLLM exited:\n{engine.proc.output()[-4000:]}")
-            return engine.healthy()
-
-        wait_until(up, START_TIMEOUT_S, interval=1.0, message="vLLM healthy")
-        worker = (
-            f"url={engine.url},events=tcp://127.0.0.1:{engine.events},replay=tcp://127.0.0.1:{engine.replay}"
-        )
-        group.start(
-            "relay-pool-a",
-            [
-                command("poolrelay"), "serve", "--engine", "vllm", "--engine-worker", worker,
-                "--engine-block-size", str(ENGINE_BLOCK), "--discovery", mesh.discovery,
-                "--routing-pool", "pool-a", "--routing-pool-region", "local", "--relay-id", "relay-pool-a",
-                "--report-interval", "0.2", "--otlp-endpoint", receiver.endpoint,
-            ],
-        )  # fmt: skip
+        wait_vllm(engine)
+        start_vllm_relay(group, engine, "pool-a", mesh.discovery, "--otlp-endpoint", receiver.endpoint)
         mesh.wait_routable(router, ["pool-a"], timeout=120)
 
         trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)

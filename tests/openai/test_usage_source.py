@@ -164,3 +164,30 @@ async def test_a_migrated_request_keeps_the_first_pools_figure(front):
     finally:
         await dying.cleanup()
         await other.cleanup()
+
+
+@pytest.mark.parametrize("cached", [48, None], ids=["reported", "unreported"])
+async def test_an_http_pools_cached_prefix_reaches_the_metrics_at_its_finish(front, cached):
+    runner = await http_pool(front, "h", cached=cached)
+    try:
+        registry = front.router.core.metrics.registry
+
+        def sample(name: str, labels: dict | None = None) -> float:
+            return registry.get_sample_value(name, labels or {}) or 0.0
+
+        ratios = sample("globalrouter_cached_prefix_ratio_count")
+        ratio_sum = sample("globalrouter_cached_prefix_ratio_sum")
+        await complete(front, stream=True)
+        await complete(front, stream=False)
+        if cached is None:
+            # Unknown is not zero: a pool that states nothing is left out of the cached-prefix figures.
+            assert sample("globalrouter_prompt_blocks_total", {"pool": "h"}) == 0
+            assert sample("globalrouter_cached_prefix_ratio_count") == ratios
+        else:
+            # Its usage (48 of 80 prompt tokens) in the mesh's 16-token blocks: 3 of 5, per request.
+            assert sample("globalrouter_prompt_blocks_total", {"pool": "h"}) == 10
+            assert sample("globalrouter_cached_blocks_total", {"pool": "h"}) == 6
+            assert sample("globalrouter_cached_prefix_ratio_count") == ratios + 2
+            assert sample("globalrouter_cached_prefix_ratio_sum") - ratio_sum == pytest.approx(1.2)
+    finally:
+        await runner.cleanup()

@@ -183,3 +183,17 @@ def test_the_http_front_resolves_adapters_and_aliases_the_same_way(mesh):
     assert complete_http(mesh, "chat", "h-9", [1, 2, 3])[2] in {"pool-v2", "pool-lora", "pool-plain"}
     status, body, _ = complete_http(mesh, f"{MODEL}:no-such-lora", "h-10", [1, 2])
     assert status == 404 and body["error"]["code"] == "model_not_found"
+
+
+def test_list_pools_and_the_status_page_name_each_pools_adapters(mesh):
+    def views():
+        with grpc.insecure_channel(mesh.routers[0].address) as ch:
+            page = router_pb2_grpc.RouterServiceStub(ch).ListPools(router_pb2.ListPoolsRequest(), timeout=5)
+        return {p.pool_id: list(p.adapters) for p in page.pools}
+
+    wait_until(lambda: views().get("pool-lora") == [ADAPTER], 15, message="ListPools names the adapter")
+    assert views() == {"pool-lora": [ADAPTER], "pool-plain": [], "pool-v2": []}
+    url = f"http://127.0.0.1:{mesh.http_port}/status.json"
+    status = json.loads(urllib.request.urlopen(url, timeout=5).read())
+    shown = {p["pool_id"]: p["adapters"] for r in status["regions"] for p in r["pools"]}
+    assert shown == {"pool-lora": [ADAPTER], "pool-plain": [], "pool-v2": []}

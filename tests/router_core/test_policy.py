@@ -58,6 +58,7 @@ def test_entries_start_from_the_default_and_override_what_they_set():
     stranger = policy.for_identity(Identity(Role.CLIENT, "mallory"))
     assert stranger.name == "default" and stranger.priority == 1
     assert policy.budget.minute_seconds == 10 and policy.budget.chunk(10_000) == 1000
+    assert policy.budget.buckets == 10 and parse("[budget]\nbuckets = 60").budget.buckets == 60
 
 
 def test_metric_labels_are_bounded_to_listed_identities():
@@ -91,6 +92,9 @@ def test_no_policy_lets_everyone_do_everything():
         ),
         ("[budget]\nminute_seconds = 0.5", ["[budget]", "minute_seconds"]),
         ("[budget]\nchunk_fraction = 0", ["[budget]", "chunk_fraction"]),
+        ("[budget]\nbuckets = 0", ["[budget]", "buckets must be a whole number 1 to 100"]),
+        ("[budget]\nbuckets = 101", ["[budget]", "buckets", "101"]),
+        ("[budget]\nbuckets = 2.5", ["[budget]", "buckets", "2.5"]),
         ("[budget]\nchunk = 1", ["[budget]", "chunk"]),
         ("[tenants]\nx = 1", ["tenants"]),
         ("[default\n", ["not valid TOML"]),

@@ -1,0 +1,399 @@
+"""End to end, real processes: flow control at a global frontend with `--dispatch late` and a
+`--policy` giving tenants classes and weights (callers identified by API key on loopback).
+
+(a) priority: with the pools saturated by a low class, a high-class request dispatches before the
+low-class requests queued ahead of it; (b) shedding: a low class queued past its
+`--dispatch-shed-after` gets 429 + Retry-After over HTTP and RESOURCE_EXHAUSTED with an ErrorInfo
+reason over gRPC, while the high class is served; (c) fairness: two tenants of equal weight
+flooding with 2:1 demand each get 0.45-0.55 of the tokens served over a window. The figures are
+read from the frontend's own flow metrics and status page (metrics.FlowStats).
+
+The pools are slow on purpose (one worker, two run slots, 50 output tokens/s) and state a prefill
+rate that makes the frontend's estimate of their backlog match what they really take, so the
+pools hold about a second of work each and the rest waits in the frontend's dispatch queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from globalrouter.v1 import router_pb2, router_pb2_grpc
+from meshkit.errors import reason_of
+from meshkit.identity import hash_api_key, new_api_key
+from meshlaunch import MODEL, Mesh, free_port, process_group, wait_until
+from meshlaunch.mesh import RouterProc, relay_argv, router_argv
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+PROMPT = 64
+MAX_TOKENS = 16
+HIGH = 5
+# One worker, two run slots, 16 tokens at 50/s: ~0.33 s per request, two at a time. The frontend
+# prices a request at prompt + 4 x max_tokens = 128 work tokens; at 800 tokens/s that is 0.16 s,
+# what the pool really takes per request, so "can start within 1 s" means ~6 requests at the pool.
+POOL_FLAGS = (
+    "--workers",
+    "1",
+    "--max-running-per-worker",
+    "2",
+    "--prefill-tokens-per-second",
+    "800",
+    "--decode-tokens-per-second",
+    "50",
+)
+TENANTS = ("alice", "bob", "vip")
+VIP_BUDGET = 1_000_000
+"""vip's tokens per minute (never reached: the status page shows what is left of it)."""
+
+
+@dataclass
+class FlowMesh:
+    """A mesh whose frontend identifies callers by API key and applies a policy."""
+
+    router: RouterProc
+    http: str
+    keys: dict[str, str]
+
+    def metadata(self, tenant: str) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.keys[tenant]}"),)
+
+    def status(self, who: str = "ops") -> dict:
+        """/status.json as `who` (the operator by default: a client sees its own flow rows only)."""
+        request = urllib.request.Request(
+            f"http://{self.http}/status.json", headers={"authorization": f"Bearer {self.keys[who]}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return json.loads(reply.read())
+
+    def flow(self, tenant: str) -> dict:
+        """The status page's row of client/`tenant` (zeros before its first request)."""
+        for row in self.status()["flow"]:
+            if row["tenant"] == f"client/{tenant}":
+                return row
+        return {"requests": 0, "tokens": 0, "queued": 0, "dispatched": 0, "sheds": {}}
+
+    def tokens(self, tenant: str, cls: int = 0) -> float:
+        return self.router.metric(
+            "globalrouter_flow_tokens_total", tenant=f"client/{tenant}", **{"class": str(cls)}
+        )
+
+    def generate(self, tenant: str, *, timeout: float = 60) -> int:
+        """One gRPC Generate of a fresh prompt as `tenant`: tokens generated; raises grpc.RpcError."""
+        prompt = [random.randrange(1, 30_000) for _ in range(PROMPT)]
+        with grpc.insecure_channel(self.router.address) as channel:
+            call = router_pb2_grpc.RouterServiceStub(channel).Generate(
+                router_pb2.GenerateRequest(
+                    model=MODEL,
+                    prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=prompt)),
+                    max_tokens=MAX_TOKENS,
+                ),
+                timeout=timeout,
+                metadata=self.metadata(tenant),
+            )
+            return sum(len(r.tokens.token_ids) for r in call if r.WhichOneof("payload") == "tokens")
+
+    def post(self, tenant: str) -> tuple[int, dict[str, str], dict]:
+        """(status, headers, body) of one POST /v1/completions as `tenant`."""
+        body = {"model": MODEL, "prompt": f"flow {random.random()} " * 8, "max_tokens": MAX_TOKENS}
+        request = urllib.request.Request(
+            f"http://{self.http}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"content-type": "application/json", "authorization": f"Bearer {self.keys[tenant]}"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as reply:
+                return (
+                    reply.status,
+                    {k.lower(): v for k, v in reply.headers.items()},
+                    json.loads(reply.read()),
+                )
+        except urllib.error.HTTPError as exc:
+            return exc.code, {k.lower(): v for k, v in exc.headers.items()}, json.loads(exc.read())
+
+
+@contextlib.contextmanager
+def flow_mesh(tmp_path: Path, pools: int, *router_flags: str) -> Iterator[FlowMesh]:
+    """Discovery, `pools` slow mocker pools whose relays authenticate by key, and one frontend with
+    `--api-keys`, `--policy` (alice and bob class 0 weight 1, vip class HIGH), `--dispatch late`."""
+    keys = {name: new_api_key() for name in (*TENANTS, "ops")}
+    relay_keys = {f"pool-{i}": new_api_key() for i in range(pools)}
+    lines = [
+        f"{name if name in TENANTS else 'admin/' + name} {hash_api_key(key)}" for name, key in keys.items()
+    ]
+    lines += [f"relay/{p}/relay-{p} {hash_api_key(k)}" for p, k in relay_keys.items()]
+    (tmp_path / "api-keys").write_text("\n".join(lines) + "\n")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        '[identity."client/alice"]\npriority = 0\nweight = 1.0\n\n'
+        '[identity."client/bob"]\npriority = 0\nweight = 1.0\n\n'
+        f'[identity."client/vip"]\npriority = {HIGH}\ntokens_per_minute = {VIP_BUDGET}\n'
+    )
+    with process_group(tmp_path) as group:
+        m = Mesh(group)
+        m.start_discovery()
+        http = f"127.0.0.1:{free_port()}"
+        address, metrics_port = f"127.0.0.1:{free_port()}", free_port()
+        args = router_argv(
+            address,
+            m.discovery,
+            "--metrics-listen",
+            f"127.0.0.1:{metrics_port}",
+            "--grace",
+            "1",
+            "--api-keys",
+            str(tmp_path / "api-keys"),
+            "--policy",
+            str(policy),
+            "--dispatch",
+            "late",
+            "--http-listen",
+            http,
+            *router_flags,
+        )
+        router = RouterProc(address, group.start("router", args), metrics_port)
+        for pool_id, key in relay_keys.items():
+            pool = m.start_pool(pool_id, "eu", *POOL_FLAGS, relay=False)
+            key_file = tmp_path / f"{pool_id}.apikey"
+            key_file.write_text(key + "\n")
+            group.start(
+                f"relay-{pool_id}",
+                relay_argv(
+                    pool.address,
+                    m.discovery,
+                    pool_id,
+                    "eu",
+                    f"relay-{pool_id}",
+                    "--api-key-file",
+                    str(key_file),
+                ),
+            )
+        mesh = FlowMesh(router, http, keys)
+
+        def routable() -> bool:
+            router.proc.check_alive()
+            try:
+                with grpc.insecure_channel(address) as ch:
+                    reply = router_pb2_grpc.RouterServiceStub(ch).ListPools(
+                        router_pb2.ListPoolsRequest(), timeout=5, metadata=mesh.metadata("alice")
+                    )
+            except grpc.RpcError:
+                return False
+            views = {p.pool_id: p for p in reply.pools}
+            return all(
+                p in views
+                and views[p].listed
+                and views[p].load_freshness.fresh
+                and views[p].kv_freshness.fresh
+                for p in relay_keys
+            )
+
+        wait_until(routable, 60, message="the frontend sees every pool with telemetry (relays by key)")
+        yield mesh
+
+
+@dataclass
+class Flood:
+    """`threads` callers of one tenant, each sending one request after another until stopped."""
+
+    mesh: FlowMesh
+    tenant: str
+    threads: int
+    done: list[tuple[float, float]] = field(default_factory=list)
+    """(sent, finished) monotonic times of the requests served."""
+    errors: list[grpc.RpcError] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    _workers: list[threading.Thread] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __enter__(self) -> Flood:
+        for _ in range(self.threads):
+            t = threading.Thread(target=self._loop, daemon=True)
+            t.start()
+            self._workers.append(t)
+        return self
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            sent = time.monotonic()
+            try:
+                self.mesh.generate(self.tenant)
+            except grpc.RpcError as exc:
+                with self.lock:
+                    self.errors.append(exc)
+                time.sleep(0.2)  # a shed caller backs off a little, as a client would
+                continue
+            with self.lock:
+                self.done.append((sent, time.monotonic()))
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self._workers:
+            t.join(timeout=90)
+
+
+def test_a_high_class_request_dispatches_before_the_low_class_queued_ahead_of_it(tmp_path):
+    with flow_mesh(tmp_path, 1) as mesh, Flood(mesh, "alice", 20) as flood:
+        wait_until(
+            lambda: mesh.flow("alice")["queued"] >= 10, 60, message="alice's flood queues at the frontend"
+        )
+        queued_before = mesh.flow("alice")["queued"]
+        sent = time.monotonic()
+        assert mesh.generate("vip") == MAX_TOKENS
+        finished = time.monotonic()
+        # FIFO would serve vip after every alice request sent before it; by class it overtakes
+        # the ones waiting in the frontend's queue (only those already at the pool finish first).
+
+        def overtaken() -> int:
+            with flood.lock:
+                return sum(1 for s, f in flood.done if s < sent and f > finished)
+
+        wait_until(
+            lambda: overtaken() >= 5,
+            60,
+            interval=0.2,
+            message="alice's requests sent before vip's finish after it",
+        )
+        vip = mesh.flow("vip")
+        alice = mesh.flow("alice")
+        print(
+            f"alice queued at the frontend when vip arrived: {queued_before}; vip took {finished - sent:.2f} s, "
+            f"queued {vip['queue_p50_s']} s; alice queue p50 {alice['queue_p50_s']} s p99 {alice['queue_p99_s']} s"
+        )
+        assert vip["dispatched"] == 1 and vip["sheds"] == {}
+        assert not flood.errors, flood.errors[:1]
+
+
+def _detail(error: grpc.RpcError, kind):
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    for detail in status.details:
+        message = kind()
+        if detail.Unpack(message):
+            return message
+    raise AssertionError(f"no {kind.__name__} in {status}")
+
+
+def test_a_low_class_past_its_shed_time_gets_429_and_resource_exhausted_while_the_high_class_is_served(
+    tmp_path,
+):
+    with flow_mesh(tmp_path, 1, "--dispatch-shed-after", "0=1") as mesh, Flood(mesh, "alice", 24) as flood:
+        wait_until(lambda: len(flood.errors) >= 3, 60, message="alice's flood is shed over gRPC")
+        error = flood.errors[0]
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+        assert reason_of(error) == "QUEUE_FULL"
+        info = _detail(error, error_details_pb2.ErrorInfo)
+        assert info.metadata["shed_reason"] == "OVERLOADED", info
+        assert float(info.metadata["queued_seconds"]) >= 1.0
+        assert _detail(error, error_details_pb2.RetryInfo).retry_delay.seconds >= 1
+        # over HTTP, alice's request queued past 1 s behind her own flood: 429 with Retry-After in
+        # OpenAI's shape (a request of bob's would not wait: fair queueing puts an idle tenant's
+        # first request ahead of alice's backlog)
+        statuses = []
+
+        def http_shed() -> bool:
+            status, headers, body = mesh.post("alice")
+            statuses.append(status)
+            if status != 429:
+                return False
+            assert body["error"]["code"] == "QUEUE_FULL", body
+            assert "OVERLOADED" in body["error"]["message"], body
+            assert int(headers["retry-after"]) >= 1, headers
+            return True
+
+        wait_until(http_shed, 90, interval=0.1, message="an HTTP request of class 0 is shed with 429")
+        # the high class meanwhile is served, and never shed
+        for _ in range(3):
+            assert mesh.generate("vip") == MAX_TOKENS
+        alice, vip = mesh.flow("alice"), mesh.flow("vip")
+        # a client reads its own row of the status page's flow section only
+        assert [row["tenant"] for row in mesh.status("vip")["flow"]] == ["client/vip"]
+        print(f"alice {alice['sheds']} (HTTP statuses {statuses}), vip {vip}")
+        assert alice["sheds"].get("OVERLOADED", 0) >= 4
+        assert vip["sheds"] == {} and vip["dispatched"] == 3
+        # what the budget had left after vip's last admission: three requests' reservations fewer
+        (budget,) = vip["budget"]
+        assert (budget["limit"], budget["max"]) == ("tokens_per_minute", VIP_BUDGET), budget
+        assert VIP_BUDGET - 3 * (PROMPT + MAX_TOKENS) <= budget["remaining"] < VIP_BUDGET, budget
+        assert (
+            mesh.router.metric(
+                "globalrouter_flow_sheds_total", tenant="client/alice", reason="OVERLOADED", **{"class": "0"}
+            )
+            >= 3
+        )
+        assert len(flood.done) > 0, "alice's flood is served too, up to what the pools take"
+
+
+def test_two_tenants_of_equal_weight_share_the_tokens_evenly_under_unequal_floods(tmp_path):
+    # one pool holds ~6 requests (3 of bob's), so bob's 10 callers keep several in the queue
+    with flow_mesh(tmp_path, 1) as mesh, Flood(mesh, "alice", 20), Flood(mesh, "bob", 10):
+        # both backlogged at the frontend: the dispatch queue decides who goes next
+        wait_until(
+            lambda: mesh.flow("alice")["queued"] >= 3 and mesh.flow("bob")["queued"] >= 3,
+            60,
+            message="both tenants queue at the frontend",
+        )
+        time.sleep(2.0)  # past the start: the pools' first loads were taken in arrival order
+        start = {t: mesh.tokens(t) for t in ("alice", "bob")}
+        per_request = PROMPT + MAX_TOKENS
+
+        def served() -> float:
+            return sum(mesh.tokens(t) - start[t] for t in start) / per_request
+
+        wait_until(lambda: served() >= 100, 150, interval=0.5, message="100 requests served in the window")
+        end = {t: mesh.tokens(t) for t in start}
+        queued = (mesh.flow("alice")["queued"], mesh.flow("bob")["queued"])
+    got = {t: end[t] - start[t] for t in start}
+    share = got["alice"] / (got["alice"] + got["bob"])
+    print(f"tokens over the window: {got}; alice's share {share:.3f}; queued at the end {queued}")
+    assert min(queued) >= 1, "both tenants stayed backlogged (else the share says nothing)"
+    assert 0.45 <= share <= 0.55, got
+
+
+FLOW_ROWS = (
+    "[...document.querySelectorAll('#flow tr')].slice(1).map(r => [...r.cells].map(c => c.textContent))"
+)
+
+
+def test_the_status_page_shows_a_row_per_tenant_and_class(procs, browser, tmp_path):
+    from tests.router.test_e2e_status_quality import shown
+
+    m = Mesh(procs)
+    m.start_discovery()
+    m.start_pool("pool-a", "eu", "--speedup", "50")
+    http = f"127.0.0.1:{free_port()}"
+    router = m.start_router("--dispatch", "late", "--http-listen", http)  # no policy: tenant "other", class 0
+    m.wait_routable(router, m.pools)
+    for i in range(3):
+        with grpc.insecure_channel(router.address) as channel:
+            call = router_pb2_grpc.RouterServiceStub(channel).Generate(
+                router_pb2.GenerateRequest(
+                    model=MODEL,
+                    prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=[i + 1] * PROMPT)),
+                    max_tokens=4,
+                ),
+                timeout=30,
+            )
+            assert sum(len(r.tokens.token_ids) for r in call if r.WhichOneof("payload") == "tokens") == 4
+    browser.open(f"http://{http}/")
+    (row,) = shown(browser, FLOW_ROWS, lambda rows: len(rows) == 1 and rows[0][2] == "3", 20, "the flow row")
+    # class, tenant, requests, tokens, queued now, queue p50, p99, mean, shed, budget refusals, budget left
+    assert row[:5] == ["0", "other", "3", str(3 * (PROMPT + 4)), "0"], row
+    assert all(re.fullmatch(r"\d+ ms|\d+\.\d\d s", t) for t in row[5:8]), row
+    assert row[8:] == ["0", "0", "–"], row
+    assert router.metric("globalrouter_flow_queue_seconds_count", tenant="other", **{"class": "0"}) == 3
+    browser.screenshot(tmp_path / "status-flow.png")
