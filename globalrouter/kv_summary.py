@@ -967,12 +967,12 @@ class _Probe:
         width = upto - 1
         grid = (
             (np.take(slots, base + self._b1[g + 1 : g + upto], axis=0) == self._v[g + 1 : g + upto][:, None])
-            .view(np.uint64)
+            .view(_ROW_WORD)
             .reshape(i.size, width)
         )
         two = (
             (np.take(slots, base + self._b2[g + 1 : g + upto], axis=0) == self._v2[g + 1 : g + upto][:, None])
-            .view(np.uint64)
+            .view(_ROW_WORD)
             .reshape(i.size, width)
         )
         miss = ((grid | two) == 0) & (np.arange(1, upto) <= need[:, None])
@@ -987,7 +987,7 @@ class _Probe:
         at = block if self._one else self._flat[i] + block
         slots = self._s._slots
         base = self._base[i]
-        one = (np.take(slots, base + self._b1[at], axis=0) == self._v[at][:, None]).view(np.uint64)[:, 0]
-        two = (np.take(slots, base + self._b2[at], axis=0) == self._v2[at][:, None]).view(np.uint64)[:, 0]
+        one = (np.take(slots, base + self._b1[at], axis=0) == self._v[at][:, None]).view(_ROW_WORD)[:, 0]
+        two = (np.take(slots, base + self._b2[at], axis=0) == self._v2[at][:, None]).view(_ROW_WORD)[:, 0]
         out: np.ndarray = (one | two) != 0
         return out
