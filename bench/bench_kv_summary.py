@@ -319,6 +319,11 @@ class _Lockstep(KvSummary):
         super().apply_delta(source, put, drop)
         self.exact.apply_delta(source, put, drop)
 
+    def pool_lengths(self, block_hashes: Sequence[int]) -> np.ndarray | None:
+        # what selection.pool_overlaps reads from a summary: compared through prefix_overlaps
+        self.prefix_overlaps(block_hashes)
+        return super().pool_lengths(block_hashes)
+
     def prefix_overlaps(self, block_hashes: Sequence[int]) -> dict[str, int]:
         got, want = super().prefix_overlaps(block_hashes), self.exact.prefix_overlaps(block_hashes)
         self.calls += 1

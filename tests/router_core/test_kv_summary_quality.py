@@ -80,11 +80,12 @@ def test_two_blocks_sharing_an_entry_removed_in_one_fold_take_one_entry_each():
 class _Lockstep(KvSummary):
     """A KvSummary fed alongside an exact index, recording the pool answers that differ."""
 
-    __slots__ = ("differing", "exact")
+    __slots__ = ("calls", "differing", "exact")
 
     def __init__(self) -> None:
         super().__init__()
         self.exact = KvIndex()
+        self.calls = 0
         self.differing: list[tuple[str, int, int]] = []
 
     def apply_snapshot(self, source, hashes):
@@ -97,8 +98,14 @@ class _Lockstep(KvSummary):
         super().apply_delta(source, put, drop)
         self.exact.apply_delta(source, put, drop)
 
+    def pool_lengths(self, block_hashes):
+        # what selection.pool_overlaps reads from a summary: compared through prefix_overlaps
+        self.prefix_overlaps(block_hashes)
+        return super().pool_lengths(block_hashes)
+
     def prefix_overlaps(self, block_hashes):
         got, want = super().prefix_overlaps(block_hashes), self.exact.prefix_overlaps(block_hashes)
+        self.calls += 1
         for source in sorted(got.keys() | want.keys()):
             if got.get(source, 0) != want.get(source, 0):
                 self.differing.append((source, got.get(source, 0), want.get(source, 0)))
@@ -128,6 +135,7 @@ def test_a_churning_simulation_sees_the_exact_index_answers(monkeypatch):
     monkeypatch.setattr(simulate_module, "KvSummary", factory)
     simulate(trace, SimConfig(pools=4, capacity_blocks=60, rate=50_000.0, kv_state="summary"))
     index = made[0]
+    assert index.calls == len(trace)
     assert len(index.differing) <= 3, index.differing
     for k in range(4):
         source = f"pool-{k:02d}/relay-0"
