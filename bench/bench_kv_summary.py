@@ -15,6 +15,7 @@ with `--kv-state exact` and `--kv-state summary` on both shared traces.
     .venv/bin/python -m bench.bench_kv_summary [--pools 1000] [--blocks 1000000] [--relays 2]
     .venv/bin/python -m bench.bench_kv_summary --compare --pools 64 --blocks 100000 --relays 2
     .venv/bin/python -m bench.bench_kv_summary --lockstep
+    .venv/bin/python -m bench.bench_kv_summary --quality
 """
 
 from __future__ import annotations
@@ -55,7 +56,12 @@ SIM_RUNS = (
         "--pools 32 --pool-capacity-blocks 1000 --pool-rate 3000",
         SimConfig(pools=32, capacity_blocks=1000, rate=3000.0),
     ),
+    (
+        "--pools 128 --pool-capacity-blocks 250 --pool-rate 750",
+        SimConfig(pools=128, capacity_blocks=250, rate=750.0),
+    ),
 )
+"""The simulator's defaults, then the same total KV capacity and work rate split over 32 and 128 pools."""
 
 
 def rss_bytes() -> int:
@@ -196,21 +202,35 @@ def one_snapshot(rng: np.random.Generator, runs: int = 5) -> tuple[float, float,
     return wall[runs // 2], wall[-1], cpu[runs // 2], cpu[-1]
 
 
-def quality() -> list[tuple[str, str, float, float, float]]:
-    """(trace, extra flags, share_of_ideal exact, summary, hit_rate difference) per run."""
+def quality() -> list[tuple[str, str, float, float, str]]:
+    """(trace, extra flags, share_of_ideal exact, summary, prefix searches differing) per run:
+    the summary run routes with the summary while an exact index gets the same feed (_Lockstep)."""
     rows = []
     for path in sorted(TRACES.glob("*.jsonl")):
         trace = load_trace(str(path))
         for flags, config in SIM_RUNS:
             exact = simulate(trace, config)
-            summary = simulate(trace, replace(config, kv_state="summary"))
-            rows.append((path.name, flags, exact.share_of_ideal, summary.share_of_ideal, 0.0))
+            summary, s = lockstep_run(trace, config)
+            kinds = ", ".join(f"{k}: {n}" for k, n in sorted(s.kinds.items())) or "none"
+            differing = f"{s.differing:,} of {s.calls:,} ({s.over} / {s.under}; {kinds})"
+            rows.append((path.name, flags, exact.share_of_ideal, summary.share_of_ideal, differing))
             print(
                 f"  {path.name} {flags or '(defaults)'}: share_of_ideal exact {exact.share_of_ideal:.4f}, "
-                f"summary {summary.share_of_ideal:.4f}",
+                f"summary {summary.share_of_ideal:.4f}; searches differing (pools over / under) {differing}",
                 flush=True,
             )
     return rows
+
+
+def quality_table(rows: list[tuple[str, str, float, float, str]]) -> list[str]:
+    return [
+        "| trace | flags | share_of_ideal exact | summary | summary - exact | prefix searches differing from exact (pools over / under; kinds) |",
+        "|---|---|---:|---:|---:|---:|",
+        *(
+            f"| {t} | {fl or '(defaults: 8 pools x 4,000 blocks)'} | {e:.4f} | {s:.4f} | {s - e:+.4f} | {d} |"
+            for t, fl, e, s, d in rows
+        ),
+    ]
 
 
 def compare(pools: int, blocks: int, relays: int, rng: np.random.Generator) -> str:
@@ -275,14 +295,19 @@ def compare(pools: int, blocks: int, relays: int, rng: np.random.Generator) -> s
 
 class _Lockstep(KvSummary):
     """A KvSummary that also feeds an exact KvIndex the same calls and counts, per prefix
-    search, the answers that differ (the simulator routes with the summary's)."""
+    search, the answers that differ (the simulator routes with the summary's), and per pool
+    answer that differs its kind: `kinds` counts "false positive at the first missing block"
+    (the summary's table holds every block up to its answer), "unchecked bound" (a binary
+    search's bound not checked block by block) and "false negative" (a block the exact index
+    holds that the table does not)."""
 
-    __slots__ = ("calls", "differing", "exact", "over", "under")
+    __slots__ = ("calls", "differing", "exact", "kinds", "over", "under")
 
     def __init__(self) -> None:
         super().__init__()
         self.exact = KvIndex()
         self.calls = self.differing = self.over = self.under = 0
+        self.kinds: dict[str, int] = {}
 
     def apply_snapshot(self, source: str, hashes: Iterable[int]) -> None:
         keys = list(hashes)
@@ -294,15 +319,31 @@ class _Lockstep(KvSummary):
         super().apply_delta(source, put, drop)
         self.exact.apply_delta(source, put, drop)
 
+    def pool_lengths(self, block_hashes: Sequence[int]) -> np.ndarray | None:
+        # what selection.pool_overlaps reads from a summary: compared through prefix_overlaps
+        self.prefix_overlaps(block_hashes)
+        return super().pool_lengths(block_hashes)
+
     def prefix_overlaps(self, block_hashes: Sequence[int]) -> dict[str, int]:
         got, want = super().prefix_overlaps(block_hashes), self.exact.prefix_overlaps(block_hashes)
         self.calls += 1
         if got != want:
             self.differing += 1
+            keys = kv_summary.mix(np.array(block_hashes, np.uint64))
             for source in got.keys() | want.keys():
-                d = got.get(source, 0) - want.get(source, 0)
-                self.over += d > 0
-                self.under += d < 0
+                g, w = got.get(source, 0), want.get(source, 0)
+                self.over += g > w
+                self.under += g < w
+                if g == w:
+                    continue
+                held = self._held(np.full(keys.size, self._source_pool[source]), keys)
+                if g < w:
+                    kind = "false negative"
+                elif held[:g].all():
+                    kind = "false positive at the first missing block"
+                else:
+                    kind = "unchecked bound"
+                self.kinds[kind] = self.kinds.get(kind, 0) + 1
         return got
 
 
@@ -337,9 +378,8 @@ def perturbed(trace_name: str, config: SimConfig, n: int, seed: int) -> float:
         simulate_module.KvIndex = saved  # type: ignore[misc]
 
 
-def lockstep(trace_name: str, config: SimConfig) -> str:
-    """One summary simulation with the exact index fed alongside: how many decisions saw other
-    prefixes than the exact index would have given, and in which direction."""
+def lockstep_run(trace: Sequence[Any], config: SimConfig) -> tuple[Any, _Lockstep]:
+    """The summary simulation with an exact index fed alongside: (its result, the lockstep)."""
     made: list[_Lockstep] = []
 
     def factory() -> _Lockstep:
@@ -349,10 +389,16 @@ def lockstep(trace_name: str, config: SimConfig) -> str:
     saved = simulate_module.KvSummary
     simulate_module.KvSummary = factory  # type: ignore[misc,assignment]
     try:
-        r = simulate(load_trace(str(TRACES / trace_name)), replace(config, kv_state="summary"))
+        r = simulate(trace, replace(config, kv_state="summary"))
     finally:
         simulate_module.KvSummary = saved  # type: ignore[misc]
-    s = made[0]
+    return r, made[0]
+
+
+def lockstep(trace_name: str, config: SimConfig) -> str:
+    """One summary simulation with the exact index fed alongside: how many decisions saw other
+    prefixes than the exact index would have given, and in which direction."""
+    r, s = lockstep_run(load_trace(str(TRACES / trace_name)), config)
     line = (
         f"{trace_name} {config.pools} pools x {config.capacity_blocks} blocks: share_of_ideal {r.share_of_ideal:.4f}; "
         f"{s.differing} of {s.calls} prefix searches differ from the exact index's (pools over: {s.over}, "
@@ -370,6 +416,11 @@ def main() -> int:
     parser.add_argument("--relays", type=int, default=2, help="relay sources per pool")
     parser.add_argument("--skip-quality", action="store_true", help="skip the simulator runs")
     parser.add_argument(
+        "--quality",
+        action="store_true",
+        help="only the simulator runs (exact against summary, 8, 32 and 128 pools, both traces)",
+    )
+    parser.add_argument(
         "--compare",
         action="store_true",
         help="only the exact index against the summary on this fleet (small)",
@@ -381,6 +432,15 @@ def main() -> int:
     )
     args = parser.parse_args()
     rng = np.random.default_rng(1)
+    if args.quality:
+        lines = [
+            "Command: `.venv/bin/python -m bench.bench_kv_summary --quality` (`globalrouter simulate --trace "
+            "TRACE --policy default --kv-state exact|summary [FLAGS]`):",
+            "",
+            *quality_table(quality()),
+        ]
+        write_result("bench_kv_summary_quality.md", "\n".join(lines) + "\n")
+        return 0
     if args.lockstep:
         lines = [lockstep(p.name, config) for p in sorted(TRACES.glob("*.jsonl")) for _, config in SIM_RUNS]
         write_result("bench_kv_summary_lockstep.md", "\n".join(lines) + "\n")
@@ -410,7 +470,7 @@ def main() -> int:
         f"Command: `{cmd}`; machine: {platform.machine()}, Python {platform.python_version()}, 2 cores "
         "shared with other work (wall-clock tails are mostly waiting for a core: CPU time of this thread "
         "in brackets). `globalrouter/kv_summary.py`: one two-choice fingerprint table per pool (16-bit "
-        "slots: 15-bit fingerprint + which-row bit, 8 slots a row), all pools' rows in one arena. Pool k "
+        f"slots: 15-bit fingerprint + which-row bit, {kv_summary.SLOTS} slots a row), all pools' rows in one arena. Pool k "
         "holds distinct random blocks plus the prompt's first 1000 >> (k mod 8) blocks; relay-0's snapshot "
         "is applied (from a numpy array: a list of 1M Python ints per pool costs the same conversion for "
         f"every pool, measured apart below), the other {args.relays - 1} relay(s) of each pool join with "
@@ -451,12 +511,7 @@ def main() -> int:
             "[FLAGS]` (pool model of issue 5; the summary's prefix search checks the "
             f"{kv_summary.VERIFY_TOP} longest pools block by block, so at 32 pools the others keep their bound):",
             "",
-            "| trace | flags | share_of_ideal exact | summary | summary - exact |",
-            "|---|---|---:|---:|---:|",
-            *(
-                f"| {t} | {fl or '(defaults: 8 pools x 4,000 blocks)'} | {e:.4f} | {s:.4f} | {s - e:+.4f} |"
-                for t, fl, e, s, _ in rows
-            ),
+            *quality_table(rows),
         ]
     write_result("bench_kv_summary.md", "\n".join(lines) + "\n")
     return 0

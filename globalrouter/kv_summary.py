@@ -1,4 +1,4 @@
-"""Pool-level KV block sets as compact fingerprint tables (about 2.4 bytes a block), searched per pool.
+"""Pool-level KV block sets as compact fingerprint tables (about 2.7 bytes a block), searched per pool.
 
 Why: the exact index (kv_index.KvIndex) keeps one mask bit per source per distinct block, so at
 1,000 pools x 2 relays a block costs about 400 bytes and 1,000 pools x 1,000,000 blocks cannot be
@@ -14,11 +14,14 @@ gives its first bucket (high part) and a 15-bit fingerprint (the next bits); its
 (G(fingerprint) - first) mod buckets, so either bucket and the fingerprint give the other. A slot
 holds fingerprint << 1 | (1 if in the second bucket), 0 when empty. An insert takes the emptier
 of the two rows, and when both are full evicts an entry to that entry's other row (partial-key
-cuckoo), so tables fill to MAX_LOAD; 2 bytes a slot at a load of 0.85 is 2.35 bytes a block, to
-which the arena's unused rows add. Lossy both ways, rarely: another block with the same fingerprint in one of the
-two rows reads as held (false positive, about 2 x SLOTS x load / 2^15 per probe) and, since the
-set is a set (an insert of a fingerprint already there is a no-op), removing one of two such
-blocks hides the other (false negative, as rare).
+cuckoo), so tables fill to MAX_LOAD; 2 bytes a slot at a load of 0.75 is 2.67 bytes a block, to
+which the arena's unused rows add. Lossy one way, rarely: another block with the same fingerprint
+and row in one of the two rows reads as held (a false positive, about 2 x SLOTS x load / 2^16 per
+probe: 4.6e-5 at 2 slots a row and a load of 0.75). Rows are narrow because that rate grows with
+the slots probed, and routing quality with it: at 8 slots (2.0e-4 at a load of 0.85) the
+false positives at the prompt's first missing block moved share_of_ideal by up to 0.01 at 32 and
+128 pools (BENCHMARKS.md). Two blocks sharing a row and a fingerprint get an entry each (a store
+is a 0->1 transition, never a repeat), so removing one leaves the other found.
 
 A table about to pass MAX_LOAD doubles: each entry's first bucket and fingerprint come back
 from its slot, and the product with twice the buckets is twice the old one plus one unknown bit,
@@ -60,16 +63,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SLOTS = 8
-"""Slots per bucket (one 16-byte row)."""
+SLOTS = 2
+"""Slots per bucket (one 4-byte row): fewer slots probed, fewer false positives (see above)."""
 FP_BITS = 15
 """Fingerprint bits in a slot (the 16th says which of the two buckets the entry is in)."""
-TARGET_LOAD = 0.85
-"""Slots used / slots right after sizing a table (2 bytes / 0.85 = 2.35 bytes a block)."""
-MAX_LOAD = 0.97
-"""A pool's table doubles before it passes this load (a two-choice table of 8-slot rows fills to
-about this before a pair of rows is full)."""
-MIN_BUCKETS = 16
+TARGET_LOAD = 0.75
+"""Slots used / slots right after sizing a table (2 bytes / 0.75 = 2.67 bytes a block)."""
+MAX_LOAD = 0.8
+"""A pool's table doubles before it passes this load (two-choice tables of 2-slot rows fill to
+about 0.9 in theory; small ones filled by deltas dropped a block in 48,000 at 0.83, none at 0.8)."""
+MIN_BUCKETS = 64
+"""The smallest table: 64 rows of 2 slots (256 bytes)."""
 MAX_LOST = 6
 """Doublings a table may take before the next snapshot (each costs one fingerprint bit, doubling
 the false-positive rate); past it, blocks that find no room are dropped and counted."""
@@ -96,8 +100,8 @@ _S32 = np.uint64(32)
 _FP_SHIFT = np.uint64(32 - FP_BITS)
 _FP_MASK = np.uint64((1 << FP_BITS) - 1)
 _ALT_MUL = np.uint64(0x9E37_79B9_7F4A_7C15)
-_BYTE_INDEX = np.uint64(0x0001_0203_0405_0607)
-_TOP_BYTE = np.uint64(56)
+_ROW_WORD = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[SLOTS]
+"""A row's SLOTS comparison bytes read as one word (any slot equal <=> the word is not 0)."""
 
 
 def default_pool_of(source: str) -> str:
@@ -129,12 +133,10 @@ def _as_keys(hashes: Iterable[int]) -> np.ndarray:
 
 
 def _first_match(rows: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per row, the first slot equal to its value, -1 where none. The 8 comparison bytes of a row
-    read as one uint64: its lowest set byte is the slot."""
-    eq = (rows == values[:, None]).view(np.uint64)[:, 0]
-    low = eq & (~eq + np.uint64(1))
-    pos: np.ndarray = ((low * _BYTE_INDEX) >> _TOP_BYTE).astype(np.int64)
-    pos[eq == 0] = -1
+    """Per row, the first slot equal to its value, -1 where none."""
+    eq = rows == values[:, None]
+    pos: np.ndarray = eq.argmax(axis=1).astype(np.int64)
+    pos[~eq.any(axis=1)] = -1
     return pos
 
 
@@ -531,28 +533,42 @@ class KvSummary:
         b1, b2, v = self._locate(p, h)
         base = self._base[p]
         slots = self._slots
-        one = (np.take(slots, base + b1, axis=0) == v[:, None]).view(np.uint64)[:, 0]
-        two = (np.take(slots, base + b2, axis=0) == (v | np.uint16(1))[:, None]).view(np.uint64)[:, 0]
+        one = (np.take(slots, base + b1, axis=0) == v[:, None]).view(_ROW_WORD)[:, 0]
+        two = (np.take(slots, base + b2, axis=0) == (v | np.uint16(1))[:, None]).view(_ROW_WORD)[:, 0]
         out: np.ndarray = (one | two) != 0
         return out
 
     def _erase(self, p: np.ndarray, h: np.ndarray) -> None:
-        """Removes the entries of (p, h) pairs (distinct pairs) where present."""
+        """Removes one entry per (p, h) pair where present (distinct pairs)."""
         if not p.size:
             return
         b1, b2, v = self._locate(p, h)
         base = self._base[p]
         g1, g2 = base + b1, base + b2
         slots = self._slots
-        at1 = _first_match(slots[g1], v)
-        hit1 = at1 >= 0
-        slots[g1[hit1], at1[hit1]] = 0
-        rest = ~hit1
-        at2 = _first_match(slots[g2[rest]], v[rest] | np.uint16(1))
-        hit2 = at2 >= 0
-        slots[g2[rest][hit2], at2[hit2]] = 0
-        gone = np.concatenate((p[hit1], p[rest][hit2]))
-        self._count -= np.bincount(gone, minlength=self._count.size)
+        while True:
+            # Pairs sharing a row and a fingerprint (each stored has its entry) would all find the
+            # same slot: one of them a round, the others in the next.
+            key = g1 * 65536 + v.astype(np.int64)
+            _, once = np.unique(key, return_index=True)
+            later = None
+            if once.size < key.size:
+                later = np.ones(key.size, bool)
+                later[once] = False
+                rest_p, rest_g1, rest_g2, rest_v = p[later], g1[later], g2[later], v[later]
+                p, g1, g2, v = p[once], g1[once], g2[once], v[once]
+            at1 = _first_match(slots[g1], v)
+            hit1 = at1 >= 0
+            slots[g1[hit1], at1[hit1]] = 0
+            rest = ~hit1
+            at2 = _first_match(slots[g2[rest]], v[rest] | np.uint16(1))
+            hit2 = at2 >= 0
+            slots[g2[rest][hit2], at2[hit2]] = 0
+            gone = np.concatenate((p[hit1], p[rest][hit2]))
+            self._count -= np.bincount(gone, minlength=self._count.size)
+            if later is None:
+                return
+            p, g1, g2, v = rest_p, rest_g1, rest_g2, rest_v
 
     def _place(self, p: np.ndarray, b1: np.ndarray, b2: np.ndarray, v: np.ndarray) -> None:
         """Puts absent entries (pool, first bucket, second bucket, first-bucket slot value) into
@@ -745,8 +761,9 @@ class KvSummary:
             self._release(p)
 
     def _fold(self) -> None:
-        """Applies the logged deltas to the tables, all pools at once: per (pool, block) the last
-        logged transition wins (a set: stored means present, removed means absent)."""
+        """Applies the logged deltas to the tables, all pools at once: per (pool, block) its net
+        transition (one entry per block stored: two blocks sharing a row and a fingerprint keep
+        an entry each, so removing one leaves the other found)."""
         if not self._log_keys:
             return
         keys, runs = self._log_keys, self._log_runs
@@ -758,14 +775,28 @@ class KvSummary:
         lengths = run[:, 1:].ravel()
         pools = np.repeat(np.repeat(run[:, 0], 2), lengths)
         store = np.repeat(np.tile(np.array([False, True]), run.shape[0]), lengths)
-        # Last transition per (pool, block): lexsort is stable, so within equal pairs the log's
-        # order stays and the last of each run of equal pairs is the latest.
+        # Per (pool, block) its first and last logged transitions (lexsort is stable: within a
+        # run of equal pairs the log's order stays). They alternate, so the block was absent
+        # before iff the first is a store: stored then (its last) is a new entry, removed then
+        # an entry to take; removed and stored again leaves its entry (stored again unless one
+        # is found: a relay never sends it, a caller might); stored and removed, nothing.
         order = np.lexsort((h, pools))
         sp, sh = pools[order], h[order]
         last = np.ones(n, bool)
         last[:-1] = (sp[1:] != sp[:-1]) | (sh[1:] != sh[:-1])
+        first = np.ones(n, bool)
+        first[1:] = last[:-1]
         pick = order[last]
-        pools, h, store = pools[pick], h[pick], store[pick]
+        stored, was_absent = store[pick], store[order[first]]
+        pools, h = pools[pick], h[pick]
+        back = np.flatnonzero(stored & ~was_absent)
+        if back.size:
+            has = self._nb[pools[back]] > 0
+            found = np.zeros(back.size, bool)
+            found[has] = self._held(pools[back][has], h[back][has])
+            was_absent[back] = ~found
+        keep = stored == was_absent
+        pools, h, store = pools[keep], h[keep], stored[keep]
         live = self._nb[pools] > 0
         # A pool with no table yet (deltas before any snapshot) gets one sized for them.
         for q in np.unique(pools[~live]).tolist():
@@ -777,9 +808,8 @@ class KvSummary:
         p, h = pools[store], h[store]
         if not p.size:
             return
-        absent = ~self._held(p, h)
-        p, h = p[absent], h[absent]
-        # Double the pools these inserts would take past MAX_LOAD before placing them.
+        # No probe for a new block: a match is another block's entry (a set of fingerprints, which
+        # skipped it, lost it when that other block went: a false negative). Double the pools these inserts would take past MAX_LOAD before placing them.
         need = self._count + np.bincount(p, minlength=self._count.size)
         over = np.flatnonzero(need > MAX_LOAD * SLOTS * self._nb)
         for q in over.tolist():
@@ -1022,12 +1052,12 @@ class _Probe:
         width = upto - 1
         grid = (
             (np.take(slots, base + self._b1[g + 1 : g + upto], axis=0) == self._v[g + 1 : g + upto][:, None])
-            .view(np.uint64)
+            .view(_ROW_WORD)
             .reshape(i.size, width)
         )
         two = (
             (np.take(slots, base + self._b2[g + 1 : g + upto], axis=0) == self._v2[g + 1 : g + upto][:, None])
-            .view(np.uint64)
+            .view(_ROW_WORD)
             .reshape(i.size, width)
         )
         miss = ((grid | two) == 0) & (np.arange(1, upto) <= need[:, None])
@@ -1042,7 +1072,7 @@ class _Probe:
         at = block if self._one else self._flat[i] + block
         slots = self._s._slots
         base = self._base[i]
-        one = (np.take(slots, base + self._b1[at], axis=0) == self._v[at][:, None]).view(np.uint64)[:, 0]
-        two = (np.take(slots, base + self._b2[at], axis=0) == self._v2[at][:, None]).view(np.uint64)[:, 0]
+        one = (np.take(slots, base + self._b1[at], axis=0) == self._v[at][:, None]).view(_ROW_WORD)[:, 0]
+        two = (np.take(slots, base + self._b2[at], axis=0) == self._v2[at][:, None]).view(_ROW_WORD)[:, 0]
         out: np.ndarray = (one | two) != 0
         return out

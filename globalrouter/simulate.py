@@ -130,13 +130,21 @@ class LruCache:
             self.removed.append(h)
 
     def take_transitions(self) -> tuple[list[int], list[int]]:
-        """The batch since the last call, net of blocks that came and went within it."""
+        """The batch since the last call as net 0<->1 transitions, as a relay publishes them
+        (poolrelay.pool_blocks): a block stored and evicted within the batch is in neither list,
+        nor one evicted and stored again. (A block's events alternate, so its stores minus its
+        removals is its net change.) KvSummary counts on it: its tables hold one entry per
+        store, so a removal of a block it never had would take another block's entry."""
         stored, removed = self.stored, self.removed
         self.stored, self.removed = [], []
         if not stored or not removed:
             return stored, removed
-        held = self.blocks
-        return [h for h in set(stored) if h in held], [h for h in set(removed) if h not in held]
+        net: dict[int, int] = {}
+        for h in stored:
+            net[h] = net.get(h, 0) + 1
+        for h in removed:
+            net[h] = net.get(h, 0) - 1
+        return [h for h, n in net.items() if n > 0], [h for h, n in net.items() if n < 0]
 
 
 @dataclass(slots=True)
