@@ -20,7 +20,7 @@ import sys
 import time
 import timeit
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from bench.baseline_kv_index import DictKvIndex
 from bench.measure import synthetic_pool, write_result
@@ -141,7 +141,7 @@ def prompt_hashing(repeats: int) -> dict[str, float]:
     core = RoutingCore(PoolTable(), index, Selector(), SystemClock(), None)  # type: ignore[arg-type]
     limits = core.selector.config.freshness
 
-    def baseline(prompt: list[int]) -> dict[str, int]:
+    def baseline(prompt: list[int]) -> Mapping[str, int]:
         return pool_overlaps(index, states, block_hashes(prompt, 16), 1.0, limits)
 
     out: dict[str, float] = {}
