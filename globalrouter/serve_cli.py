@@ -92,6 +92,23 @@ def class_seconds(value: str) -> dict[int, float]:
     return out
 
 
+def class_pools(value: str) -> dict[int, int]:
+    """argparse type: CLASS=POOLS[,CLASS=POOLS...] (priority classes 0-9, whole pools >= 0), "" for none."""
+    out: dict[int, int] = {}
+    for part in filter(None, (x.strip() for x in value.split(","))):
+        cls, sep, pools = part.partition("=")
+        try:
+            number, count = int(cls), int(pools)
+        except ValueError:
+            number, count = -1, -1
+        if not sep or not 0 <= number <= policy.MAX_PRIORITY or not 0 <= count <= 100_000:
+            raise argparse.ArgumentTypeError(
+                f"expected CLASS=POOLS with CLASS 0 to {policy.MAX_PRIORITY} and POOLS 0 to 100000, got {part!r}"
+            )
+        out[number] = count
+    return out
+
+
 def add_parser(subparsers) -> None:
     """`globalrouter serve` flags (the one place they are parsed)."""
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -192,6 +209,24 @@ def add_parser(subparsers) -> None:
         help="late: under overload, a request of priority class CLASS queued longer than SECONDS is "
         "shed (429 / RESOURCE_EXHAUSTED, shed reason OVERLOADED) so that higher classes keep the "
         "pools; classes not named wait up to --dispatch-max-wait (default: none)",
+    )
+    p.add_argument(
+        "--dispatch-reserve",
+        type=class_pools,
+        default="",
+        metavar="CLASS=POOLS[,...]",
+        help="late: a request of priority class CLASS dispatches only while more than POOLS pools "
+        "can take work, leaving them to higher classes (pools do not preempt: without a reserve a "
+        "higher class arriving under a flood waits for a pool to finish lower-class work) "
+        "(default: none)",
+    )
+    p.add_argument(
+        "--dispatch-reserve-window",
+        type=non_negative_number,
+        default=settings.field_default(DispatchConfig, "reserve_window_seconds"),
+        metavar="SECONDS",
+        help="late, with --dispatch-reserve: a reserving class also leaves free the pools higher "
+        "classes were given work at within SECONDS (0: the fixed count only) (default %(default)s)",
     )
     p.add_argument(
         "--metrics-listen",
@@ -540,6 +575,8 @@ def _dispatch_config(args: argparse.Namespace) -> DispatchConfig | None:
         max_queued=args.dispatch_max_queued,
         max_queue_seconds=args.dispatch_max_wait,
         shed_after_seconds=args.dispatch_shed_after,
+        reserved_pools=args.dispatch_reserve,
+        reserve_window_seconds=args.dispatch_reserve_window,
     )
 
 

@@ -139,6 +139,27 @@ def test_serve_takes_a_shed_time_per_class_and_refuses_a_bad_one(capsys):
         assert "expected CLASS=SECONDS" in capsys.readouterr().err, bad
 
 
+def test_serve_takes_reserved_pools_per_class_and_a_window_and_refuses_bad_ones(capsys):
+    from globalrouter.cli import build_parser
+    from globalrouter.serve_cli import _dispatch_config
+
+    base = ["serve", "--discovery", "h:1", "--dispatch", "late"]
+    args = build_parser().parse_args(
+        [*base, "--dispatch-reserve", "0=2, 1=1", "--dispatch-reserve-window", "10"]
+    )
+    config = _dispatch_config(args)
+    assert config is not None and dict(config.reserved_pools) == {0: 2, 1: 1}
+    assert config.reserve_window_seconds == 10.0
+    config = _dispatch_config(build_parser().parse_args(base))
+    assert config is not None and dict(config.reserved_pools) == {} and config.reserve_window_seconds == 0.0
+    for bad in ("0", "x=1", "10=1", "0=-1", "0=1.5"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*base, "--dispatch-reserve", bad])
+        assert "expected CLASS=POOLS" in capsys.readouterr().err, bad
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*base, "--dispatch-reserve-window", "-1"])
+
+
 async def test_a_budget_refusal_counts_in_the_tenants_class():
     from globalrouter.budgets import MemoryStore, TenantBudgets
     from globalrouter.policy import PolicyFile, parse
