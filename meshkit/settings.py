@@ -399,7 +399,7 @@ def setting_value(action: argparse.Action, value: Any, raws: list[str] | None) -
         if raws:
             return [_plain(v, r) for v, r in zip(value, raws, strict=False)] if value else raws
         return [_plain(v, None) for v in (value or [])]
-    if value is None or (isinstance(value, list | tuple) and not value):
+    if value is None or (isinstance(value, list | tuple | dict) and not value):
         return None
     return _plain(value, raws[-1] if raws else None)
 
@@ -411,6 +411,8 @@ def _plain(value: Any, raw: str | None) -> Any:
         return raw
     if isinstance(value, list | tuple):
         return ",".join(map(str, value))
+    if isinstance(value, dict):  # KEY=VALUE[,...] flags (e.g. --dispatch-shed-after) parse back
+        return ",".join(f"{k}={v}" for k, v in value.items())
     return str(value)
 
 

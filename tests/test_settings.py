@@ -314,3 +314,20 @@ def test_the_commands_read_their_environment(binary, tmp_path):
         timeout=60,
     )
     assert bad.returncode == 2 and f"environment variable {prefix}_{dest.upper()}: " in bad.stderr
+
+
+def test_class_maps_round_trip_through_print_config(tmp_path):
+    """CLASS=VALUE[,...] settings (--dispatch-shed-after, --dispatch-reserve) print as their flag
+    syntax, and when empty as unset: --print-config's file reads back to the same settings."""
+    maps = ["--dispatch-shed-after", "0=2.5,3=10", "--dispatch-reserve", "0=2"]
+    for extra in ([], maps):
+        argv = ["serve", "--discovery", "127.0.0.1:1", "--insecure", *extra]
+        out = io.StringIO()
+        with pytest.raises(SystemExit):
+            settings.parse_args(router_cli.build_parser(), [*argv, "--print-config"], environ={}, out=out)
+        path = write(tmp_path, out.getvalue())
+        again = vars(settings.parse_args(router_cli.build_parser(), ["serve", "--config", path], environ={}))
+        first = vars(settings.parse_args(router_cli.build_parser(), argv, environ={}))
+        for key in ("dispatch_shed_after", "dispatch_reserve"):
+            assert again[key] == first[key]
+    assert first["dispatch_shed_after"] == {0: 2.5, 3: 10.0} and first["dispatch_reserve"] == {0: 2}
