@@ -8,9 +8,10 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from globalrouter import policy, stall
 from globalrouter.aliases import AliasError, load_aliases
@@ -75,38 +76,39 @@ def policy_file(value: str) -> str:
     return value
 
 
+_V = TypeVar("_V", int, float)
+
+
+def _class_map(
+    value: str, kind: str, convert: Callable[[str], _V], ok: Callable[[_V], bool]
+) -> dict[int, _V]:
+    """CLASS=VALUE[,CLASS=VALUE...] (priority classes 0-9) with each VALUE converted and checked."""
+    out: dict[int, _V] = {}
+    for part in filter(None, (x.strip() for x in value.split(","))):
+        cls, sep, text = part.partition("=")
+        try:
+            number, item = int(cls), convert(text)
+        except ValueError:
+            number, item = -1, None
+        if not sep or not 0 <= number <= policy.MAX_PRIORITY or item is None or not ok(item):
+            raise argparse.ArgumentTypeError(
+                f"expected CLASS={kind} with CLASS 0 to {policy.MAX_PRIORITY} and {_KIND_RULES[kind]}, got {part!r}"
+            )
+        out[number] = item
+    return out
+
+
+_KIND_RULES = {"SECONDS": "SECONDS >= 0", "POOLS": "POOLS 0 to 100000"}
+
+
 def class_seconds(value: str) -> dict[int, float]:
     """argparse type: CLASS=SECONDS[,CLASS=SECONDS...] (priority classes 0-9), "" for none."""
-    out: dict[int, float] = {}
-    for part in filter(None, (x.strip() for x in value.split(","))):
-        cls, sep, seconds = part.partition("=")
-        try:
-            number, wait = int(cls), float(seconds)
-        except ValueError:
-            number, wait = -1, -1.0
-        if not sep or not 0 <= number <= policy.MAX_PRIORITY or not (wait >= 0 and math.isfinite(wait)):
-            raise argparse.ArgumentTypeError(
-                f"expected CLASS=SECONDS with CLASS 0 to {policy.MAX_PRIORITY} and SECONDS >= 0, got {part!r}"
-            )
-        out[number] = wait
-    return out
+    return _class_map(value, "SECONDS", float, lambda v: v >= 0 and math.isfinite(v))
 
 
 def class_pools(value: str) -> dict[int, int]:
     """argparse type: CLASS=POOLS[,CLASS=POOLS...] (priority classes 0-9, whole pools >= 0), "" for none."""
-    out: dict[int, int] = {}
-    for part in filter(None, (x.strip() for x in value.split(","))):
-        cls, sep, pools = part.partition("=")
-        try:
-            number, count = int(cls), int(pools)
-        except ValueError:
-            number, count = -1, -1
-        if not sep or not 0 <= number <= policy.MAX_PRIORITY or not 0 <= count <= 100_000:
-            raise argparse.ArgumentTypeError(
-                f"expected CLASS=POOLS with CLASS 0 to {policy.MAX_PRIORITY} and POOLS 0 to 100000, got {part!r}"
-            )
-        out[number] = count
-    return out
+    return _class_map(value, "POOLS", int, lambda v: 0 <= v <= 100_000)
 
 
 def add_parser(subparsers) -> None:

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 ERROR_DOMAIN = "globalrouter.mesh"
 """ErrorInfo.domain of every reason this mesh sets (AIP-193: the service that owns the reasons)."""
+
+
+_M = TypeVar("_M", bound=Message)
 
 
 class Reason(StrEnum):
@@ -120,3 +124,19 @@ def reason_of(error: grpc.RpcError) -> str | None:
     except ValueError:
         return None
     return reason_of_status(status)
+
+
+def detail_of(error: grpc.RpcError, kind: type[_M]) -> _M | None:
+    """The first google.rpc detail of type `kind` (QuotaFailure, RetryInfo, ...) a failed call
+    carries, None when it carries none. For clients and tests; works for aio errors."""
+    try:
+        status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    except ValueError:
+        return None
+    if status is None:
+        return None
+    for detail in status.details:
+        message = kind()
+        if detail.Unpack(message):  # False for a detail of another type
+            return message
+    return None

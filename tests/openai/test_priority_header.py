@@ -7,9 +7,10 @@ import aiohttp
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from globalrouter.v1 import router_pb2_grpc
+from meshkit.errors import detail_of
+from meshkit.validation import bad_request_fields
 from tests.openai.conftest import MODEL, open_front
 from tests.router.fakes import collect, gen_request
 
@@ -34,19 +35,6 @@ async def generate(front, priority: str | None):
         return await collect(
             router_pb2_grpc.RouterServiceStub(channel), gen_request([5, 6, 7], 2), metadata=metadata
         )
-
-
-def details(error: grpc.aio.AioRpcError) -> list:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]  # an AioRpcError is a Call
-    assert status is not None
-    out = []
-    for d in status.details:
-        for kind in (error_details_pb2.ErrorInfo, error_details_pb2.BadRequest):
-            if d.Is(kind.DESCRIPTOR):
-                msg = kind()
-                d.Unpack(msg)
-                out.append(msg)
-    return out
 
 
 @pytest.fixture
@@ -75,8 +63,8 @@ async def test_a_class_above_the_policys_is_refused_with_a_reason_on_both_fronts
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await generate(policed, "9")
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    (info,) = details(e.value)
-    assert info.reason == "PRIORITY_NOT_ALLOWED" and info.metadata["max_priority"] == "5"
+    info = detail_of(e.value, error_details_pb2.ErrorInfo)
+    assert info is not None and info.reason == "PRIORITY_NOT_ALLOWED" and info.metadata["max_priority"] == "5"
 
 
 @pytest.mark.parametrize("bad", ["high", "10", "-1", "2.0", "", "٣"])
@@ -88,8 +76,7 @@ async def test_a_malformed_x_priority_is_invalid_argument_naming_the_header(poli
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await generate(policed, bad)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    bad_request = next(d for d in details(e.value) if isinstance(d, error_details_pb2.BadRequest))
-    assert [v.field for v in bad_request.field_violations] == ["metadata x-priority"]
+    assert bad_request_fields(e.value) == ["metadata x-priority"]
 
 
 async def test_without_a_policy_only_class_0_may_be_asked_for(front):

@@ -30,10 +30,9 @@ from pathlib import Path
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
-from meshkit.errors import reason_of
+from meshkit.errors import detail_of, reason_of
 from meshkit.identity import hash_api_key, new_api_key
 from meshlaunch import MODEL, Mesh, free_port, process_group, wait_until
 from meshlaunch.mesh import RouterProc, relay_argv, router_argv
@@ -279,13 +278,10 @@ def test_a_high_class_request_dispatches_before_the_low_class_queued_ahead_of_it
 
 
 def _detail(error: grpc.RpcError, kind):
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None
-    for detail in status.details:
-        message = kind()
-        if detail.Unpack(message):
-            return message
-    raise AssertionError(f"no {kind.__name__} in {status}")
+    """The detail of type `kind` a failed call's status carries."""
+    message = detail_of(error, kind)
+    assert message is not None, f"no {kind.__name__} in {error}"
+    return message
 
 
 def test_a_low_class_past_its_shed_time_gets_429_and_resource_exhausted_while_the_high_class_is_served(

@@ -15,10 +15,9 @@ import time
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
-from meshkit.errors import reason_of
+from meshkit.errors import detail_of, reason_of
 from meshlaunch import MODEL, Mesh, process_group, route, wait_until
 from tests.discovery.etcd_support import running_etcd
 
@@ -217,13 +216,9 @@ def test_residency_and_model_access_are_hard_filters_and_sighup_reloads_the_poli
 
 def _detail(error: grpc.RpcError, kind):
     """The detail of type `kind` a failed call's status carries."""
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None
-    for detail in status.details:
-        message = kind()
-        if detail.Unpack(message):
-            return message
-    raise AssertionError(f"no {kind.__name__} in {status}")
+    message = detail_of(error, kind)
+    assert message is not None, f"no {kind.__name__} in {error}"
+    return message
 
 
 def _catch(call) -> grpc.RpcError:
