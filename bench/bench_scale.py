@@ -1413,20 +1413,26 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
                 else f"not every pool's KV was back {cfg.ready_timeout:g} s after the restart ({rs['ready_pools']:,}/{big['pools']:,}). "
             )
             + "A liveness probe with a shorter timeout kills the frontend, whose restart starts the same storm. "
-            "Past it: apply snapshots off the loop or in bounded steps (issue 19, item 3), and let health mean ready (item 4)."
+            "Snapshots are already applied in bounded steps and health waits for the KV state (readiness); what is "
+            "left is the number of streams: each stream's hello, snapshot chunks and messages are handled on the one "
+            "loop (gRPC's read of each message is the largest single cost in the profile). Past it: fewer frontends "
+            "per relay fleet (each frontend holding a shard of the pools), or several ingest processes per frontend."
         )
         add(
             f"- **Steady-state lag**: at {big['pools']:,} pools the health loop's p99 is {_f(big['steady']['health']['p99_ms'])} ms "
             f"and a 16k-token Route p99 {_f(big['route']['16k']['p99_ms'])} ms: every call waits behind telemetry "
-            "messages on the same loop. Past it: fewer, larger deltas per stream, and a per-pool index (item 2)."
+            "messages on the same loop (the ingest is paced to 4 ms a loop turn, but the loop has no idle time left). "
+            "Past it: fewer, larger deltas per stream (a longer delta interval at the relays), and the per-pool "
+            "summary (`--kv-state summary`) whose fold is cheaper per event."
         )
         add(
             f"- **Memory**: the index keeps a mask bit per stream for every distinct block (one 64-bit word per 64 "
             f"streams); at {big['pools']:,} pools x {big['blocks_per_pool']:,} blocks the frontend's RSS reached "
             f"{big['steady']['rss_mb']:,.0f} MB"
             + (" with its load incomplete" if "gave_up" in big else "")
-            + ". Holding 1,000,000 blocks a pool at 1,000 pools needs state that does not grow with the streams "
-            "per block (item 2)."
+            + " with the exact index (the default). Holding 1,000,000 blocks a pool at 1,000 pools takes "
+            "`--kv-state summary`, whose state does not grow with the streams per block (about 2.7 bytes per "
+            "(pool, block): BENCHMARKS.md, KV summary at fleet scale)."
         )
         st = big["sigterm"]
         add(
@@ -1441,7 +1447,8 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
         last = relay[-1]
         add(
             f"- **Relay fan-out**: feeding {last['frontends']} frontends the relay reaches {_f(last.get('max_rate_vs_one'), 2)} of its "
-            "one-frontend top rate; each stream re-serializes every delta. Past it: serialize a delta once for all streams."
+            "one-frontend top rate (each delta is serialized once for all streams; the rest is per-stream writes). "
+            "Past it: relay replicas per group of frontends."
         )
     for d in disc:
         add(
