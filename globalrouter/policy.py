@@ -268,12 +268,7 @@ def _budget(table: Mapping[str, Any], source: str) -> BudgetSettings:
             seconds: dict[str, Any] = {key: value}
             out = replace(out, **seconds)
     if "buckets" in table:
-        buckets = table["buckets"]
-        if isinstance(buckets, bool) or not isinstance(buckets, int) or not 1 <= buckets <= MAX_BUCKETS:
-            raise PolicyError(
-                f"{source}: [budget]: buckets must be a whole number 1 to {MAX_BUCKETS} (got {buckets!r})"
-            )
-        out = replace(out, buckets=buckets)
+        out = replace(out, buckets=_whole(table["buckets"], source, "[budget]", "buckets", 1, MAX_BUCKETS))
     if "chunk_fraction" in table:
         value = _number(table["chunk_fraction"], source, "[budget]", "chunk_fraction")
         if not 0.0 < value <= 1.0:
@@ -282,6 +277,16 @@ def _budget(table: Mapping[str, Any], source: str) -> BudgetSettings:
             )
         out = replace(out, chunk_fraction=value)
     return out
+
+
+def _whole(value: Any, source: str, where: str, key: str, low: int, high: int, shown: str = "") -> int:
+    """A whole number low to high (not a bool), or a PolicyError naming the entry and key
+    (`shown`: how the range reads in it, e.g. "0 to 10^15, 0 meaning no limit")."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise PolicyError(
+            f"{source}: {where}: {key} must be a whole number {shown or f'{low} to {high}'} (got {value!r})"
+        )
+    return value
 
 
 def _number(value: Any, source: str, where: str, key: str) -> float:
@@ -298,19 +303,10 @@ def _entry(table: Mapping[str, Any], base: TenantPolicy, where: str, source: str
         )
     out = base
     if "priority" in table:
-        value = table["priority"]
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PRIORITY:
-            raise PolicyError(
-                f"{source}: {where}: priority must be a whole number 0 to {MAX_PRIORITY} (got {value!r})"
-            )
-        out = replace(out, priority=value)
+        out = replace(out, priority=_whole(table["priority"], source, where, "priority", 0, MAX_PRIORITY))
     if "max_priority" in table:
-        value = table["max_priority"]
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PRIORITY:
-            raise PolicyError(
-                f"{source}: {where}: max_priority must be a whole number 0 to {MAX_PRIORITY} (got {value!r})"
-            )
-        out = replace(out, max_priority=value)
+        highest = _whole(table["max_priority"], source, where, "max_priority", 0, MAX_PRIORITY)
+        out = replace(out, max_priority=highest)
     if "weight" in table:
         value = _number(table["weight"], source, where, "weight")
         if not 0.0 < value <= 1e6:
@@ -318,11 +314,7 @@ def _entry(table: Mapping[str, Any], base: TenantPolicy, where: str, source: str
         out = replace(out, weight=value)
     for key in _LIMITS:
         if key in table:
-            value = table[key]
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10**15:
-                raise PolicyError(
-                    f"{source}: {where}: {key} must be a whole number 0 to 10^15, 0 meaning no limit (got {value!r})"
-                )
+            value = _whole(table[key], source, where, key, 0, 10**15, "0 to 10^15, 0 meaning no limit")
             changes: dict[str, Any] = {key: value}
             out = replace(out, **changes)
     for key in ("regions", "models"):
