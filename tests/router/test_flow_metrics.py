@@ -90,6 +90,15 @@ def test_the_status_page_has_a_row_per_tenant_and_class(fake_clock):
     assert 'id="flow"' in PAGE and "s.flow.map" in PAGE
 
 
+async def _until(condition) -> None:
+    """Lets the loop run (no wall-clock wait: the clock is fake) until `condition` holds."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
 async def test_the_late_binding_queue_counts_queue_length_time_and_sheds():
     core = core_with(("a", 3000))  # 3 s of work at the only pool
     binder = LateBinder(
@@ -98,8 +107,7 @@ async def test_the_late_binding_queue_counts_queue_length_time_and_sheds():
     flow = core.metrics.flow.series("client/bob", 0)
     waiting = asyncio.create_task(binder.decide("m", list(range(32)), 0, tenant="client/bob", flow=flow))
     leaving = asyncio.create_task(binder.decide("m", list(range(40)), 0, tenant="client/bob", flow=flow))
-    await asyncio.sleep(0.05)
-    assert flow.queued == 2
+    await _until(lambda: flow.queued == 2)  # both queued (the tasks ran to their wait)
     with pytest.raises(TenantRefusal):  # the queue is full: refused at the door, never queued
         await binder.decide("m", list(range(50)), 0, tenant="client/bob", flow=flow)
     assert flow.sheds == {"QUEUE_FULL": 1} and flow.queued == 2
@@ -114,7 +122,7 @@ async def test_the_late_binding_queue_counts_queue_length_time_and_sheds():
     # a request queued past its class's shed_after is dropped: counted as OVERLOADED (the pool
     # holds the work just sent there, so it queues; the clock then jumps past its shed time)
     late = asyncio.create_task(binder.decide("m", list(range(60)), 100_000, tenant="client/bob", flow=flow))
-    await asyncio.sleep(0.05)
+    await _until(lambda: flow.queued == 1)
     core.clock.set(NOW + 14.0)  # type: ignore[attr-defined]
     with pytest.raises(TenantRefusal) as caught:
         await asyncio.wait_for(late, 5)
