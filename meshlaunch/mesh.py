@@ -8,7 +8,7 @@ import ssl
 import subprocess
 import tempfile
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,6 +133,14 @@ class RouterProc:
         with sync_channel(self.address) as ch:
             reply = self.stub(ch).ListPools(router_pb2.ListPoolsRequest(), timeout=5)
         return {p.pool_id: p for p in reply.pools}
+
+
+def sees_with_telemetry(views: Mapping[str, router_pb2.PoolView], pool_ids: Iterable[str]) -> bool:
+    """Whether a router's ListPools views list each pool with fresh load and KV telemetry."""
+    return all(
+        p in views and views[p].listed and views[p].load_freshness.fresh and views[p].kv_freshness.fresh
+        for p in pool_ids
+    )
 
 
 @dataclass
@@ -261,14 +269,7 @@ class Mesh:
                     procs.pool.check_alive()
                     if procs.relay is not None:
                         procs.relay.check_alive()
-            views = router.pools()
-            return all(
-                p in views
-                and views[p].listed
-                and views[p].load_freshness.fresh
-                and views[p].kv_freshness.fresh
-                for p in wanted
-            )
+            return sees_with_telemetry(router.pools(), wanted)
 
         wait_until(ready, timeout, message=f"{router.address} sees {wanted} with telemetry")
 

@@ -35,7 +35,7 @@ from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.errors import detail_of, reason_of
 from meshkit.identity import hash_api_key, new_api_key
 from meshlaunch import MODEL, Mesh, free_port, process_group, wait_until
-from meshlaunch.mesh import RouterProc, relay_argv, router_argv
+from meshlaunch.mesh import RouterProc, relay_argv, router_argv, sees_with_telemetry
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -192,14 +192,7 @@ def flow_mesh(tmp_path: Path, pools: int, *router_flags: str) -> Iterator[FlowMe
                     )
             except grpc.RpcError:
                 return False
-            views = {p.pool_id: p for p in reply.pools}
-            return all(
-                p in views
-                and views[p].listed
-                and views[p].load_freshness.fresh
-                and views[p].kv_freshness.fresh
-                for p in relay_keys
-            )
+            return sees_with_telemetry({p.pool_id: p for p in reply.pools}, relay_keys)
 
         wait_until(routable, 60, message="the frontend sees every pool with telemetry (relays by key)")
         yield mesh
