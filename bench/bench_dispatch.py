@@ -135,6 +135,9 @@ def flood(conv: list[TraceRequest], syn: list[TraceRequest]) -> list[tuple[str, 
 
 BUDGET_FACTOR = 10
 """The flood asks for this many times its tenant's tokens-per-minute budget (the issue's goal)."""
+FINE_BUCKETS = 100
+"""[budget] buckets of the row that counts the budget in finer buckets (the most a policy allows):
+each bucket frees a smaller lump of allowance, more often."""
 BUDGET_RESERVES = (0, 1, 2, 3, 4, 5, 6, 7)
 """Pools class 0 leaves free (`reserved_pools={0: n}`) in the search for the smallest reserve
 that keeps class 1 within 1.2x of its no-flood p99 once the flood is held to its budget."""
@@ -174,8 +177,10 @@ def budget_flood(conv: list[TraceRequest], syn: list[TraceRequest], out: Path) -
     no_reserve = replace(FLOOD_QUEUE, reserved_pools={})
     rows: list[tuple[str, SimResult]] = []
 
-    def run(label: str, trace: list[TraceRequest], dispatch: DispatchConfig | None) -> SimResult:
-        with_budget = budgets if trace is mixed else None
+    def run(
+        label: str, trace: list[TraceRequest], dispatch: DispatchConfig | None, held: SimBudgets | None = None
+    ) -> SimResult:
+        with_budget = (held or budgets) if trace is mixed else None
         r = simulate(trace, config, "default", dispatch=dispatch, priority=prio, budgets=with_budget)
         rows.append((label, r))
         print(
@@ -189,6 +194,8 @@ def budget_flood(conv: list[TraceRequest], syn: list[TraceRequest], out: Path) -
     base_late = run("no flood, late", conv, FLOOD_QUEUE).wait_p99_by_class[1]
     run("flood at 10x budget, early", mixed, None)
     run(f"flood thinned to every {every}th request, no budget, late, no reserve", thinned, no_reserve)
+    fine = SimBudgets(replace(policy, budget=replace(policy.budget, buckets=FINE_BUCKETS)), budgets.tenant)
+    run(f"flood at 10x budget in {FINE_BUCKETS} buckets, late, no reserve", mixed, no_reserve, fine)
     first = {
         0: run("flood at 10x budget, late, no reserve", mixed, no_reserve),
         1: run("flood at 10x budget, late, reserve 1", mixed, FLOOD_QUEUE),
@@ -224,6 +231,7 @@ def budget_flood(conv: list[TraceRequest], syn: list[TraceRequest], out: Path) -
         "(small requests fit where large ones do not, so more of the requests). "
         f"*thinned*: every {every}th flood request and no budget, about the admitted volume spread evenly "
         "(the budget admits it in bursts: what each bucket frees goes in the first second of the bucket). "
+        f"*in {FINE_BUCKETS} buckets*: the same budget with `[budget] buckets = {FINE_BUCKETS}` (0.6 s buckets). "
         "Class 1 (`client/high`, no budget): the conversation trace. Late binding as in the flood "
         "table above (start only on idle pools, 60 s deadline); *reserve n*: class 0 leaves n pools free.",
         "",

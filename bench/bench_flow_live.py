@@ -22,6 +22,7 @@ import contextlib
 import functools
 import platform
 import random
+import signal
 import sys
 import tempfile
 import threading
@@ -240,16 +241,51 @@ def run_phase(mesh: BudgetMesh, spec: FloodSpec, seconds: float, flood: bool) ->
             else:
                 phase.flood_served += 1
 
-    with ThreadPoolExecutor(max_workers=64) as pool:
+    # one executor per class: flood calls held in the frontend's queue never delay class 1's sends
+    with ThreadPoolExecutor(max_workers=32) as high, ThreadPoolExecutor(max_workers=160) as low:
         start = time.monotonic()
         for at, tenant, which in sends:
             delay = start + at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            pool.submit(call, tenant, which)
+            (high if tenant == "high" else low).submit(call, tenant, which)
             if tenant == "flood":
                 phase.flood_sent += 1
     return phase
+
+
+def drop_budget(mesh: BudgetMesh, policy: Path, spec: FloodSpec) -> None:
+    """Rewrites the policy without class 0's budget and reloads it on both frontends (SIGHUP);
+    returns once each admits a flood request without x-ratelimit metadata (no budget applies)."""
+    policy.write_text(spec.policy().replace(f"tokens_per_minute = {spec.tokens_per_minute}\n", ""))
+    for router in mesh.routers:
+        router.proc.signal(signal.SIGHUP)
+
+    def unlimited(which: int) -> bool:
+        try:
+            call = router_pb2_grpc.RouterServiceStub(mesh.channels[which]).Generate(
+                router_pb2.GenerateRequest(
+                    model=MODEL,
+                    prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=[which + 1] * PROMPT)),
+                    max_tokens=1,
+                ),
+                timeout=30,
+                metadata=(("authorization", f"Bearer {mesh.keys['flood']}"),),
+            )
+            for _reply in call:
+                pass
+            trailers = call.trailing_metadata() or ()
+        except grpc.RpcError:
+            return False
+        return not any(k.startswith("x-ratelimit") for k, _v in trailers)
+
+    for which in range(2):
+        wait_until(
+            functools.partial(unlimited, which),
+            60,
+            interval=0.5,
+            message=f"frontend {which} drops the budget",
+        )
 
 
 def refusal_shape(error: grpc.RpcError) -> str | None:
@@ -280,6 +316,11 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=45.0, help="length of each phase (default 45)")
+    parser.add_argument(
+        "--skip-no-budget",
+        action="store_true",
+        help="without the third phase (the same flood after the budget is removed from the policy)",
+    )
     args = parser.parse_args()
     spec = FloodSpec()
     started = time.monotonic()
@@ -295,12 +336,16 @@ def main() -> int:
             )
             for r in mesh.routers
         ]
+        unbudgeted = None
+        if not args.skip_no_budget:
+            drop_budget(mesh, Path(tmp) / "policy.toml", spec)
+            unbudgeted = run_phase(mesh, spec, args.seconds, flood=True)
     bad = [s for s in map(refusal_shape, flooded.refusals) if s]
     rows = []
-    for label, p in (
-        ("class 1 alone", quiet),
-        (f"class 1 + class 0 at {spec.factor:g}x its budget", flooded),
-    ):
+    phases = [("class 1 alone", quiet), (f"class 1 + class 0 at {spec.factor:g}x its budget", flooded)]
+    if unbudgeted is not None:
+        phases.append((f"class 1 + class 0 at {spec.flood_rate:g}/s, budget removed (SIGHUP)", unbudgeted))
+    for label, p in phases:
         rows.append(
             f"| {label} | {len(p.ttfts)} | {len(p.high_errors)} | {pct(p.ttfts, 50) * 1000:.0f} | "
             f"{pct(p.ttfts, 90) * 1000:.0f} | {pct(p.ttfts, 99) * 1000:.0f} | {max(p.ttfts, default=0) * 1000:.0f} | "
