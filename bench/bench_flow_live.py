@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import math
 import platform
 import random
 import signal
@@ -206,6 +207,8 @@ class Phase:
     """Class 0's RESOURCE_EXHAUSTED replies."""
     flood_errors: list[BaseException] = field(default_factory=list)
     """Class 0's other failures."""
+    flood_span: tuple[float, float] = (math.inf, -math.inf)
+    """(first call, last answer) of class 0, monotonic: its admissions fall within."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -220,6 +223,9 @@ def run_phase(mesh: BudgetMesh, spec: FloodSpec, seconds: float, flood: bool) ->
     sends.sort()
 
     def call(tenant: str, which: int) -> None:
+        if tenant == "flood":
+            with phase.lock:
+                phase.flood_span = (min(phase.flood_span[0], time.monotonic()), phase.flood_span[1])
         try:
             ttft = mesh.generate(tenant, which)
         except grpc.RpcError as exc:
@@ -241,6 +247,14 @@ def run_phase(mesh: BudgetMesh, spec: FloodSpec, seconds: float, flood: bool) ->
             else:
                 phase.flood_served += 1
 
+    def answered(tenant: str, which: int) -> None:
+        try:
+            call(tenant, which)
+        finally:
+            if tenant == "flood":
+                with phase.lock:
+                    phase.flood_span = (phase.flood_span[0], max(phase.flood_span[1], time.monotonic()))
+
     # one executor per class: flood calls held in the frontend's queue never delay class 1's sends
     with ThreadPoolExecutor(max_workers=32) as high, ThreadPoolExecutor(max_workers=160) as low:
         start = time.monotonic()
@@ -248,7 +262,7 @@ def run_phase(mesh: BudgetMesh, spec: FloodSpec, seconds: float, flood: bool) ->
             delay = start + at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            (high if tenant == "high" else low).submit(call, tenant, which)
+            (high if tenant == "high" else low).submit(answered, tenant, which)
             if tenant == "flood":
                 phase.flood_sent += 1
     return phase
