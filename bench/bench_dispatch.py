@@ -17,16 +17,20 @@ decision on 8 idle pools through `DispatchQueue.enqueue` (its fast path) vs a di
 from __future__ import annotations
 
 import argparse
+import asyncio
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from globalrouter.budgets import BudgetExceeded, MemoryStore, TenantBudgets
 from globalrouter.dispatch import DispatchConfig, DispatchQueue, DispatchRequest
+from globalrouter.policy import Policy, parse
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
 from globalrouter.selection import SelectionConfig, Selector
-from globalrouter.simulate import SimConfig, SimResult, simulate
+from globalrouter.simulate import SimBudgets, SimConfig, SimResult, simulate
 from globalrouter.trace import TraceRequest, load_trace
 from globalrouter.wait_slo import WaitSlo
 from meshkit.clock import FakeClock
@@ -84,10 +88,11 @@ FLOOD_WINDOW = replace(FLOOD_QUEUE, reserve_window_seconds=10.0)
 last 10 s (the window picked from 5, 10 and 20 s on the first 400 s of the flood trace)."""
 
 
-def flood(conv: list[TraceRequest], syn: list[TraceRequest]) -> list[tuple[str, SimResult]]:
-    """The conversation trace as class 1 with and without a class-0 flood: FLOOD_COPIES copies of
-    the synthetic trace stretched over the conversation's span (disjoint blocks), about 3x what
-    the pools serve; early binding (no classes) vs late binding with classes."""
+def flood_mix(
+    conv: list[TraceRequest], syn: list[TraceRequest]
+) -> tuple[list[TraceRequest], Callable[[TraceRequest], int]]:
+    """The conversation trace with a class-0 flood (FLOOD_COPIES copies of the synthetic trace
+    stretched over the conversation's span, disjoint blocks), and each request's class."""
     span = conv[-1].arrival / syn[-1].arrival
     extra = [
         TraceRequest(
@@ -105,6 +110,13 @@ def flood(conv: list[TraceRequest], syn: list[TraceRequest]) -> list[tuple[str, 
     def prio(r: TraceRequest) -> int:
         return 1 if id(r) in high else 0
 
+    return mixed, prio
+
+
+def flood(conv: list[TraceRequest], syn: list[TraceRequest]) -> list[tuple[str, SimResult]]:
+    """The conversation trace as class 1 with and without a class-0 flood (`flood_mix`), about 3x
+    what the pools serve; early binding (no classes) vs late binding with classes."""
+    mixed, prio = flood_mix(conv, syn)
     config = SimConfig(pools=8, capacity_blocks=4000, rate=FLOOD_RATE)
     out = []
     for label, trace, dispatch in (
@@ -118,6 +130,150 @@ def flood(conv: list[TraceRequest], syn: list[TraceRequest]) -> list[tuple[str, 
         r = simulate(trace, config, "default", dispatch=dispatch, priority=prio)
         out.append((label, r))
         print(f"{label}: p99 by class {r.wait_p99_by_class} shed {r.shed_by_class}", flush=True)
+    return out
+
+
+BUDGET_FACTOR = 10
+"""The flood asks for this many times its tenant's tokens-per-minute budget (the issue's goal)."""
+FINE_BUCKETS = 100
+"""[budget] buckets of the row that counts the budget in finer buckets (the most a policy allows):
+each bucket frees a smaller lump of allowance, more often."""
+BUDGET_RESERVES = (0, 1, 2, 3, 4, 5, 6, 7)
+"""Pools class 0 leaves free (`reserved_pools={0: n}`) in the search for the smallest reserve
+that keeps class 1 within 1.2x of its no-flood p99 once the flood is held to its budget."""
+
+
+def budget_flood(conv: list[TraceRequest], syn: list[TraceRequest], out: Path) -> int:
+    """The flood of `flood` with class 0's tenant given a tokens-per-minute budget of a tenth of
+    what it asks for (prompt + output tokens per minute over the trace): the frontend's own
+    `TenantBudgets` refuses the rest at arrival (the refused do not come back), and only the
+    admitted part competes with class 1. Class-1 wait p99 with and without it, early and late
+    binding, without a reserve and with the flood bench's one pool; then the smallest reserve that
+    meets 1.2x. Writes `out` (markdown) and prints the rows as they come."""
+    started = time.monotonic()
+    mixed, prio = flood_mix(conv, syn)
+    flood_requests = [r for r in mixed if prio(r) == 0]
+    seconds = mixed[-1].arrival - mixed[0].arrival
+    asked = sum(r.input_length + r.output_length for r in flood_requests) / seconds * 60
+    budget = round(asked / BUDGET_FACTOR)
+    policy = parse(
+        f'[identity."client/flood"]\npriority = 0\ntokens_per_minute = {budget}\n\n'
+        '[identity."client/high"]\npriority = 1\n'
+    )
+    budgets = SimBudgets(policy, lambda r: "client/high" if prio(r) == 1 else "client/flood")
+    admitted = asyncio.run(_admitted(flood_requests, policy))
+    asked_tokens = sum(r.input_length + r.output_length for r in flood_requests)
+    admitted_tokens = sum(r.input_length + r.output_length for r in admitted)
+    # the same volume without the budget's bursts: every k-th flood request, k = asked / admitted tokens
+    every = round(asked_tokens / admitted_tokens)
+    thinned_ids = {id(r) for r in flood_requests[::every]}
+    thinned = [r for r in mixed if prio(r) == 1 or id(r) in thinned_ids]
+    print(
+        f"budget flood: class 0 asks {asked:,.0f} tokens/min over {seconds:,.0f} s "
+        f"({len(flood_requests):,} requests): budget {budget:,} tokens/min",
+        flush=True,
+    )
+    config = SimConfig(pools=8, capacity_blocks=4000, rate=FLOOD_RATE)
+    no_reserve = replace(FLOOD_QUEUE, reserved_pools={})
+    rows: list[tuple[str, SimResult]] = []
+
+    def run(
+        label: str, trace: list[TraceRequest], dispatch: DispatchConfig | None, held: SimBudgets | None = None
+    ) -> SimResult:
+        with_budget = (held or budgets) if trace is mixed else None
+        r = simulate(trace, config, "default", dispatch=dispatch, priority=prio, budgets=with_budget)
+        rows.append((label, r))
+        print(
+            f"{label}: p99 by class {r.wait_p99_by_class} refused {r.refused_by_class} "
+            f"shed {r.shed_by_class} ({r.sim_seconds:.0f} s)",
+            flush=True,
+        )
+        return r
+
+    base_early = run("no flood, early", conv, None).wait_p99_by_class[1]
+    base_late = run("no flood, late", conv, FLOOD_QUEUE).wait_p99_by_class[1]
+    run("flood at 10x budget, early", mixed, None)
+    run(f"flood thinned to every {every}th request, no budget, late, no reserve", thinned, no_reserve)
+    fine = SimBudgets(replace(policy, budget=replace(policy.budget, buckets=FINE_BUCKETS)), budgets.tenant)
+    run(f"flood at 10x budget in {FINE_BUCKETS} buckets, late, no reserve", mixed, no_reserve, fine)
+    first = {
+        0: run("flood at 10x budget, late, no reserve", mixed, no_reserve),
+        1: run("flood at 10x budget, late, reserve 1", mixed, FLOOD_QUEUE),
+    }
+    goal = 1.2 * base_late
+    smallest = next((n for n, r in first.items() if r.wait_p99_by_class[1] <= goal), None)
+    for n in BUDGET_RESERVES if smallest is None else ():
+        if n in first:
+            continue
+        r = run(f"flood at 10x budget, late, reserve {n}", mixed, replace(FLOOD_QUEUE, reserved_pools={0: n}))
+        if r.wait_p99_by_class[1] <= goal:
+            smallest = n
+            break
+
+    def ratio(label: str, r: SimResult) -> str:
+        base = base_early if label.endswith("early") else base_late
+        return f"{r.wait_p99_by_class.get(1, 0.0) / base:.2f}x"
+
+    def flood_count(label: str) -> int:
+        if label.startswith("flood thinned"):
+            return len(thinned_ids)
+        return len(flood_requests) if label.startswith("flood") else 0
+
+    lines = [
+        "Command: `.venv/bin/python bench/bench_dispatch.py --budget-flood` "
+        f"(ran {time.monotonic() - started:.0f} s; {platform.machine()}, Python {platform.python_version()}).",
+        "",
+        f"Class 0 (tenant `client/flood`) asks {asked:,.0f} tokens/min (prompt + output, "
+        f"{len(flood_requests):,} requests over {seconds:,.0f} s); its budget, `tokens_per_minute = {budget:,}` "
+        f"(1/{BUDGET_FACTOR} of that; [budget] defaults: 60 s in 10 buckets), is applied at arrival by "
+        "the frontend's `TenantBudgets` over its memory store; a refused request does not come back. "
+        f"Admitted: {len(admitted):,} requests, {admitted_tokens / asked_tokens:.3f} of the tokens asked "
+        "(small requests fit where large ones do not, so more of the requests). "
+        f"*thinned*: every {every}th flood request and no budget, about the admitted volume spread evenly "
+        "(the budget admits it in bursts: what each bucket frees goes in the first second of the bucket). "
+        f"*in {FINE_BUCKETS} buckets*: the same budget with `[budget] buckets = {FINE_BUCKETS}` (0.6 s buckets). "
+        "Class 1 (`client/high`, no budget): the conversation trace. Late binding as in the flood "
+        "table above (start only on idle pools, 60 s deadline); *reserve n*: class 0 leaves n pools free.",
+        "",
+        "| run | class 1 wait p99 (s) | vs no flood | class 0 wait p99 (s) | class 0 refused at budget "
+        "| class 0 shed in queue | class 0 served | class 1 shed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, r in rows:
+        served0 = flood_count(label) - r.refused_by_class.get(0, 0) - r.shed_by_class.get(0, 0)
+        lines.append(
+            f"| {label} | {r.wait_p99_by_class.get(1, 0.0):.3f} | {ratio(label, r)} | "
+            + (f"{r.wait_p99_by_class[0]:.3f}" if 0 in r.wait_p99_by_class else "-")
+            + f" | {r.refused_by_class.get(0, 0):,} | {r.shed_by_class.get(0, 0):,} | {served0:,} "
+            f"| {r.shed_by_class.get(1, 0)} |"
+        )
+    lines += [
+        "",
+        "Smallest reserve within 1.2x of the no-flood late p99: "
+        + (f"**{smallest} pool(s)**." if smallest is not None else "none of 0-7."),
+        "",
+    ]
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("\n".join(lines))
+    print("\n".join(lines))
+    print(f"wrote {out}")
+    return 0
+
+
+async def _admitted(requests: list[TraceRequest], policy: Policy) -> list[TraceRequest]:
+    """The requests of client/flood its budget admits (the simulator's rule: TenantBudgets over a
+    memory store at each arrival), for the figures of the table."""
+    clock = FakeClock(start=0.0, wall_offset=0.0)
+    budgets = TenantBudgets(MemoryStore(clock), policy.budget, clock)
+    entry = policy.entries["client/flood"]
+    out = []
+    for r in requests:
+        clock.set(r.arrival)
+        try:
+            await budgets.admit("client/flood", entry, r.input_length + r.output_length)
+        except BudgetExceeded:
+            continue
+        out.append(r)
     return out
 
 
@@ -181,10 +337,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--conversation", default=str(TRACES / "mooncake_conversation_first_half.jsonl"))
     parser.add_argument("--synthetic", default=str(TRACES / "mooncake_synthetic_trace.jsonl"))
+    parser.add_argument(
+        "--budget-flood",
+        action="store_true",
+        help="only the flood at 10x its tenant's budget (writes bench/results/bench_dispatch_budget_flood.md)",
+    )
     args = parser.parse_args()
     started = time.monotonic()
     conv = load_trace(args.conversation)
     syn = load_trace(args.synthetic)
+    if args.budget_flood:
+        return budget_flood(conv, syn, RESULTS / "bench_dispatch_budget_flood.md")
     rows = []
     goals = []
     for name, trace, rates, goal in (

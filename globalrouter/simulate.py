@@ -27,6 +27,8 @@ from typing import cast
 
 import numpy as np
 
+from globalrouter import policy as tenant_policy
+from globalrouter.budgets import BudgetExceeded, MemoryStore, TenantBudgets
 from globalrouter.dispatch import DispatchConfig, Dispatched, DispatchQueue, DispatchRequest, Outcome
 from globalrouter.kv_index import KvIndex
 from globalrouter.kv_summary import KvSummary
@@ -93,6 +95,10 @@ class SimResult:
     """Priority class -> wait p99 of its requests (only with a `priority` function)."""
     shed_by_class: dict[int, int] = field(default_factory=dict)
     """Priority class -> requests shed (late binding with a `priority` function)."""
+    refused: int = 0
+    """Requests refused at arrival over their tenant's budget (`budgets`; in no other figure)."""
+    refused_by_class: dict[int, int] = field(default_factory=dict)
+    """Priority class -> requests refused over budget (with `budgets` and a `priority` function)."""
 
 
 class LruCache:
@@ -241,6 +247,7 @@ def simulate(
     omniscient: Callable[[list[SimPool]], Policy] | None = None,
     dispatch: DispatchConfig | None = None,
     priority: Callable[[TraceRequest], int] | None = None,
+    budgets: SimBudgets | None = None,
 ) -> SimResult:
     """Runs one policy over the trace and returns its figures.
 
@@ -249,7 +256,8 @@ def simulate(
     `dispatch`, when given, runs the default policy with late binding (`globalrouter.dispatch`):
     the frontend holds each request in its dispatch queue until a pool can start it.
     `priority`, when given, is each request's class (late binding dispatches higher first) and
-    the result has per-class wait p99s."""
+    the result has per-class wait p99s. `budgets`, when given, refuses at arrival each request
+    over its tenant's budget, as a frontend's gate does (it is then neither queued nor served)."""
     if dispatch is not None and (policy_name != "default" or omniscient is not None):
         raise ValueError("late binding (dispatch) runs the default policy only")
     started = time.perf_counter()
@@ -294,11 +302,14 @@ def simulate(
     placements: list[tuple[float, int, float]] = []
     late: _LateStats | None = None
     class_waits: dict[int, list[float]] = {}
+    gate = _BudgetGate(budgets, priority) if budgets is not None else None
     if dispatch is not None:
-        late = _run_late(trace, config, selection, dispatch, sims, states, index, view, priority)
+        late = _run_late(trace, config, selection, dispatch, sims, states, index, view, priority, gate)
         hits, blocks, waits, placements = late.hits, late.blocks, late.waits, late.placements
     for request in trace if late is None else ():
         now = request.arrival
+        if gate is not None and not gate.admits(request):
+            continue
         next_kv, next_load = _relay_signals(now, next_kv, next_load, config, sims, states, index)
         choice = policy.choose(view, request, now)
         hit, wait, work = sims[choice.pool].admit(request)
@@ -316,7 +327,10 @@ def simulate(
     work_per_pool = [s.work for s in sims]
     mean_work = sum(work_per_pool) / len(work_per_pool) if work_per_pool else 0.0
     hit_rate = hits / blocks if blocks else 0.0
-    served = trace if late is None or not late.shed_ids else [r for r in trace if id(r) not in late.shed_ids]
+    dropped = (late.shed_ids if late is not None else set()) | (
+        gate.refused_ids if gate is not None else set()
+    )
+    served = trace if not dropped else [r for r in trace if id(r) not in dropped]
     # the ideal of the requests served (a shed request is in neither figure)
     ideal = ideal_hit_rate(served, config.pools * config.capacity_blocks)
     return SimResult(
@@ -337,6 +351,8 @@ def simulate(
         queue_p99=percentile(late.queued, 99) if late is not None else 0.0,
         wait_p99_by_class={c: percentile(w, 99) for c, w in sorted(class_waits.items())},
         shed_by_class=dict(sorted(late.shed_by_class.items())) if late is not None else {},
+        refused=len(gate.refused_ids) if gate is not None else 0,
+        refused_by_class=dict(sorted(gate.refused_by_class.items())) if gate is not None else {},
     )
 
 
@@ -363,6 +379,7 @@ def _run_late(
     index: KvIndex,
     view: FrontendView,
     priority: Callable[[TraceRequest], int] | None = None,
+    gate: _BudgetGate | None = None,
 ) -> _LateStats:
     """The simulation with late binding: events are arrivals, the relays' KV batches and load
     reports (while requests are queued) and the queue's own wake-ups; the feeds to the frontend
@@ -410,6 +427,8 @@ def _run_late(
         while i < n and trace[i].arrival <= now:
             r = trace[i]
             i += 1
+            if gate is not None and not gate.admits(r):
+                continue
             outcome = queue.enqueue(
                 DispatchRequest(
                     r,
@@ -426,6 +445,55 @@ def _run_late(
         for outcome in queue.poll():
             deliver(outcome, now)
     return stats
+
+
+def _every_request_unchecked(_request: TraceRequest) -> str:
+    return tenant_policy.UNCHECKED_KEY
+
+
+@dataclass(frozen=True, slots=True)
+class SimBudgets:
+    """Tenant budgets at arrival, as a frontend's gate (globalrouter.tenancy) applies them: each
+    request's tenant gets its policy entry (else `[default]`) and asks for prompt + max_tokens
+    (here input_length + output_length, all generated: nothing to give back)."""
+
+    policy: tenant_policy.Policy
+    """The policy file's content (its [budget] settings and entries)."""
+    tenant: Callable[[TraceRequest], str] = _every_request_unchecked
+    """A request's policy key; by default every request is the loopback caller "unchecked"."""
+
+
+class _BudgetGate:
+    """The same `TenantBudgets` a frontend runs, over its memory store, on a clock at each
+    arrival (wall time = trace time, so buckets start at 0)."""
+
+    def __init__(self, budgets: SimBudgets, priority: Callable[[TraceRequest], int] | None) -> None:
+        self.clock = FakeClock(start=0.0, wall_offset=0.0)
+        self.budgets = TenantBudgets(MemoryStore(self.clock), budgets.policy.budget, self.clock)
+        self.policy = budgets.policy
+        self.tenant = budgets.tenant
+        self.priority = priority
+        self.refused_ids: set[int] = set()
+        self.refused_by_class: dict[int, int] = {}
+
+    def admits(self, request: TraceRequest) -> bool:
+        """Whether the request fits its tenant's budget at its arrival (reserving it if so)."""
+        self.clock.set(max(request.arrival, self.clock.monotonic()))
+        key = self.tenant(request)
+        policy = self.policy.entries.get(key, self.policy.default)
+        admit = self.budgets.admit(key, policy, request.input_length + request.output_length)
+        try:
+            # The memory store never suspends, so the coroutine runs to its end in one step.
+            admit.send(None)
+        except StopIteration:
+            return True
+        except BudgetExceeded:
+            self.refused_ids.add(id(request))
+            c = self.priority(request) if self.priority is not None else 0
+            self.refused_by_class[c] = self.refused_by_class.get(c, 0) + 1
+            return False
+        admit.close()
+        raise RuntimeError("the budget admission suspended (the simulator runs the memory store only)")
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -511,6 +579,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the frontend's KV state: exact (per-source index) or summary (per-pool fingerprint "
         "tables, lossy; globalrouter/kv_summary.py) (default exact)",
     )
+    p.add_argument(
+        "--tenant-policy",
+        default=None,
+        metavar="FILE",
+        help="tenant policy (TOML, as `globalrouter serve --policy` reads it): its budgets refuse "
+        "requests at arrival; every request is the loopback caller (the policy's "
+        "[identity.unchecked], else [default]) (default: no budgets)",
+    )
     p.add_argument("--limit", type=int_at_least(1), default=None, help="only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with --policy all)")
@@ -541,6 +617,13 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace_for("simulate", args.trace, args.limit)
     if trace is None:
         return 2
+    budgets = None
+    if args.tenant_policy:
+        try:
+            budgets = SimBudgets(tenant_policy.load(args.tenant_policy))
+        except tenant_policy.PolicyError as exc:
+            print(f"globalrouter simulate: {exc}", file=sys.stderr)
+            return 2
     config = SimConfig(
         pools=args.pools,
         capacity_blocks=args.pool_capacity_blocks,
@@ -562,10 +645,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if dispatch is not None and args.policy == "default":
         names = []  # only the late run
-    results = [simulate(trace, config, name, selection) for name in names]
+    results = [simulate(trace, config, name, selection, budgets=budgets) for name in names]
     if dispatch is not None:
         # with --policy all: every policy as today, then the default with late binding
-        results.append(simulate(trace, config, "default", selection, dispatch=dispatch))
+        results.append(simulate(trace, config, "default", selection, dispatch=dispatch, budgets=budgets))
     if args.json:
         out = [summary(r) for r in results]
         print(json.dumps(out if len(out) > 1 else out[0], indent=None))

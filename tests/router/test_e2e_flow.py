@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import re
 import threading
@@ -386,3 +387,40 @@ def test_the_status_page_shows_a_row_per_tenant_and_class(procs, browser, tmp_pa
     assert row[8:] == ["0", "0", "–"], row
     assert router.metric("globalrouter_flow_queue_seconds_count", tenant="other", **{"class": "0"}) == 3
     browser.screenshot(tmp_path / "status-flow.png")
+
+
+def test_a_flood_at_ten_times_its_budget_is_mostly_refused_while_the_high_class_is_all_served(tmp_path):
+    """bench/bench_flow_live.py's scenario, short: two frontends sharing class 0's budget through
+    etcd; class 0 sends 10x what its budget admits, class 1 (no budget) alongside. The budget
+    refuses the flood at admission (RESOURCE_EXHAUSTED, BUDGET_EXCEEDED, QuotaFailure) and class 1
+    is all served; its TTFT ratio is the bench's figure (BENCHMARKS.md), not asserted here."""
+    from bench.bench_flow_live import FloodSpec, budget_mesh, refusal_shape, run_phase
+
+    spec = FloodSpec()
+    seconds = 15.0
+    with budget_mesh(tmp_path, spec) as mesh:
+        phase = run_phase(mesh, spec, seconds, flood=True)
+        counted = sum(
+            r.metric(
+                "globalrouter_tenant_budget_refusals_total", limit="tokens_per_minute", tenant="client/flood"
+            )
+            for r in mesh.routers
+        )
+    print(
+        f"class 1: {len(phase.ttfts)} served, TTFT max {max(phase.ttfts, default=0):.3f} s; class 0: "
+        f"{phase.flood_sent} sent, {len(phase.refusals)} refused, {phase.flood_served} served"
+    )
+    assert not phase.high_errors, phase.high_errors[:1]
+    assert len(phase.ttfts) == round(seconds * spec.high_rate)
+    assert not phase.flood_errors, phase.flood_errors[:1]
+    assert phase.flood_served + len(phase.refusals) == phase.flood_sent == round(seconds * spec.flood_rate)
+    assert [s for s in map(refusal_shape, phase.refusals) if s] == []
+    assert counted == len(phase.refusals)
+    # What the budget lets through: at most the limit in any window, so over the span of the
+    # flood's calls (15 s unless the machine lagged) one window's worth per window it meets, plus
+    # a chunk (one request) per frontend for slack; the flood asks 10x that.
+    window_requests = spec.tokens_per_minute // (PROMPT + MAX_TOKENS)
+    windows = math.ceil((phase.flood_span[1] - phase.flood_span[0]) / spec.window)
+    assert phase.flood_served >= 1, "the budget admits some of the flood"
+    assert phase.flood_served <= windows * window_requests + 2, (phase.flood_served, windows)
+    assert len(phase.refusals) >= 0.75 * phase.flood_sent
