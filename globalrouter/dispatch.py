@@ -585,7 +585,11 @@ class DispatchQueue(Generic[T]):
                     self._remove(e)
                     out.append(
                         self._shed(
-                            e.request, ShedReason.MODEL_NOT_SERVED, now, e.queued_at, "no listed pool serves it"
+                            e.request,
+                            ShedReason.MODEL_NOT_SERVED,
+                            now,
+                            e.queued_at,
+                            "no listed pool serves it",
                         )
                     )
                     continue
