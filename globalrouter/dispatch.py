@@ -17,7 +17,9 @@ is cached) while that pool is expected to start it within `affinity_hold_seconds
 arrival here (the pool's backlog plus what earlier requests hold out for there); otherwise it
 takes the best-ranked pool that can start it now. A pool some earlier request holds out for is
 not given to a later one, and a freed pool goes first to the queued requests of the top class
-whose prompt it partly holds (a request any pool serves as well takes another).
+whose prompt it partly holds (a request any pool serves as well takes another). That is the
+"rank" placement; `DispatchConfig.placement = "match"` is pool-driven instead: the free pools go
+to the queued requests with the longest prefix cached there (`_match_model`).
 
 Bounds: `max_queued` requests per model (a higher class arriving at a full queue displaces the
 newest request of the lowest class below it, else it is refused), a deadline per request, and
@@ -559,7 +561,8 @@ class DispatchQueue(Generic[T]):
     ) -> None:
         """The "match" placement: one class at a time (highest first), the free pools go to the
         requests with the longest prefix cached there, then in queue order to the requests no
-        pool favours and to those whose hold for their pool ran out."""
+        pool favours and to those whose hold for their pool ran out, then to held requests
+        whose wait costs more than their prefix saves."""
         cfg = self.config
         dw = self.selector.config.decode_weight
         # pool id -> seconds of work that requests of this round hold out for there
@@ -614,7 +617,7 @@ class DispatchQueue(Generic[T]):
                 elif not self._hold(e, home, pools, claimed, now, dw):
                     rest.append((e, decision))
             if pairs and rest:
-                rest.sort(key=lambda x: x[0].seq)
+                rest.sort(key=lambda x: x[0].key())  # back in queue order (class, tag)
             stale = bool(pairs)
             for e, decision in rest:
                 if len(free) <= reserve:
@@ -631,7 +634,7 @@ class DispatchQueue(Generic[T]):
             # a free pool idles while a hot pool's queue grows up to the hold.
             if held and len(free) > reserve:
                 weight = self.selector.prefill_weight
-                held.sort(key=lambda x: (x[0], x[1].seq))
+                held.sort(key=lambda x: (x[0], x[1].key()))
                 for distinct, e, home, _ in held:
                     if len(free) <= reserve:
                         break
