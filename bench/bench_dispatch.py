@@ -46,9 +46,9 @@ LATE_NO_SLO = DispatchConfig(max_queue_seconds=3600.0)
 hold 5 s: a good point of a small grid on the conversation trace at R = 6,000)."""
 
 
-def late_for(target: float) -> DispatchConfig:
+def late_for(target: float, placement: str = "rank") -> DispatchConfig:
     # the simulator never sheds: a deadline beyond any wait the traces produce
-    return replace(DispatchConfig.for_wait_slo(target), max_queue_seconds=3600.0)
+    return replace(DispatchConfig.for_wait_slo(target, placement), max_queue_seconds=3600.0)
 
 
 def case(trace: list[TraceRequest], rate: int) -> tuple[float, dict[str, SimResult]]:
@@ -63,10 +63,11 @@ def case(trace: list[TraceRequest], rate: int) -> tuple[float, dict[str, SimResu
         "default, late": simulate(trace, config, "default", dispatch=LATE_NO_SLO),
         "slo, early": simulate(trace, config, "default", slo),
         "slo, late": simulate(trace, config, "default", slo, dispatch=late_for(target)),
+        "slo, late, match": simulate(trace, config, "default", slo, dispatch=late_for(target, "match")),
     }
 
 
-ROWS = ("dynamo", "default", "default, late", "slo, early", "slo, late")
+ROWS = ("dynamo", "default", "default, late", "slo, early", "slo, late", "slo, late, match")
 
 
 def fmt_case(name: str, rate: int, target: float, c: dict[str, SimResult]) -> str:
@@ -277,7 +278,7 @@ async def _admitted(requests: list[TraceRequest], policy: Policy) -> list[TraceR
     return out
 
 
-def microbench(n: int = 20_000) -> tuple[float, float]:
+def microbench(n: int = 20_000, placement: str = "rank") -> tuple[float, float]:
     """Mean microseconds of one decision on 8 idle pools: (Selector.select, DispatchQueue.enqueue)."""
     now = 100.0
     pools = []
@@ -298,7 +299,7 @@ def microbench(n: int = 20_000) -> tuple[float, float]:
     selector = Selector()
     clock = FakeClock(start=now)
     queue: DispatchQueue[int] = DispatchQueue(
-        DispatchConfig(), clock, selector, lambda: pools, lambda r, t: cached
+        DispatchConfig(placement=placement), clock, selector, lambda: pools, lambda r, t: cached
     )
 
     tick = iter(range(1, 1 << 30))  # clock seconds, moving forward across the runs
@@ -349,7 +350,8 @@ def main() -> int:
     if args.budget_flood:
         return budget_flood(conv, syn, RESULTS / "bench_dispatch_budget_flood.md")
     rows = []
-    goals = []
+    goals: list[tuple[str, int, float, float, float, float, float]] = []
+    match_goals: list[tuple[str, int, float, float, float, float, float]] = []
     for name, trace, rates, goal in (
         ("conversation", conv, CONV_RATES, 0.95),
         ("synthetic", syn, SYN_RATES, 0.97),
@@ -358,10 +360,12 @@ def main() -> int:
             target, c = case(trace, rate)
             rows.append(fmt_case(name, rate, target, c))
             print(rows[-1], flush=True)
-            lt, dyn = c["slo, late"], c["dynamo"]
-            goals.append(
-                (name, rate, goal, lt.share_of_ideal, lt.wait_p99, dyn.wait_p99, lt.wait_p99 / target)
-            )
+            dyn = c["dynamo"]
+            for key, out in (("slo, late", goals), ("slo, late, match", match_goals)):
+                lt = c[key]
+                out.append(
+                    (name, rate, goal, lt.share_of_ideal, lt.wait_p99, dyn.wait_p99, lt.wait_p99 / target)
+                )
     tracking = []
     conv_config = SimConfig(pools=8, capacity_blocks=4000, rate=CONV_RATES[0])
     dyn_p99 = simulate(conv, conv_config, "dynamo").wait_p99
@@ -370,16 +374,28 @@ def main() -> int:
         slo = SelectionConfig(wait_slo=WaitSlo(target))
         early = simulate(conv, conv_config, "default", slo)
         lt = simulate(conv, conv_config, "default", slo, dispatch=late_for(target))
-        tracking.append((f, target, early, lt))
+        mt = simulate(conv, conv_config, "default", slo, dispatch=late_for(target, "match"))
+        tracking.append((f, target, early, lt, mt))
         print(
-            f"slo {target}: early {early.wait_p99 / target:.3f}T late {lt.wait_p99 / target:.3f}T",
+            f"slo {target}: early {early.wait_p99 / target:.3f}T late {lt.wait_p99 / target:.3f}T "
+            f"match {mt.wait_p99 / target:.3f}T",
             flush=True,
         )
     flooded = flood(conv, syn)
     direct_us, queued_us = microbench()
     print(f"decision on idle pools: select {direct_us:.1f} us, enqueue {queued_us:.1f} us", flush=True)
+    match_direct_us, match_queued_us = microbench(placement="match")
+    print(f"match: select {match_direct_us:.1f} us, enqueue {match_queued_us:.1f} us", flush=True)
 
-    met = [g for g in goals if g[3] >= g[2] and g[4] <= g[5]]
+    def met(goals: list[tuple[str, int, float, float, float, float, float]]) -> str:
+        ok = [g for g in goals if g[3] >= g[2] and g[4] <= g[5]]
+        return (
+            f"met at {len(ok)} of {len(goals)} loads** "
+            f"({', '.join(f'{n} R = {r:,}' for n, r, *_ in ok) or 'none'}). p99 / T per load: "
+            + ", ".join(f"{n[:4]} {r // 1000}k {q:.2f}" for n, r, _, _, _, _, q in goals)
+        )
+
+    near = [g for g in match_goals if g[3] >= g[2]]
     lines = [
         "## Late binding: the dispatch queue in the simulator (`bench_dispatch`)",
         "",
@@ -392,26 +408,30 @@ def main() -> int:
         "commits at arrival (today), *late* holds requests in the dispatch queue "
         "(`DispatchConfig.for_wait_slo(T)`: pools queue up to 0.85 T, a request holds out for its "
         "cached pool while that pool can start it within 1.7 T); *default, late* is late binding "
-        "without an SLO (start within 1 s, hold 5 s).",
+        "without an SLO (start within 1 s, hold 5 s); *late, match* is late binding with the "
+        'pool-driven placement (`--dispatch-placement match`, `DispatchConfig.for_wait_slo(T, "match")`: '
+        "free pools go to the queued requests with the longest prefix cached there; pools queue up "
+        "to 0.2 T, a request holds out for the pool caching its prompt within 2 T, a pool left free "
+        "goes to a held request whose wait costs more than its prefix saves).",
         "",
-        "| trace | R | T (s) | dynamo | default | default, late | slo, early | slo, late |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| trace | R | T (s) | dynamo | default | default, late | slo, early | slo, late | slo, late, match |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
-        f"**Goals (late binding under `--wait-slo T`): share ≥ 0.95 (conversation) / 0.97 (synthetic) "
-        f"with p99 ≤ dynamo's: met at {len(met)} of {len(goals)} loads** "
-        f"({', '.join(f'{n} R = {r:,}' for n, r, *_ in met) or 'none'}). p99 / T per load: "
-        + ", ".join(f"{n[:4]} {r // 1000}k {q:.2f}" for n, r, _, _, _, _, q in goals)
-        + ".",
+        "**Goals (late binding under `--wait-slo T`): share ≥ 0.95 (conversation) / 0.97 (synthetic) "
+        f"with p99 ≤ dynamo's: rank placement {met(goals)}; **match placement {met(match_goals)}. "
+        f"The match placement reaches the share goal alone at {len(near)} of {len(match_goals)} loads.",
         "",
         "SLO tracking on the conversation trace (R = 6,000), p99 / target:",
         "",
-        "| target (x dynamo's p99) | target (s) | early share / p99 / ratio | late share / p99 / ratio |",
-        "|---:|---:|---:|---:|",
+        "| target (x dynamo's p99) | target (s) | early share / p99 / ratio | late share / p99 / ratio "
+        "| late, match share / p99 / ratio |",
+        "|---:|---:|---:|---:|---:|",
         *[
             f"| {f} | {t:.3f} | {e.share_of_ideal:.4f} / {e.wait_p99:.3f} / {e.wait_p99 / t:.3f} | "
-            f"{lt.share_of_ideal:.4f} / {lt.wait_p99:.3f} / {lt.wait_p99 / t:.3f} |"
-            for f, t, e, lt in tracking
+            f"{lt.share_of_ideal:.4f} / {lt.wait_p99:.3f} / {lt.wait_p99 / t:.3f} | "
+            f"{mt.share_of_ideal:.4f} / {mt.wait_p99:.3f} / {mt.wait_p99 / t:.3f} |"
+            for f, t, e, lt, mt in tracking
         ],
         "",
         f"Priority under a flood (conversation trace as class 1, R = {FLOOD_RATE:,}; class 0: "
@@ -433,7 +453,10 @@ def main() -> int:
         "",
         f"Decision on 8 idle pools (mean of 20,000, best of 3): `Selector.select` {direct_us:.1f} µs, "
         f"`DispatchQueue.enqueue` (empty queue, free pool: ranks and dispatches at once) {queued_us:.1f} µs; "
-        f"the queue adds **{(queued_us - direct_us) / 1000:.3f} ms** (goal ≤ 0.2 ms).",
+        f"the queue adds **{(queued_us - direct_us) / 1000:.3f} ms** (goal ≤ 0.2 ms). With the match "
+        f"placement (its fast path also finds the pool caching the longest prefix): select "
+        f"{match_direct_us:.1f} µs, enqueue {match_queued_us:.1f} µs, "
+        f"**{(match_queued_us - match_direct_us) / 1000:.3f} ms** added.",
         "",
     ]
     RESULTS.mkdir(exist_ok=True)

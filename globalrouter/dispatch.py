@@ -17,7 +17,9 @@ is cached) while that pool is expected to start it within `affinity_hold_seconds
 arrival here (the pool's backlog plus what earlier requests hold out for there); otherwise it
 takes the best-ranked pool that can start it now. A pool some earlier request holds out for is
 not given to a later one, and a freed pool goes first to the queued requests of the top class
-whose prompt it partly holds (a request any pool serves as well takes another).
+whose prompt it partly holds (a request any pool serves as well takes another). That is the
+"rank" placement; `DispatchConfig.placement = "match"` is pool-driven instead: the free pools go
+to the queued requests with the longest prefix cached there (`_match_model`).
 
 Bounds: `max_queued` requests per model (a higher class arriving at a full queue displaces the
 newest request of the lowest class below it, else it is refused), a deadline per request, and
@@ -33,7 +35,7 @@ import enum
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -42,6 +44,9 @@ from globalrouter.selection import Decision, RankedPool, Selector
 from meshkit.clock import Clock
 
 T = TypeVar("T")
+
+PLACEMENTS = ("rank", "match")
+"""DispatchConfig.placement's values."""
 
 
 class ShedReason(enum.Enum):
@@ -98,14 +103,36 @@ class DispatchConfig:
     """Queued requests ranked per dispatch round at most (in dispatch order)."""
     min_retry_after_seconds: float = 1.0
     max_retry_after_seconds: float = 60.0
+    placement: str = "rank"
+    """How a free pool and a queued request are paired (PLACEMENTS): "rank", each request in
+    queue order takes the pool the ranking puts first (holding out for it within
+    `affinity_hold_seconds`); "match", pool-driven: the pools that can start work go to the
+    queued requests with the longest prefix cached there (greedy over the (request, free pool)
+    pairs, the prefix counted beyond what every pool holds), a request holds out for the pool
+    caching its longest prefix while that pool is expected to start it within
+    `affinity_hold_seconds` of its arrival, and the rest (prompts no pool holds more of than
+    another, and requests whose hold ran out) take the best-ranked free pool in queue order."""
 
     @classmethod
-    def for_wait_slo(cls, target_seconds: float) -> DispatchConfig:
-        """The settings measured best under a wait SLO of `target_seconds` (bench_dispatch):
-        pools queue up to 0.85 of the target, a request holds out for its cached pool while it
-        can start there within 1.7 times the target (the ranking's wait price keeps most far
-        below it)."""
-        return cls(start_within_seconds=0.85 * target_seconds, affinity_hold_seconds=1.7 * target_seconds)
+    def for_wait_slo(cls, target_seconds: float, placement: str = "rank") -> DispatchConfig:
+        """The settings measured best under a wait SLO of `target_seconds` (bench_dispatch).
+        "rank": pools queue up to 0.85 of the target, a request holds out for its cached pool
+        while it can start there within 1.7 times the target (the ranking's wait price keeps
+        most far below it). "match": pools queue up to 0.2 of the target (a pool that frees
+        picks among more requests) and a request holds out for the pool caching its prompt
+        while it can start there within twice the target (bench_dispatch: the share goals at
+        1.1-1.2 x dynamo's p99; 1.5 x: p99 within 1.05-1.1 x, share 0.92-0.97)."""
+        if placement == "match":
+            return cls(
+                start_within_seconds=0.2 * target_seconds,
+                affinity_hold_seconds=2.0 * target_seconds,
+                placement=placement,
+            )
+        return cls(
+            start_within_seconds=0.85 * target_seconds,
+            affinity_hold_seconds=1.7 * target_seconds,
+            placement=placement,
+        )
 
     def problems(self) -> list[str]:
         """What is wrong with these values (empty when none), each naming the field."""
@@ -128,6 +155,8 @@ class DispatchConfig:
             out.append(
                 f"reserve_window_seconds must be a non-negative number of seconds, got {self.reserve_window_seconds!r}"
             )
+        if self.placement not in PLACEMENTS:
+            out.append(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if self.scan_limit < 1:
             out.append(f"scan_limit must be at least 1, got {self.scan_limit!r}")
         if not 0 < self.min_retry_after_seconds <= self.max_retry_after_seconds:
@@ -323,7 +352,14 @@ class DispatchQueue(Generic[T]):
                 return Shed(shed.request, reason, shed.retry_after_seconds, shed.detail, 0.0, decision)
             pools = self._by_id()
             reserve = self._reserve(request.priority, now)
-            for ranked in decision.candidates[:1]:
+            first: Sequence[RankedPool] = decision.candidates[:1]
+            if cfg.placement == "match":
+                # a prompt some pool holds more of than the others goes there or waits (the
+                # poll that follows decides between holding out and another pool)
+                distinct, home = self._home(decision, pools, now, {})
+                if distinct:
+                    first = [home] if home is not None else []
+            for ranked in first:
                 pool = pools.get(ranked.pool_id)
                 if (
                     pool is not None
@@ -438,6 +474,9 @@ class DispatchQueue(Generic[T]):
         free = {pid for pid, p in pools.items() if p.listed and self._can_start(p, now)}
         if not free:
             return
+        if self.config.placement == "match":
+            self._match_model(queue, pools, free, now, out)
+            return
         window = queue[: self.config.scan_limit]
         top = window[0][1].request.priority
         reserves: dict[int, int] = {}
@@ -511,6 +550,166 @@ class DispatchQueue(Generic[T]):
                     free.discard(pick.pool_id)
                 if not free.difference(claimed):
                     break
+
+    def _match_model(
+        self,
+        queue: list[tuple[tuple[int, float, int], _Entry[T]]],
+        pools: Mapping[str, PoolState],
+        free: set[str],
+        now: float,
+        out: list[Outcome[T]],
+    ) -> None:
+        """The "match" placement: one class at a time (highest first), the free pools go to the
+        requests with the longest prefix cached there, then in queue order to the requests no
+        pool favours and to those whose hold for their pool ran out, then to held requests
+        whose wait costs more than their prefix saves."""
+        cfg = self.config
+        dw = self.selector.config.decode_weight
+        # pool id -> seconds of work that requests of this round hold out for there
+        claimed: dict[str, float] = {}
+        window = queue[: cfg.scan_limit]
+        i = 0
+        while i < len(window) and free:
+            priority = window[i][1].request.priority
+            j = i
+            while j < len(window) and window[j][1].request.priority == priority:
+                j += 1
+            group = window[i:j]
+            i = j
+            reserve = self._reserve(priority, now)
+            if reserve and len(free) <= reserve:
+                continue  # before ranking: under a flood most of the queue waits here
+            pairs: list[tuple[bool, int, int, _Entry[T], RankedPool, Decision]] = []
+            rest: list[tuple[_Entry[T], Decision]] = []
+            held: list[tuple[int, _Entry[T], RankedPool, Decision]] = []
+            for n, (_, e) in enumerate(group):
+                decision = self._rank(e.request, now)
+                if not decision.model_served:
+                    self._remove(e)
+                    out.append(
+                        self._shed(
+                            e.request,
+                            ShedReason.MODEL_NOT_SERVED,
+                            now,
+                            e.queued_at,
+                            "no listed pool serves it",
+                        )
+                    )
+                    continue
+                if not decision.candidates:
+                    continue
+                distinct, home = self._home(decision, pools, now, claimed)
+                if not distinct or home is None:
+                    rest.append((e, decision))
+                elif home.pool_id in free:
+                    # older than the hold: ahead of any longer prefix (nothing starves)
+                    aged = now - e.queued_at >= cfg.affinity_hold_seconds
+                    pairs.append((not aged, -distinct, n, e, home, decision))
+                elif self._hold(e, home, pools, claimed, now, dw):
+                    held.append((distinct, e, home, decision))
+                    continue
+                else:
+                    rest.append((e, decision))
+            pairs.sort(key=lambda x: x[:3])
+            for _, _, _, e, home, decision in pairs:
+                if home.pool_id in free and len(free) > reserve:
+                    self._commit_to(e, home, decision, now, pools, free, out)
+                elif not self._hold(e, home, pools, claimed, now, dw):
+                    rest.append((e, decision))
+            if pairs and rest:
+                rest.sort(key=lambda x: x[0].key())  # back in queue order (class, tag)
+            stale = bool(pairs)
+            for e, decision in rest:
+                if len(free) <= reserve:
+                    break
+                if stale:  # pools were given work since it was ranked
+                    decision = self._rank(e.request, now)
+                pick = next((r for r in decision.candidates if r.pool_id in free), None)
+                if pick is not None:
+                    self._commit_to(e, pick, decision, now, pools, free, out)
+                    stale = True
+            # Pools still free go to held requests whose wait for their pool costs more than
+            # the prefill their prefix saves there, at the ranking's price of a second of
+            # prefill (the shortest prefixes first: they lose least by moving). Without this
+            # a free pool idles while a hot pool's queue grows up to the hold.
+            if held and len(free) > reserve:
+                weight = self.selector.prefill_weight
+                held.sort(key=lambda x: (x[0], x[1].key()))
+                for distinct, e, home, _ in held:
+                    if len(free) <= reserve:
+                        break
+                    pool = pools[home.pool_id]
+                    saved = distinct * pool.block_size / self.selector.throughput(pool)
+                    if self.backlog_seconds(pool, now) <= weight * saved:
+                        continue
+                    decision = self._rank(e.request, now)
+                    pick = next((r for r in decision.candidates if r.pool_id in free), None)
+                    if pick is not None:
+                        self._commit_to(e, pick, decision, now, pools, free, out)
+
+    def _home(
+        self, decision: Decision, pools: Mapping[str, PoolState], now: float, claimed: Mapping[str, float]
+    ) -> tuple[int, RankedPool | None]:
+        """(blocks of the prompt the best-holding eligible pool caches beyond what every eligible
+        pool does, that pool); among equal holders the one expected to start work first. (0,
+        None) when no pool holds more than another."""
+        cands = decision.candidates
+        hi = lo = cands[0].cached_blocks
+        for r in cands:
+            c = r.cached_blocks
+            if c > hi:
+                hi = c
+            elif c < lo:
+                lo = c
+        if hi == lo:
+            return 0, None
+        best: RankedPool | None = None
+        soonest = math.inf
+        for r in cands:
+            if r.cached_blocks == hi:
+                pool = pools.get(r.pool_id)
+                if pool is None:
+                    continue
+                t = self.backlog_seconds(pool, now) + claimed.get(r.pool_id, 0.0)
+                if t < soonest:
+                    best, soonest = r, t
+        return hi - lo, best
+
+    def _hold(
+        self,
+        e: _Entry[T],
+        home: RankedPool,
+        pools: Mapping[str, PoolState],
+        claimed: dict[str, float],
+        now: float,
+        dw: float,
+    ) -> bool:
+        """Whether `e` holds out for `home` (expected to start it within the affinity hold of
+        its arrival, behind what earlier requests of the round hold out for); if so counts its
+        work there."""
+        pool = pools[home.pool_id]
+        ahead = self.backlog_seconds(pool, now) + claimed.get(home.pool_id, 0.0)
+        if now + ahead - e.queued_at > self.config.affinity_hold_seconds:
+            return False
+        own = (home.uncached_tokens + dw * e.request.max_tokens) / self.selector.throughput(pool)
+        claimed[home.pool_id] = claimed.get(home.pool_id, 0.0) + own
+        return True
+
+    def _commit_to(
+        self,
+        e: _Entry[T],
+        ranked: RankedPool,
+        decision: Decision,
+        now: float,
+        pools: Mapping[str, PoolState],
+        free: set[str],
+        out: list[Outcome[T]],
+    ) -> None:
+        self._remove(e)
+        pool = pools[ranked.pool_id]
+        out.append(self._commit(e, ranked, decision, now, pool))
+        if not self._can_start(pool, now):
+            free.discard(ranked.pool_id)
 
     def _commit(
         self, e: _Entry[T], ranked: RankedPool, decision: Decision, now: float, pool: PoolState

@@ -29,7 +29,14 @@ import numpy as np
 
 from globalrouter import policy as tenant_policy
 from globalrouter.budgets import BudgetExceeded, MemoryStore, TenantBudgets
-from globalrouter.dispatch import DispatchConfig, Dispatched, DispatchQueue, DispatchRequest, Outcome
+from globalrouter.dispatch import (
+    PLACEMENTS,
+    DispatchConfig,
+    Dispatched,
+    DispatchQueue,
+    DispatchRequest,
+    Outcome,
+)
 from globalrouter.kv_index import KvIndex
 from globalrouter.kv_summary import KvSummary
 from globalrouter.policies import POLICIES, FrontendView, Policy, make_policy
@@ -562,7 +569,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=non_negative_number,
         default=None,
         metavar="SECONDS",
-        help="late: a pool takes work while its estimated backlog is at most this (default 1, or 0.85 T)",
+        help="late: a pool takes work while its estimated backlog is at most this (default 1, or 0.85 T; "
+        "match: 0.2 T)",
     )
     p.add_argument(
         "--affinity-hold",
@@ -570,7 +578,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="SECONDS",
         help="late: a request holds out for its best pool while that pool can start it within this "
-        "(default 5, or 1.7 T)",
+        "(default 5, or 1.7 T; match: 2 T)",
+    )
+    p.add_argument(
+        "--dispatch-placement",
+        choices=PLACEMENTS,
+        default="rank",
+        help="late: rank, each queued request in order takes the pool the ranking puts first; match, "
+        "pool-driven: free pools go to the queued requests with the longest prefix cached there "
+        "(default rank)",
     )
     p.add_argument(
         "--kv-state",
@@ -603,8 +619,14 @@ def summary(result: SimResult) -> dict:
 def late_dispatch_config(args: argparse.Namespace) -> DispatchConfig:
     """The dispatch queue's settings from the flags (the simulator never sheds: its deadline is
     beyond any wait the traces produce)."""
-    base = DispatchConfig.for_wait_slo(args.wait_slo) if args.wait_slo else DispatchConfig()
+    placement = args.dispatch_placement
+    base = (
+        DispatchConfig.for_wait_slo(args.wait_slo, placement)
+        if args.wait_slo
+        else DispatchConfig(placement=placement)
+    )
     return DispatchConfig(
+        placement=placement,
         start_within_seconds=base.start_within_seconds if args.start_within is None else args.start_within,
         affinity_hold_seconds=base.affinity_hold_seconds
         if args.affinity_hold is None

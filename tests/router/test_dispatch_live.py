@@ -88,14 +88,17 @@ async def test_a_model_nobody_serves_comes_back_as_a_decision_at_once():
 
 @pytest.mark.e2e
 @pytest.mark.timeout(90)
-def test_a_frontend_with_late_binding_serves_and_keeps_a_prefix_on_its_holder(tmp_path):
+@pytest.mark.parametrize("placement", ["rank", "match"])
+def test_a_frontend_with_late_binding_serves_and_keeps_a_prefix_on_its_holder(tmp_path, placement):
     prefix = [(11 * i + 5) % 30_000 for i in range(256)]
     with process_group(tmp_path) as group:
         m = Mesh(group)
         m.start_discovery()
         m.start_pool("pool-a", "eu", "--workers", "2", "--speedup", "10")
         m.start_pool("pool-b", "eu", "--workers", "2", "--speedup", "10")
-        router = m.start_router("--dispatch", "late", "--dispatch-max-queued", "64")
+        router = m.start_router(
+            "--dispatch", "late", "--dispatch-max-queued", "64", "--dispatch-placement", placement
+        )
         m.wait_routable(router, m.pools)
         first = generate_cli(router, [*prefix, 1, 2, 3], 4)
         assert len(first["tokens"]) == 4

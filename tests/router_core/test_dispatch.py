@@ -328,3 +328,91 @@ def test_a_lower_class_also_leaves_free_the_pools_higher_ones_used_within_the_wi
     assert names(h.at(NOW + 10.5)) == ["low1", "low2"]
     with pytest.raises(ValueError, match="reserve_window_seconds"):
         Harness([pool("a")], reserve_window_seconds=-1.0)
+
+
+# ---- the "match" placement (pool-driven) ----------------------------------------------------
+
+
+class MatchHarness(Harness):
+    """The match placement; each request's cached blocks per pool from `cached_by` (by payload)."""
+
+    def __init__(
+        self, pools: list[PoolState], cached_by: dict[str, dict[str, int]], **config: object
+    ) -> None:
+        super().__init__(pools, None, placement="match", **config)
+        self.q.overlaps = lambda req, now: cached_by.get(req.payload, {})
+
+
+def test_match_gives_a_freed_pool_to_the_queued_request_with_the_longest_prefix_there():
+    # both requests hold out for "a" (busy 2 s); "r1" came first but caches 2 blocks there,
+    # "r2" 8: when "a" frees it goes to "r2" (the rank placement gives it to "r1", first in
+    # line, whose best pool it is too), and "r1" keeps holding out for it
+    pools = [pool("a", backlog_tokens=2000), pool("b", backlog_tokens=20_000)]
+    h = MatchHarness(pools, {"r1": {"a": 2}, "r2": {"a": 8}}, affinity_hold_seconds=30.0)
+    assert h.q.enqueue(h.req("r1", prompt=1000)) is None
+    assert h.q.enqueue(h.req("r2", prompt=1000)) is None
+    assert h.at(NOW + 1.0) == []
+    out = h.at(NOW + 2.0)
+    assert names(out) == ["r2"] and out[0].pool.pool_id == "a"
+    assert h.q.queued() == 1
+    # "a" has r2's 1,000 - 128 tokens to prefill: r1 starts there once they are done
+    out = h.at(NOW + 2.0 + 0.872)
+    assert names(out) == ["r1"] and out[0].pool.pool_id == "a"
+
+
+def test_match_keeps_class_priority_over_a_longer_prefix():
+    pools = [pool("a", backlog_tokens=2000), pool("b", backlog_tokens=20_000)]
+    h = MatchHarness(pools, {"low": {"a": 8}, "high": {"a": 2}}, affinity_hold_seconds=30.0)
+    assert h.q.enqueue(h.req("low", prompt=1000, priority=0)) is None
+    assert h.q.enqueue(h.req("high", prompt=1000, priority=1)) is None
+    assert names(h.at(NOW + 2.0)) == ["high"]
+
+
+def test_match_a_request_older_than_the_hold_goes_ahead_of_longer_prefixes():
+    # "old" (2 blocks on "a") has been queued longer than the 5 s hold when "a" frees at 6 s:
+    # it goes first although "new" caches more there, so a short prefix is never starved by a
+    # stream of longer ones
+    pools = [pool("a", backlog_tokens=6000), pool("b", backlog_tokens=60_000)]
+    h = MatchHarness(pools, {"old": {"a": 2}, "new": {"a": 8}}, affinity_hold_seconds=5.0)
+    assert h.q.enqueue(h.req("old", prompt=1000)) is None
+    h.clock.set(NOW + 3.0)
+    assert h.q.enqueue(h.req("new", prompt=1000)) is None
+    assert h.at(NOW + 3.0) == []
+    out = h.at(NOW + 6.0)
+    assert names(out) == ["old"] and out[0].pool.pool_id == "a"
+
+
+@pytest.mark.parametrize(("blocks", "moves"), [(2, True), (60, False)])
+def test_match_a_free_pool_takes_a_held_request_whose_wait_costs_more_than_its_prefix_saves(
+    blocks: int, moves: bool
+):
+    # "a" caches the request's prefix and is busy 1 s, "b" is idle: 2 blocks save 0.032 s of
+    # prefill (x 1.3, the ranking's prefill weight), less than the 1 s wait, so the request takes
+    # "b" at once; 60 blocks save 0.96 s x 1.3, more than the wait: it holds out for "a"
+    pools = [pool("a", backlog_tokens=1000), pool("b")]
+    h = MatchHarness(pools, {"r": {"a": blocks}}, affinity_hold_seconds=30.0)
+    assert h.q.enqueue(h.req("r", prompt=1000)) is None
+    out = h.at(NOW)
+    if moves:
+        assert names(out) == ["r"] and out[0].pool.pool_id == "b"
+    else:
+        assert out == []
+        out = h.at(NOW + 1.0)
+        assert names(out) == ["r"] and out[0].pool.pool_id == "a"
+
+
+def test_match_a_prompt_no_pool_favours_takes_the_best_ranked_free_pool_at_once():
+    h = MatchHarness([pool("a", backlog_tokens=3000), pool("b")], {"r": {"a": 1, "b": 1}})
+    out = h.q.enqueue(h.req("r", prompt=1000))
+    assert isinstance(out, Dispatched) and out.pool.pool_id == "b"
+
+
+def test_match_the_cached_pool_free_at_arrival_takes_the_request_at_once():
+    h = MatchHarness([pool("a"), pool("b")], {"r": {"a": 3}})
+    out = h.q.enqueue(h.req("r", prompt=1000))
+    assert isinstance(out, Dispatched) and out.pool.pool_id == "a"
+
+
+def test_an_unknown_placement_is_refused_by_name():
+    with pytest.raises(ValueError, match="placement must be one of rank, match"):
+        Harness([pool("a")], placement="best")

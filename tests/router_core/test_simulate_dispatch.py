@@ -124,3 +124,35 @@ def test_a_higher_class_overtakes_the_queue_and_a_bounded_queue_sheds_the_lower(
     assert bounded.wait_p99_by_class[1] == pytest.approx(0.5)
     # the ideal is that of the requests served (all misses here)
     assert bounded.ideal_hit_rate == 0.0 and bounded.share_of_ideal == 1.0
+
+
+def test_cli_dispatch_placement_match(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    write_trace(path, synthetic_trace(SyntheticTraceSpec(seed=5, requests=200)))
+    argv = ["simulate", "--trace", str(path), "--dispatch", "late", "--json"]
+    assert main([*argv, "--dispatch-placement", "match", "--wait-slo", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policy"] == "default (late)" and out["requests"] == 200 and out["shed"] == 0
+    with pytest.raises(SystemExit):
+        main([*argv, "--dispatch-placement", "best"])
+
+
+def test_serve_takes_the_dispatch_placement():
+    from globalrouter.cli import build_parser
+    from globalrouter.serve_cli import _dispatch_config
+
+    base = ["serve", "--discovery", "h:1", "--dispatch", "late"]
+    config = _dispatch_config(build_parser().parse_args(base))
+    assert config is not None and config.placement == "rank"
+    config = _dispatch_config(build_parser().parse_args([*base, "--dispatch-placement", "match"]))
+    assert config is not None and config.placement == "match"
+    # under a wait SLO the queue's timing follows it, for the placement
+    config = _dispatch_config(
+        build_parser().parse_args([*base, "--dispatch-placement", "match", "--wait-slo", "2"])
+    )
+    assert config is not None
+    assert (config.placement, config.start_within_seconds, config.affinity_hold_seconds) == (
+        "match",
+        0.4,
+        4.0,
+    )
