@@ -273,6 +273,8 @@ class ProbeServer:
             server = grpc.server(
                 futures.ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="health-probe"),
                 maximum_concurrent_rpcs=MAX_RPCS,
+                # A port already taken (the main one, say) is an error, not a silent share of it.
+                options=[("grpc.so_reuseport", 0)],
             )
             health_pb2_grpc.add_HealthServicer_to_server(ProbeHealthServicer(status, ready_names), server)
             try:

@@ -228,7 +228,7 @@ class Router:
         self.metrics.close()
         await self.heartbeat.stop()
         if self.probe is not None:
-            self.probe.stop()
+            await asyncio.to_thread(self.probe.stop)  # joins its threads: not on the loop
 
 
 def _advertised(config: RouterConfig, port: int) -> RouterConfig:

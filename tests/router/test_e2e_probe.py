@@ -26,7 +26,9 @@ PROMPT = [(17 * i + 3) % 30_000 for i in range(64)]
 def health(address: str, service: str = "") -> int | None:
     with grpc.insecure_channel(address) as ch:
         try:
-            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+            reply = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=2
+            )
         except grpc.RpcError:
             return None
         return int(reply.status)

@@ -101,7 +101,10 @@ def served() -> Iterator[tuple[FakeClock, ProbeStatus, ProbeServer]]:
     clock = FakeClock(start=10.0)
     status = ProbeStatus(clock.monotonic, **BOUNDS)
     server = ProbeServer(
-        status, grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0", ready_names=("globalrouter.v1.RouterService",)
+        status,
+        grpc_listen="127.0.0.1:0",
+        http_listen="127.0.0.1:0",
+        ready_names=("globalrouter.v1.RouterService",),
     )
     server.start()
     try:
@@ -202,8 +205,9 @@ def test_a_busy_loop_thread_still_gets_its_probe_answered_within_milliseconds():
 
     def run() -> None:
         asyncio.set_event_loop(loop)
-        loop.create_task(sample_loop_lag(lambda _lag: None, interval=0.05, on_tick=beat))
+        ticker = loop.create_task(sample_loop_lag(lambda _lag: None, interval=0.05, on_tick=beat))
         loop.run_forever()
+        ticker.cancel()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -243,6 +247,8 @@ def test_a_taken_port_is_an_error_naming_the_flag():
     try:
         with pytest.raises(RuntimeError, match="--probe-http-listen"):
             ProbeServer(status, grpc_listen="", http_listen=f"127.0.0.1:{first.http_port}")
+        with pytest.raises(RuntimeError, match="--probe-listen"):  # no SO_REUSEPORT share of a port
+            ProbeServer(status, grpc_listen=f"127.0.0.1:{first.grpc_port}", http_listen="")
     finally:
         first.stop()
 
@@ -310,3 +316,14 @@ async def test_the_frontend_beats_and_says_stopping_on_its_probe():
         if not task.done():
             router.stop_requested.set()
             await task
+
+
+def test_a_ready_bound_past_the_live_bound_stops_the_start_naming_both_flags(capsys):
+    from globalrouter.serve_cli import _run
+
+    argv = ["serve", "--discovery", "127.0.0.1:1", "--probe-live-within", "1", "--probe-ready-within", "2"]
+    args = build_parser().parse_args(argv)
+    args.security = RouterConfig().security
+    assert _run(args) == 2
+    out = capsys.readouterr()
+    assert "--probe-ready-within" in out.out + out.err and "--probe-live-within" in out.out + out.err
