@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -19,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from globalrouter.cli import build_parser
 from globalrouter.config import ProbeConfig, RouterConfig
-from globalrouter.health_probe import LIVENESS_SERVICE, LoopState, ProbeServer, ProbeStatus, judge
+from globalrouter.health_probe import LIVENESS_SERVICE, LoopState, ProbeServer, ProbeStatus, _Handler, judge
 from globalrouter.loop_lag import sample_loop_lag
 from globalrouter.serve_cli import router_config
 from globalrouter.server import create_server
@@ -239,6 +240,46 @@ def test_a_busy_loop_thread_still_gets_its_probe_answered_within_milliseconds():
         thread.join(10)
         server.stop()
         loop.close()
+
+
+def test_http_connections_past_the_bound_are_closed_not_queued(served, monkeypatch):
+    """Silent clients hold the 2 handler threads and the 2 waiting places (for the request
+    timeout, 30 s here so that a loaded machine cannot blur it); one more connection is closed
+    at once; once they leave, probes are answered again."""
+    monkeypatch.setattr(_Handler, "timeout", 30.0)
+    _clock, _status, server = served
+    http = server._http
+    waiting = http._accepted  # the hand-over queue: each step is waited for, not timed
+    accepted = []
+    hand_over = http.process_request
+
+    def counted(request, address) -> None:
+        accepted.append(address)
+        hand_over(request, address)
+
+    monkeypatch.setattr(http, "process_request", counted)
+    silent = []
+    try:
+        for n, queued in ((1, 0), (2, 0), (3, 1), (4, 2)):  # two held by the handler threads, two wait
+            silent.append(socket.create_connection(("127.0.0.1", server.http_port)))
+            deadline = time.monotonic() + 10
+            while len(accepted) != n or waiting.qsize() != queued:
+                assert time.monotonic() < deadline, "the connection was not handed over"
+                time.sleep(0.01)
+        extra = socket.create_connection(("127.0.0.1", server.http_port))
+        extra.settimeout(15.0)  # well inside the 30 s a handled connection would be held
+        assert extra.recv(1) == b"", "closed unanswered"
+        extra.close()
+    finally:
+        for conn in silent:
+            conn.close()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert get(server.http_port, "/livez")[0] == 200
+            break
+        except (urllib.error.URLError, ConnectionError):
+            assert time.monotonic() < deadline
 
 
 def test_a_taken_port_is_an_error_naming_the_flag():
