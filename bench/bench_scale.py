@@ -400,6 +400,8 @@ class ThreadedHealthProbe(HealthProbe):
 
     def start(self) -> HealthProbe:
         self.started = time.monotonic()
+        # Answers other than SERVING after the first SERVING (the loop silent past --probe-ready-within).
+        self.dropped = 0
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._checks, name="probe-port-health", daemon=True)
         self._thread.start()
@@ -413,8 +415,11 @@ class ThreadedHealthProbe(HealthProbe):
                 try:
                     reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout)
                     self.latencies.append(time.monotonic() - t0)
-                    if self.first_serving is None and reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        self.first_serving = time.monotonic() - self.started
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        if self.first_serving is None:
+                            self.first_serving = time.monotonic() - self.started
+                    elif self.first_serving is not None:
+                        self.dropped += 1
                 except grpc.RpcError as exc:
                     if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                         self.latencies.append(self.timeout)
@@ -425,7 +430,7 @@ class ThreadedHealthProbe(HealthProbe):
         self._halt.set()
         await asyncio.to_thread(self._thread.join, self.timeout + 5)
         self._task = None
-        return await super().stop()
+        return {**await super().stop(), "not_ready_after_ready": self.dropped}
 
 
 def route_requests(tokens: list[list[int]]) -> dict[str, list[router_pb2.RouteRequest]]:
@@ -731,7 +736,9 @@ def probe_cells(part: dict[str, Any]) -> str:
     h = part.get("probe_health")
     if not h:
         return "not measured"
-    return f"{_f(h['p50_ms'])} / {_f(h['p99_ms'])} / {_f(h['max_ms'])} ms"
+    dropped = h.get("not_ready_after_ready")
+    flaps = f" ({dropped:,} of {h['checks']:,} not ready after ready)" if dropped else ""
+    return f"{_f(h['p50_ms'])} / {_f(h['p99_ms'])} / {_f(h['max_ms'])} ms{flaps}"
 
 
 # ---- relay cost per frontend stream -------------------------------------------------------------
