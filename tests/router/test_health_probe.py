@@ -231,8 +231,9 @@ def test_a_busy_loop_thread_still_gets_its_probe_answered_within_milliseconds():
                 )
                 time.sleep(0.02)
         latencies.sort()
-        # Measured ~1-3 ms at p50 here; the bound is generous for a loaded 2-core machine.
-        assert latencies[len(latencies) // 2] < 0.05 and latencies[-1] < 0.5, latencies[-5:]
+        # Measured 2-15 ms at p50 here (load average 5-20); the bounds are generous for a loaded
+        # 2-core machine, and still well under the 3 s a check through the blocked loop would take.
+        assert latencies[len(latencies) // 2] < 0.1 and latencies[-1] < 2.0, latencies[-5:]
         assert NOT_SERVING in answers, "a loop silent past ready_within is not ready"
         assert set(lives) == {SERVING}, "a busy loop is alive"
     finally:
