@@ -360,12 +360,22 @@ async def test_the_frontend_beats_and_says_stopping_on_its_probe():
             await task
 
 
-def test_a_ready_bound_past_the_live_bound_stops_the_start_naming_both_flags(capsys):
-    from globalrouter.serve_cli import _run
+def test_a_ready_bound_past_the_live_bound_stops_the_start_naming_both_flags(monkeypatch):
+    from globalrouter import serve_cli
 
+    said: list[tuple[str, dict]] = []
+
+    class Log:
+        def error(self, event: str, **fields) -> None:
+            said.append((event, fields))
+
+    # Not the process's logging set-up: it would outlive this test.
+    monkeypatch.setattr(serve_cli, "configure_logging", lambda *a, **k: None)
+    monkeypatch.setattr(serve_cli, "log", Log())
     argv = ["serve", "--discovery", "127.0.0.1:1", "--probe-live-within", "1", "--probe-ready-within", "2"]
     args = build_parser().parse_args(argv)
     args.security = RouterConfig().security
-    assert _run(args) == 2
-    out = capsys.readouterr()
-    assert "--probe-ready-within" in out.out + out.err and "--probe-live-within" in out.out + out.err
+    assert serve_cli._run(args) == 2
+    [(event, fields)] = said
+    assert event == "cannot start"
+    assert "--probe-ready-within" in fields["error"] and "--probe-live-within" in fields["error"]
