@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import math
+import multiprocessing
 import os
 import platform
 import re
@@ -33,7 +34,6 @@ import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -393,42 +393,69 @@ class HealthProbe:
         }
 
 
-class ThreadedHealthProbe(HealthProbe):
-    """The same loop of health checks from a thread of the harness with a blocking channel, so that
-    the harness's own event loop (parsing 1,000-pool ListPools pages) does not delay it: for the
-    frontend's probe port, whose answer does not wait for the frontend's loop either."""
+def _probe_port_checks(address: str, gap: float, timeout: float, started: float, halt: Any, out: Any) -> None:
+    """ProcessHealthProbe's checks, in a process of their own; the figures go back through `out`."""
+    latencies: list[float] = []
+    first: float | None = None
+    dropped = failures = 0
+    with grpc.insecure_channel(address, options=PROBE_OPTIONS) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        out.send("checking")
+        while not halt.is_set():
+            t0 = time.monotonic()
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+                latencies.append(time.monotonic() - t0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    if first is None:
+                        first = time.monotonic() - started  # CLOCK_MONOTONIC: one clock for both processes
+                elif first is not None:
+                    dropped += 1
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    latencies.append(timeout)
+                failures += 1
+            halt.wait(gap)
+    out.send({"latencies": latencies, "first_serving": first, "dropped": dropped, "failures": failures})
+
+
+class ProcessHealthProbe(HealthProbe):
+    """The same loop of health checks from a process of its own (spawned: a fresh interpreter), so
+    that neither the harness's event loop (parsing 1,000-pool ListPools pages) nor its GIL delays
+    them: for the frontend's probe port, whose answer does not wait for the frontend's loop."""
 
     def start(self) -> HealthProbe:
         self.started = time.monotonic()
         # Answers other than SERVING after the first SERVING (the loop silent past --probe-ready-within).
         self.dropped = 0
-        self._halt = threading.Event()
-        self._thread = threading.Thread(target=self._checks, name="probe-port-health", daemon=True)
-        self._thread.start()
+        ctx = multiprocessing.get_context("spawn")
+        self._halt = ctx.Event()
+        self._results, sender = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(
+            target=_probe_port_checks,
+            args=(self.address, self.gap, self.timeout, self.started, self._halt, sender),
+            name="probe-port-health",
+            daemon=True,
+        )
+        self._proc.start()
+        sender.close()
+        # Until it checks (a fresh interpreter takes a second or so): a short storm is not missed.
+        if not self._results.poll(60) or self._results.recv() != "checking":
+            raise LaunchError("the probe-port health checker did not start")
         return self
-
-    def _checks(self) -> None:
-        with grpc.insecure_channel(self.address, options=PROBE_OPTIONS) as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-            while not self._halt.is_set():
-                t0 = time.monotonic()
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout)
-                    self.latencies.append(time.monotonic() - t0)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        if self.first_serving is None:
-                            self.first_serving = time.monotonic() - self.started
-                    elif self.first_serving is not None:
-                        self.dropped += 1
-                except grpc.RpcError as exc:
-                    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                        self.latencies.append(self.timeout)
-                    self.failures += 1
-                self._halt.wait(self.gap)
 
     async def stop(self) -> dict[str, Any]:
         self._halt.set()
-        await asyncio.to_thread(self._thread.join, self.timeout + 5)
+
+        def collect() -> dict[str, Any] | None:
+            got = self._results.recv() if self._results.poll(self.timeout + 10) else None
+            self._proc.join(5)
+            return got
+
+        data = await asyncio.to_thread(collect)
+        if data is not None:
+            self.latencies, self.first_serving = data["latencies"], data["first_serving"]
+            self.dropped, self.failures = data["dropped"], data["failures"]
         self._task = None
         return {**await super().stop(), "not_ready_after_ready": self.dropped}
 
@@ -503,7 +530,7 @@ async def mass_redial(
     before = sims.stats()
     want = before.get("snapshots", 0) + pools * cfg.relays
     probe = HealthProbe(address, timeout=60).start()
-    off_loop = ThreadedHealthProbe(probe_address, timeout=60).start() if probe_address else None
+    off_loop = ProcessHealthProbe(probe_address, timeout=60).start() if probe_address else None
     t0 = time.monotonic()
     for p in sims.procs:
         p.signal(signal.SIGUSR1)
@@ -666,7 +693,7 @@ async def run_fleet(
         proc = group.start("router", proc.args)
         pid = proc.pid
         probe = HealthProbe(address, gap=0.02, timeout=60).start()
-        off_loop = ThreadedHealthProbe(probe_address, gap=0.02, timeout=60).start() if probe_address else None
+        off_loop = ProcessHealthProbe(probe_address, gap=0.02, timeout=60).start() if probe_address else None
         c0 = cpu_seconds(pid)
         ready, n = await wait_ready(address, pools, blocks, cfg.ready_timeout, proc.check_alive)
         t_ready = time.monotonic() - t_kill
@@ -1344,7 +1371,7 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     )
     add(
         "The probe port (`--probe-listen`, `globalrouter.health_probe`) is measured by the same loop of health "
-        "checks 20 ms apart, beside the main port's (from a thread of the harness, so that the harness's own loop does not delay it): its answer comes from a thread of its own that reads the "
+        "checks 20 ms apart, beside the main port's (from a process of its own, so that the harness's own loop and GIL do not delay it): its answer comes from a thread of its own that reads the "
         "status the serving loop publishes (a tick every 0.1 s, readiness, stopping), so it does not wait for "
         "the loop; failed checks while the restarted process was not yet listening are not counted on either.\n"
     )
