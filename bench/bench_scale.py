@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import math
+import multiprocessing
 import os
 import platform
 import re
@@ -48,7 +49,7 @@ from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
 from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.blocks import block_hashes
-from meshlaunch import LaunchError, Mesh, Proc, ProcessGroup, process_group
+from meshlaunch import LaunchError, Mesh, Proc, ProcessGroup, free_port, process_group
 from meshlaunch.etcd_cluster import EtcdCluster
 from poolrelay.lease_stream import KeepAliveClient
 
@@ -271,9 +272,16 @@ class Sims:
 def start_frontend(mesh: Mesh, cfg: Config, pools: int) -> tuple[str, Proc, int, list[str]]:
     """A global frontend allowing every simulated stream; (address, proc, metrics port, extra flags)."""
     streams = max(1024, pools * cfg.relays + 256)
-    extra = ["--max-telemetry-streams", str(streams), *cfg.frontend_flags]
+    # The probe port (globalrouter.health_probe): health from its own thread, measured beside the main port's.
+    probe = ["--probe-listen", f"127.0.0.1:{free_port()}"]
+    extra = ["--max-telemetry-streams", str(streams), *probe, *cfg.frontend_flags]
     router = mesh.start_router(*extra)
     return router.address, router.proc, router.metrics_port, extra
+
+
+def flag_value(flags: list[str], name: str) -> str | None:
+    """The value given to `name` in a flag list (`--name VALUE`), or None."""
+    return flags[flags.index(name) + 1] if name in flags[:-1] else None
 
 
 def aio(address: str) -> grpc.aio.Channel:
@@ -385,6 +393,73 @@ class HealthProbe:
         }
 
 
+def _probe_port_checks(address: str, gap: float, timeout: float, started: float, halt: Any, out: Any) -> None:
+    """ProcessHealthProbe's checks, in a process of their own; the figures go back through `out`."""
+    latencies: list[float] = []
+    first: float | None = None
+    dropped = failures = 0
+    with grpc.insecure_channel(address, options=PROBE_OPTIONS) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        out.send("checking")
+        while not halt.is_set():
+            t0 = time.monotonic()
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+                latencies.append(time.monotonic() - t0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    if first is None:
+                        first = time.monotonic() - started  # CLOCK_MONOTONIC: one clock for both processes
+                elif first is not None:
+                    dropped += 1
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    latencies.append(timeout)
+                failures += 1
+            halt.wait(gap)
+    out.send({"latencies": latencies, "first_serving": first, "dropped": dropped, "failures": failures})
+
+
+class ProcessHealthProbe(HealthProbe):
+    """The same loop of health checks from a process of its own (spawned: a fresh interpreter), so
+    that neither the harness's event loop (parsing 1,000-pool ListPools pages) nor its GIL delays
+    them: for the frontend's probe port, whose answer does not wait for the frontend's loop."""
+
+    def start(self) -> HealthProbe:
+        self.started = time.monotonic()
+        # Answers other than SERVING after the first SERVING (the loop silent past --probe-ready-within).
+        self.dropped = 0
+        ctx = multiprocessing.get_context("spawn")
+        self._halt = ctx.Event()
+        self._results, sender = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(
+            target=_probe_port_checks,
+            args=(self.address, self.gap, self.timeout, self.started, self._halt, sender),
+            name="probe-port-health",
+            daemon=True,
+        )
+        self._proc.start()
+        sender.close()
+        # Until it checks (a fresh interpreter takes a second or so): a short storm is not missed.
+        if not self._results.poll(60) or self._results.recv() != "checking":
+            raise LaunchError("the probe-port health checker did not start")
+        return self
+
+    async def stop(self) -> dict[str, Any]:
+        self._halt.set()
+
+        def collect() -> dict[str, Any] | None:
+            got = self._results.recv() if self._results.poll(self.timeout + 10) else None
+            self._proc.join(5)
+            return got
+
+        data = await asyncio.to_thread(collect)
+        if data is not None:
+            self.latencies, self.first_serving = data["latencies"], data["first_serving"]
+            self.dropped, self.failures = data["dropped"], data["failures"]
+        self._task = None
+        return {**await super().stop(), "not_ready_after_ready": self.dropped}
+
+
 def route_requests(tokens: list[list[int]]) -> dict[str, list[router_pb2.RouteRequest]]:
     """Route dry runs of trace prompts cut to 1k and 16k tokens (those long enough)."""
     out: dict[str, list[router_pb2.RouteRequest]] = {}
@@ -446,7 +521,7 @@ async def route_latencies(
 
 
 async def mass_redial(
-    address: str, sims: Sims, pools: int, blocks: int, cfg: Config, alive
+    address: str, sims: Sims, pools: int, blocks: int, cfg: Config, alive, probe_address: str | None = None
 ) -> dict[str, Any]:
     """Every simulated relay's stream cut at once (SIGUSR1 to each simulator process): seconds until
     every relay sent its fresh snapshot, and until every pool is listed fresh with its blocks again,
@@ -455,6 +530,7 @@ async def mass_redial(
     before = sims.stats()
     want = before.get("snapshots", 0) + pools * cfg.relays
     probe = HealthProbe(address, timeout=60).start()
+    off_loop = ProcessHealthProbe(probe_address, timeout=60).start() if probe_address else None
     t0 = time.monotonic()
     for p in sims.procs:
         p.signal(signal.SIGUSR1)
@@ -476,6 +552,7 @@ async def mass_redial(
         "ready_s": None if took is None else round(took, 1),
         "ready_pools": n,
         "health": health,
+        "probe_health": None if off_loop is None else await off_loop.stop(),
         "cuts": after.get("breaks", {}).get("CUT", 0) - before.get("breaks", {}).get("CUT", 0),
         "snapshot_requests": after.get("snapshot_requests", 0) - before.get("snapshot_requests", 0),
     }
@@ -600,11 +677,13 @@ async def run_fleet(
 
         # A mass redial (a network blip): every relay's stream ends at once and redials at once
         # with a fresh snapshot, the frontend up throughout.
-        out["redial"] = await mass_redial(address, sims, pools, blocks, cfg, proc.check_alive)
+        probe_address = flag_value(flags, "--probe-listen")
+        out["redial"] = await mass_redial(address, sims, pools, blocks, cfg, proc.check_alive, probe_address)
         rd = out["redial"]
         print(
             f"  [{pools} pools] mass redial: every relay's snapshot resent after {rd['resent_s']} s, every pool "
-            f"ready after {rd['ready_s']} s ({rd['ready_pools']}/{pools}); health max {rd['health']['max_ms']} ms",
+            f"ready after {rd['ready_s']} s ({rd['ready_pools']}/{pools}); health max {rd['health']['max_ms']} ms"
+            f"{probe_line(rd)}",
             flush=True,
         )
 
@@ -614,16 +693,22 @@ async def run_fleet(
         proc = group.start("router", proc.args)
         pid = proc.pid
         probe = HealthProbe(address, gap=0.02, timeout=60).start()
+        off_loop = ProcessHealthProbe(probe_address, gap=0.02, timeout=60).start() if probe_address else None
         c0 = cpu_seconds(pid)
         ready, n = await wait_ready(address, pools, blocks, cfg.ready_timeout, proc.check_alive)
         t_ready = time.monotonic() - t_kill
         storm = await probe.stop()
+        off_storm = None if off_loop is None else await off_loop.stop()
         streams_back = sims.stats().get("streaming", 0)
         out["restart"] = {
             "ready_s": None if ready is None else round(t_ready, 1),
             "ready_pools": n,
             "health_serving_s": None if probe.first_serving is None else round(probe.first_serving, 2),
             "health": storm,
+            "probe_health": off_storm,
+            "probe_serving_s": None
+            if off_loop is None or off_loop.first_serving is None
+            else round(off_loop.first_serving, 2),
             "frontend_cpu_s": round(cpu_seconds(pid) - c0, 1),
             "streams_back": streams_back,
             "relay_connects_total": (s2 := sims.stats()).get("connects", 0),
@@ -632,7 +717,7 @@ async def run_fleet(
         rs = out["restart"]
         print(
             f"  [{pools} pools] restart: health SERVING after {rs['health_serving_s']} s, every pool ready "
-            f"after {rs['ready_s']} s ({n}/{pools}); health max {storm['max_ms']} ms",
+            f"after {rs['ready_s']} s ({n}/{pools}); health max {storm['max_ms']} ms{probe_line(rs)}",
             flush=True,
         )
 
@@ -663,6 +748,24 @@ async def run_fleet(
         for p in group.procs:
             p.stop(5.0)
     return out
+
+
+def probe_line(part: dict[str, Any]) -> str:
+    """The probe port's health figures for a progress line ('' when it was not measured)."""
+    h = part.get("probe_health")
+    if not h:
+        return ""
+    return f"; probe port p50/p99/max {h['p50_ms']}/{h['p99_ms']}/{h['max_ms']} ms"
+
+
+def probe_cells(part: dict[str, Any]) -> str:
+    """The probe port's health p50 / p99 / max for a SCALE.md cell."""
+    h = part.get("probe_health")
+    if not h:
+        return "not measured"
+    dropped = h.get("not_ready_after_ready")
+    flaps = f" ({dropped:,} of {h['checks']:,} not ready after ready)" if dropped else ""
+    return f"{_f(h['p50_ms'])} / {_f(h['p99_ms'])} / {_f(h['max_ms'])} ms{flaps}"
 
 
 # ---- relay cost per frontend stream -------------------------------------------------------------
@@ -1243,15 +1346,15 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     )
     add("### A restarted frontend (SIGKILL, then the same command on the same port)\n")
     add(
-        "| pools x blocks | health SERVING after | every pool's KV back after | slowest health check meanwhile | health p99 meanwhile | frontend CPU in the storm | relay dials so far (streams) | SIGTERM under load exits after |"
+        "| pools x blocks | health SERVING after | every pool's KV back after | slowest health check meanwhile | health p99 meanwhile | probe port health p50 / p99 / max meanwhile | frontend CPU in the storm | relay dials so far (streams) | SIGTERM under load exits after |"
     )
-    add("|---|---:|---:|---:|---:|---:|---:|---:|")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in fleets:
         rs, st = f["restart"], f["sigterm"]
         term = f"{_f(st['exit_s'])} s" if st["exit_s"] is not None else f"> {st['cap_s']:g} s (killed)"
         add(
             f"| {f['pools']:,} x {f['blocks_per_pool']:,} | {_f(rs['health_serving_s'], 2)} s | {_f(rs['ready_s'])} s ({rs['ready_pools']:,}/{f['pools']:,}) "
-            f"| {_f(rs['health']['max_ms'])} ms | {_f(rs['health']['p99_ms'])} ms | {_f(rs['frontend_cpu_s'])} s "
+            f"| {_f(rs['health']['max_ms'])} ms | {_f(rs['health']['p99_ms'])} ms | {probe_cells(rs)} | {_f(rs['frontend_cpu_s'])} s "
             f"| {_f(rs.get('relay_connects_total'))} ({f['pools'] * f['relays']:,}) | {term} |"
         )
     add(
@@ -1266,18 +1369,25 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
         )
         + ".\n"
     )
+    add(
+        "The probe port (`--probe-listen`, `globalrouter.health_probe`) is measured by the same loop of health "
+        "checks 20 ms apart, beside the main port's (from a process of its own, so that the harness's own loop and GIL do not delay it): its answer comes from a thread of its own that reads the "
+        "status the serving loop publishes (a tick every 0.1 s, readiness, stopping), so it does not wait for "
+        "the loop; failed checks while the restarted process was not yet listening are not counted on either.\n"
+    )
     redials = [f for f in fleets if f.get("redial")]
     if redials:
         add("### Every relay redialling at once (the frontend up throughout)\n")
         add(
-            "| pools x blocks | every relay's snapshot resent after | every pool's KV back after | slowest health check meanwhile | health p99 meanwhile |"
+            "| pools x blocks | every relay's snapshot resent after | every pool's KV back after | slowest health check meanwhile | health p99 meanwhile | probe port health p50 / p99 / max meanwhile |"
         )
-        add("|---|---:|---:|---:|---:|")
+        add("|---|---:|---:|---:|---:|---:|")
         for f in redials:
             rd = f["redial"]
             add(
                 f"| {f['pools']:,} x {f['blocks_per_pool']:,} | {_f(rd['resent_s'])} s | {_f(rd['ready_s'])} s "
-                f"({rd['ready_pools']:,}/{f['pools']:,}) | {_f(rd['health']['max_ms'])} ms | {_f(rd['health']['p99_ms'])} ms |"
+                f"({rd['ready_pools']:,}/{f['pools']:,}) | {_f(rd['health']['max_ms'])} ms | {_f(rd['health']['p99_ms'])} ms "
+                f"| {probe_cells(rd)} |"
             )
         add(
             "\nSIGUSR1 makes every simulator process end all its relays' streams at once (a network blip); each "

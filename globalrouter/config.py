@@ -25,6 +25,32 @@ class OpenAILinkConfig:
     """Connections open at once to all OpenAI pools together (keep-alive pooled); more wait for one."""
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeConfig:
+    """The health probe served off the serving loop (`globalrouter.health_probe`); off unless a
+    listen address is set."""
+
+    listen: str = ""
+    """HOST:PORT of gRPC health (grpc.health.v1: "" readiness, "liveness" liveness), plaintext; empty: off."""
+    http_listen: str = ""
+    """HOST:PORT of HTTP GET /livez and /readyz, plaintext; empty: off."""
+    live_within: float = 10.0
+    """Seconds since the serving loop's last tick after which the probe says not live (restart me)."""
+    ready_within: float = 1.0
+    """Seconds since the serving loop's last tick after which the probe says not ready, even when ready."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ready_within <= self.live_within:
+            raise ValueError(
+                "probe: ready_within (--probe-ready-within) must be > 0 and at most live_within "
+                f"(--probe-live-within); got {self.ready_within} and {self.live_within} seconds"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.listen or self.http_listen)
+
+
 KV_STATES = ("exact", "summary")
 """RouterConfig.kv_state's choices."""
 
@@ -111,6 +137,9 @@ class RouterConfig:
     """Prompts that may wait for an encoding thread; one more is refused (RESOURCE_EXHAUSTED / 429)."""
     http: HttpConfig = field(default_factory=HttpConfig)
     """The OpenAI-compatible HTTP front (off unless http.listen is set)."""
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    """Liveness and readiness answered off the serving loop (off unless probe.listen or
+    probe.http_listen is set); the main port's health is unchanged."""
     openai_link: OpenAILinkConfig = field(default_factory=OpenAILinkConfig)
     """Links to pools that speak OpenAI HTTP (timeouts, connection limit)."""
     aliases: str = ""

@@ -43,6 +43,9 @@ class Readiness:
         self.started_at = clock.monotonic()
         self.ready_after: float | None
         """Seconds from the start to readiness (None until ready)."""
+        self.pools_without_kv = 0
+        """Listed pools without KV state at the last check (0 before the directory synced and
+        once ready): for the probe, which must not walk the table from its own thread."""
         self._gauge = Gauge(
             "globalrouter_ready",
             "1 once the frontend is ready to route (directory synced, listed pools' KV state arrived "
@@ -66,6 +69,7 @@ class Readiness:
         if not self._table.synced:
             return False
         waiting = self.pools_waiting()
+        self.pools_without_kv = len(waiting)
         if not waiting:
             self._become_ready(
                 waited,
@@ -86,6 +90,7 @@ class Readiness:
 
     def _become_ready(self, waited: float, why: str, **detail: Any) -> None:
         self.ready = True
+        self.pools_without_kv = 0
         self.ready_after = waited
         self._gauge.set(1)
         log.info("ready to route", why=why, waited_s=round(waited, 3), timeout_s=self.timeout, **detail)

@@ -15,7 +15,7 @@ from typing import NoReturn, TypeVar
 
 from globalrouter import policy, stall
 from globalrouter.aliases import AliasError, load_aliases
-from globalrouter.config import KV_STATES, OpenAILinkConfig, RouterConfig
+from globalrouter.config import KV_STATES, OpenAILinkConfig, ProbeConfig, RouterConfig
 from globalrouter.dispatch import PLACEMENTS, DispatchConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
@@ -249,6 +249,35 @@ def add_parser(subparsers) -> None:
         type=host_port,
         default=None,
         help="HOST:PORT of the OpenAI-compatible HTTP front and status page (default: off)",
+    )
+    p.add_argument(
+        "--probe-listen",
+        type=host_port,
+        default=None,
+        help="HOST:PORT of a gRPC health service (grpc.health.v1) answered by its own thread, off the "
+        'serving loop, plaintext: service "" is readiness (as the main port\'s health, and the loop ticked '
+        'within --probe-ready-within), "liveness" is liveness (the loop ticked within '
+        "--probe-live-within); for kubelet probes under load (default: off)",
+    )
+    p.add_argument(
+        "--probe-http-listen",
+        type=host_port,
+        default=None,
+        help="HOST:PORT of HTTP GET /livez and /readyz with the same answers as --probe-listen, from "
+        "its own thread, plaintext (default: off)",
+    )
+    p.add_argument(
+        "--probe-live-within",
+        type=positive_seconds,
+        default=_D.probe.live_within,
+        help="seconds without a serving-loop tick after which the probe says not live (default %(default)s)",
+    )
+    p.add_argument(
+        "--probe-ready-within",
+        type=positive_seconds,
+        default=_D.probe.ready_within,
+        help="seconds without a serving-loop tick after which the probe says not ready; at most "
+        "--probe-live-within (default %(default)s)",
     )
     p.add_argument(
         "--tokenizer",
@@ -545,6 +574,12 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
             max_headers=args.http_max_headers,
             head_timeout=args.http_header_timeout,
         ),
+        probe=ProbeConfig(
+            listen=args.probe_listen or "",
+            http_listen=args.probe_http_listen or "",
+            live_within=args.probe_live_within,
+            ready_within=args.probe_ready_within,
+        ),
         openai_link=OpenAILinkConfig(
             connect_timeout=args.openai_connect_timeout,
             read_timeout=args.openai_read_timeout,
@@ -557,7 +592,11 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
 
 def _run(args: argparse.Namespace) -> int:
     configure_logging("globalrouter", args.log_level)
-    config = router_config(args)
+    try:
+        config = router_config(args)
+    except ValueError as exc:  # settings that each parse but do not go together
+        log.error("cannot start", error=str(exc))
+        return 2
     tracing.setup("globalrouter", config.tracing, config.security, instance=config.frontend_id)
     code = 0
     try:

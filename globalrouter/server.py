@@ -15,6 +15,7 @@ from globalrouter.config import KV_STATES, RouterConfig
 from globalrouter.dispatch_live import LateBinder
 from globalrouter.encoding import Encoder
 from globalrouter.frontend_lease import FrontendRegistration
+from globalrouter.health_probe import ProbeServer, ProbeStatus
 from globalrouter.http_api.app import OpenAIFront
 from globalrouter.http_api.server import HttpServer
 from globalrouter.http_api.status_page import pool_states
@@ -71,11 +72,16 @@ class Router:
     metrics_port: int = 0
     http: HttpServer | None = None
     """The OpenAI-compatible HTTP front, when config.http.listen is set."""
+    probe: ProbeServer | None = None
+    """Health answered off the loop (config.probe), from the status the loop publishes."""
     _http_stopping: asyncio.Task | None = None
     _discovery_channel: grpc.aio.Channel | None = None
     supervisor: Supervisor = field(init=False)
     """Every background task (directory watch, registration, HTTP start, pruning): one that fails
     turns health NOT_SERVING and stops the process with a non-zero status."""
+    heartbeat: Supervisor = field(init=False)
+    """The loop-lag sampler, which is also the probe's heartbeat: apart from `supervisor` because
+    it runs until close(), through the stop (the loop still turns then, and says so)."""
     stop_requested: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     """Set to stop serving (SIGTERM/SIGINT set it too, or a failed background task)."""
     _prune_due: bool = False
@@ -84,6 +90,7 @@ class Router:
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor("globalrouter", clock=self.clock, on_failure=self._task_failed)
+        self.heartbeat = Supervisor("globalrouter", clock=self.clock, on_failure=self._task_failed)
         # The telemetry index worker too: applying a snapshot that fails leaves the index's work
         # queue in an unknown state (a fresh process gets every relay's snapshot again).
         self.telemetry.supervisor = self.supervisor
@@ -107,13 +114,19 @@ class Router:
                 self.config.metrics_listen, self.config.security, self.handle.certificates
             )
             log.info("metrics served", listen=self.config.metrics_listen, port=self.metrics_port)
+        if self.probe is not None:
+            self.probe.start()
         # Every task fails the process when it dies: each already retries what is expected to fail
         # (discovery unreachable, a broken watch), so what reaches the supervisor is a bug whose
         # state (the directory table, the lease) a fresh process rebuilds; an in-place restart would
         # run the same code on the same state. Pruning and the loop-lag sampler, which hold no
         # state, are restarted with bounded back-off instead.
-        self.supervisor.spawn(
-            "loop-lag", lambda: sample_loop_lag(self.metrics.event_loop_lag.observe), restart=Restart()
+        self.heartbeat.spawn(
+            "loop-lag",
+            lambda: sample_loop_lag(
+                self.metrics.event_loop_lag.observe, on_tick=self._beat if self.probe is not None else None
+            ),
+            restart=Restart(),
         )
         if self.http is not None:
             self.supervisor.spawn("http-front-start", self.http.start, one_shot=True)
@@ -137,6 +150,19 @@ class Router:
             )
             self.supervisor.spawn("directory-watch", self.watcher.run)
             self.supervisor.spawn("frontend-registration", self.registration.run)
+
+    def _beat(self) -> None:
+        # On the loop, every ~0.1 s: the proof it turns, with what readiness last saw (no table walk).
+        assert self.probe is not None
+        self.probe.status.beat(
+            directory_synced=self.core.table.synced, pools_without_kv=self.readiness.pools_without_kv
+        )
+
+    async def _until_ready(self) -> None:
+        """serve_until_signalled's `ready`: returns when health may say SERVING, the probe with it."""
+        await self.readiness.wait()
+        if self.probe is not None:
+            self.probe.status.set_serving(True)
 
     def _directory_changed(self) -> None:
         # One prune at a time; changes meanwhile are folded into one more pass.
@@ -167,14 +193,17 @@ class Router:
             on_stop=[self.leave],
             after_stop=[self.close],
             stop_event=self.stop_requested,
-            ready=self.readiness.wait,
+            ready=self._until_ready,
         )
         self.supervisor.raise_if_failed()
+        self.heartbeat.raise_if_failed()
 
     async def leave(self) -> None:
         """First half of a stop, before the server's grace period: stops renewing and watching,
         unregisters (so relays stop streaming here) and ends telemetry streams, which never finish
         by themselves and must not hold the grace period in-flight Generates need."""
+        if self.probe is not None:
+            self.probe.status.set_stopping()  # the main port's health has just turned NOT_SERVING
         self.telemetry.stop_index_work()
         if self.http is not None:
             # The HTTP front stops taking requests now; its open streams finish during the same
@@ -197,6 +226,9 @@ class Router:
         await self.links.close()
         await self.gate.close()  # unused budget reservations go back to the shared counters
         self.metrics.close()
+        await self.heartbeat.stop()
+        if self.probe is not None:
+            await asyncio.to_thread(self.probe.stop)  # joins its threads: not on the loop
 
 
 def _advertised(config: RouterConfig, port: int) -> RouterConfig:
@@ -306,6 +338,18 @@ def create_server(
     readiness = Readiness(
         table, clock, directory=bool(final.discovery), timeout=final.ready_timeout, registry=metrics.registry
     )
+    probe = None
+    if final.probe.enabled:
+        # Bound now, so that a taken port stops the start; the loop's clock is the probe's (a fake
+        # one in tests), its monotonic time read from both threads.
+        probe = ProbeServer(
+            ProbeStatus(
+                clock.monotonic, live_within=final.probe.live_within, ready_within=final.probe.ready_within
+            ),
+            grpc_listen=final.probe.listen,
+            http_listen=final.probe.http_listen,
+            ready_names=tuple(handle.service_names),
+        )
     if http is not None:
         http.front.readiness = readiness
     return Router(
@@ -320,6 +364,7 @@ def create_server(
         readiness=readiness,
         gate=gate,
         http=http,
+        probe=probe,
     )
 
 
@@ -360,6 +405,8 @@ async def serve(config: RouterConfig) -> None:
         frontend_id=router.config.frontend_id,
         discovery=config.discovery,
         http_port=router.http.port if router.http else None,
+        probe_port=router.probe.grpc_port or None if router.probe else None,
+        probe_http_port=router.probe.http_port or None if router.probe else None,
     )
     await router.run()
     log.info("global frontend stopped")

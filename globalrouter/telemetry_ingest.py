@@ -184,10 +184,10 @@ class IngestPacer:
     relay back (which then sends fewer, larger deltas) instead of this loop falling behind unseen.
     Waiting is bounded: at most one message per open stream.
 
-    Pacing in the loop rather than a health answer from outside it: gRPC's asyncio server takes
-    every call, a health check too, through this loop, so another thread could only answer on
-    another port, and a SERVING that does not prove the loop turns would keep a wedged frontend
-    in rotation (docs/operations.md, "Health under load")."""
+    Pacing keeps the main port's calls (a health check too: gRPC's asyncio server takes every call
+    through this loop) prompt; probes that must answer whatever the loop does go to the probe
+    port instead (globalrouter.health_probe: its own threads, ready only while this loop ticks;
+    docs/operations.md, "Health under load")."""
 
     def __init__(
         self,

@@ -118,3 +118,13 @@ def test_a_pool_is_ready_holding_nearly_all_its_blocks_as_the_summary_counts_the
     assert bench_scale.ready_count({"scale-0000": view(99_999)}, 1, 100_000) == 1  # a collision or two
     assert bench_scale.ready_count({"scale-0000": view(99_000)}, 1, 100_000) == 0
     assert bench_scale.ready_count({"scale-0000": view(0)}, 1, 100_000) == 0
+
+
+def test_the_probe_port_is_found_in_the_frontend_flags_and_shown_when_measured():
+    flags = ["--max-telemetry-streams", "2256", "--probe-listen", "127.0.0.1:7001", "--kv-state", "summary"]
+    assert bench_scale.flag_value(flags, "--probe-listen") == "127.0.0.1:7001"
+    assert bench_scale.flag_value(["--probe-listen"], "--probe-listen") is None
+    measured = {"probe_health": {"checks": 9, "p50_ms": 1.2, "p99_ms": 3.45, "max_ms": 12.0}}
+    assert bench_scale.probe_cells(measured) == "1.2 / 3.5 / 12.0 ms"
+    assert bench_scale.probe_cells({"probe_health": None}) == "not measured"
+    assert bench_scale.probe_line({}) == ""
