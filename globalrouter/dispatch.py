@@ -751,12 +751,16 @@ class DispatchQueue(Generic[T]):
         limit = self.config.scan_limit
         if self._pacer is None:
             return queue[:limit]
-        out = []
-        for item in queue:
-            if not self._held(item[1].request.priority, now):
-                out.append(item)
-                if len(out) >= limit:
-                    break
+        out: list[tuple[tuple[int, float, int], _Entry[T]]] = []
+        i, n = 0, len(queue)
+        while i < n and len(out) < limit:
+            priority = queue[i][1].request.priority
+            if self._held(priority, now):
+                # skip the rest of the held class at once (the queue is sorted by class, highest first)
+                i = bisect.bisect_left(queue, (-priority + 1, -math.inf, -1), lo=i, key=_first)
+                continue
+            out.append(queue[i])
+            i += 1
         return out
 
     def _free_count(self, pools: Mapping[str, PoolState], now: float) -> int:

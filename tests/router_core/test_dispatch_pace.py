@@ -167,6 +167,20 @@ def test_a_held_class_does_not_use_up_the_scan_for_lower_classes():
     h.enqueue(h.req("low", priority=0))
     assert names(h.at(NOW)) == ["low"]
     assert h.q.queued() == 5
+    # two held classes above an unpaced one
+    h = Harness(pace_tokens_per_second={1: 100.0, 3: 100.0}, pace_burst_seconds=0.0, scan_limit=2)
+    for priority in (3, 1):  # each goes at once (nothing queued yet), 10 s into debt
+        assert names(h.enqueue(h.req(f"c{priority}", prompt=1000, priority=priority))) == [f"c{priority}"]
+    for priority in (3, 1):
+        for k in range(3):
+            h.enqueue(h.req(f"c{priority}-{k}", priority=priority))
+    h.enqueue(h.req("c2", priority=2))
+    h.enqueue(h.req("c0", priority=0))
+    assert names(h.at(NOW)) == ["c2", "c0"]
+    # both out of debt: each class sends one (the window is taken before the round, so class
+    # 1's turn may be the next poll's)
+    assert names(h.at(NOW + 10.0) + h.at(NOW + 10.0)) == ["c3-0", "c1-0"]
+    assert h.q.queued() == 4
 
 
 def test_withdrawn_held_requests_leave_no_wakeup():
