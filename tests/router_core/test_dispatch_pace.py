@@ -222,3 +222,16 @@ def test_serve_takes_pace_per_class_and_refuses_bad_ones(capsys):
         assert "expected CLASS=TOKENS_PER_S" in capsys.readouterr().err, bad
     with pytest.raises(SystemExit):
         build_parser().parse_args([*base, "--dispatch-pace-burst", "-1"])
+
+
+def test_simulate_passes_the_pace_through(capsys):
+    from globalrouter.cli import build_parser
+    from globalrouter.simulate import late_dispatch_config
+
+    base = ["simulate", "--trace", "t.jsonl", "--dispatch", "late"]
+    config = late_dispatch_config(build_parser().parse_args([*base, "--dispatch-pace", "0=250"]))
+    assert dict(config.pace_tokens_per_second) == {0: 250.0}
+    assert dict(late_dispatch_config(build_parser().parse_args(base)).pace_tokens_per_second) == {}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*base, "--dispatch-pace", "0=0"])
+    assert "expected CLASS=TOKENS_PER_S" in capsys.readouterr().err
