@@ -139,6 +139,8 @@ BUDGET_FACTOR = 10
 FINE_BUCKETS = 100
 """[budget] buckets of the row that counts the budget in finer buckets (the most a policy allows):
 each bucket frees a smaller lump of allowance, more often."""
+PACE_BURST_SECONDS = 1.0
+"""`pace_burst_seconds` of the paced rows (DispatchConfig's default)."""
 BUDGET_RESERVES = (0, 1, 2, 3, 4, 5, 6, 7)
 """Pools class 0 leaves free (`reserved_pools={0: n}`) in the search for the smallest reserve
 that keeps class 1 within 1.2x of its no-flood p99 once the flood is held to its budget."""
@@ -201,7 +203,24 @@ def budget_flood(conv: list[TraceRequest], syn: list[TraceRequest], out: Path) -
         0: run("flood at 10x budget, late, no reserve", mixed, no_reserve),
         1: run("flood at 10x budget, late, reserve 1", mixed, FLOOD_QUEUE),
     }
+    # class 0 leaves the queue no faster than its budget's rate: the budget's bursts spread out
+    # (reserve 0 and 1, then more until one meets 1.2x)
+    pace = {0: budget / 60.0}
     goal = 1.2 * base_late
+    paced: dict[int, SimResult] = {}
+    for n in BUDGET_RESERVES:
+        paced[n] = run(
+            f"flood at 10x budget, late, paced at its budget's rate, reserve {n}",
+            mixed,
+            replace(
+                FLOOD_QUEUE,
+                reserved_pools={0: n} if n else {},
+                pace_tokens_per_second=pace,
+                pace_burst_seconds=PACE_BURST_SECONDS,
+            ),
+        )
+        if n >= 1 and paced[n].wait_p99_by_class[1] <= goal:
+            break
     smallest = next((n for n, r in first.items() if r.wait_p99_by_class[1] <= goal), None)
     for n in BUDGET_RESERVES if smallest is None else ():
         if n in first:
@@ -220,6 +239,7 @@ def budget_flood(conv: list[TraceRequest], syn: list[TraceRequest], out: Path) -
             return len(thinned_ids)
         return len(flood_requests) if label.startswith("flood") else 0
 
+    paced_smallest = next((n for n, r in paced.items() if r.wait_p99_by_class[1] <= goal), None)
     lines = [
         "Command: `.venv/bin/python bench/bench_dispatch.py --budget-flood` "
         f"(ran {time.monotonic() - started:.0f} s; {platform.machine()}, Python {platform.python_version()}).",
@@ -234,7 +254,10 @@ def budget_flood(conv: list[TraceRequest], syn: list[TraceRequest], out: Path) -
         "(the budget admits it in bursts: what each bucket frees goes in the first second of the bucket). "
         f"*in {FINE_BUCKETS} buckets*: the same budget with `[budget] buckets = {FINE_BUCKETS}` (0.6 s buckets). "
         "Class 1 (`client/high`, no budget): the conversation trace. Late binding as in the flood "
-        "table above (start only on idle pools, 60 s deadline); *reserve n*: class 0 leaves n pools free.",
+        "table above (start only on idle pools, 60 s deadline); *reserve n*: class 0 leaves n pools free. "
+        f"*paced at its budget's rate*: `pace_tokens_per_second={{0: {pace[0]:,.0f}}}` (the budget / 60 s, "
+        f"`pace_burst_seconds={PACE_BURST_SECONDS:g}`; `serve --dispatch-pace 0={pace[0]:.0f}`): what the budget "
+        "admits leaves the frontend's queue no faster than that.",
         "",
         "| run | class 1 wait p99 (s) | vs no flood | class 0 wait p99 (s) | class 0 refused at budget "
         "| class 0 shed in queue | class 0 served | class 1 shed |",
@@ -252,6 +275,13 @@ def budget_flood(conv: list[TraceRequest], syn: list[TraceRequest], out: Path) -
         "",
         "Smallest reserve within 1.2x of the no-flood late p99: "
         + (f"**{smallest} pool(s)**." if smallest is not None else "none of 0-7."),
+        "",
+        "Paced at the budget's rate (reserve 0 and 1, then more until one meets 1.2x): "
+        + ", ".join(
+            f"reserve {n} {r.wait_p99_by_class.get(1, 0.0) / base_late:.3f}x" for n, r in paced.items()
+        )
+        + " of the no-flood late p99; smallest reserve within 1.2x: "
+        + (f"**{paced_smallest} pool(s)**." if paced_smallest is not None else "none of 0-7."),
         "",
     ]
     out.parent.mkdir(exist_ok=True)

@@ -77,6 +77,15 @@ class FloodSpec:
     """Class 0 sends this many times its budget."""
     window: float = 10.0
     """[budget] minute_seconds: the "minute" of tokens_per_minute, shortened so a run spans several."""
+    pace: bool = False
+    """Each frontend paces class 0 out of its dispatch queue at its half of the budget's rate
+    (`--dispatch-pace 0=...`): what the budget admits in bursts reaches the pools spread out."""
+
+    @property
+    def pace_flags(self) -> tuple[str, ...]:
+        if not self.pace:
+            return ()
+        return ("--dispatch-pace", f"0={self.tokens_per_minute / self.window / 2:g}")
 
     @property
     def tokens_per_minute(self) -> int:
@@ -151,6 +160,7 @@ def budget_mesh(tmp: Path, spec: FloodSpec) -> Iterator[BudgetMesh]:
                 *("--metrics-listen", f"127.0.0.1:{metrics_port}", "--grace", "1"),
                 *("--api-keys", str(tmp / "api-keys"), "--policy", str(policy)),
                 *("--dispatch", "late", "--budget-etcd-endpoints", etcd),
+                *spec.pace_flags,
             )
             routers.append(RouterProc(address, group.start("router", args), metrics_port))
         for pool_id, key in relay_keys.items():
@@ -335,8 +345,15 @@ def main() -> int:
         action="store_true",
         help="without the third phase (the same flood after the budget is removed from the policy)",
     )
+    parser.add_argument(
+        "--pace",
+        action="store_true",
+        help="each frontend paces class 0 at half its budget's rate (--dispatch-pace); "
+        "writes bench/results/bench_flow_live_paced.md",
+    )
     args = parser.parse_args()
-    spec = FloodSpec()
+    spec = FloodSpec(pace=args.pace)
+    result = RESULT.with_name("bench_flow_live_paced.md") if args.pace else RESULT
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-flow-live-") as tmp, budget_mesh(Path(tmp), spec) as mesh:
         for which in range(2):  # warm both frontends' paths
@@ -367,7 +384,8 @@ def main() -> int:
         )
     ratio = pct(flooded.ttfts, 99) / pct(quiet.ttfts, 99) if quiet.ttfts else float("nan")
     lines = [
-        f"Command: `.venv/bin/python bench/bench_flow_live.py --seconds {args.seconds:g}` (ran "
+        f"Command: `.venv/bin/python bench/bench_flow_live.py --seconds {args.seconds:g}"
+        f"{' --pace' if args.pace else ''}{' --skip-no-budget' if args.skip_no_budget else ''}` (ran "
         f"{time.monotonic() - started:.0f} s; {platform.machine()}, Python {platform.python_version()}, "
         "2 cores shared with other work).",
         "",
@@ -376,7 +394,8 @@ def main() -> int:
         f"open loop over both frontends, {args.seconds:g} s per phase. `client/high`: class 1, "
         f"{spec.high_rate:g}/s, no budget. `client/flood`: class 0, `tokens_per_minute = "
         f"{spec.tokens_per_minute}` with `minute_seconds = {spec.window:g}` ({spec.budget_rate:g} request/s), "
-        f"sending {spec.flood_rate:g}/s. TTFT: call to the first token, client side.",
+        f"sending {spec.flood_rate:g}/s. TTFT: call to the first token, client side."
+        + (f" Each frontend paces class 0: `{' '.join(spec.pace_flags)}`." if spec.pace else ""),
         "",
         "| phase | class 1 served | class 1 failed | TTFT p50 (ms) | p90 | p99 | max | class 0 sent "
         "| refused (budget) | served | other errors |",
@@ -388,10 +407,10 @@ def main() -> int:
         f"{' + '.join(f'{v:.0f}' for v in refused_by)} budget refusals.",
         "",
     ]
-    RESULT.parent.mkdir(exist_ok=True)
-    RESULT.write_text("\n".join(lines))
+    result.parent.mkdir(exist_ok=True)
+    result.write_text("\n".join(lines))
     print("\n".join(lines))
-    print(f"wrote {RESULT}")
+    print(f"wrote {result}")
     return 0
 
 

@@ -21,6 +21,11 @@ whose prompt it partly holds (a request any pool serves as well takes another). 
 "rank" placement; `DispatchConfig.placement = "match"` is pool-driven instead: the free pools go
 to the queued requests with the longest prefix cached there (`_match_model`).
 
+Pacing (`pace_tokens_per_second`): a class listed there leaves the queue no faster than its rate
+(a token bucket per class on the queue's clock, `_Pacer`), so work a budget admits in bursts
+reaches the pools spread out; a held request keeps its place and its deadline, and a class is
+only ever held by its own bucket.
+
 Bounds: `max_queued` requests per model (a higher class arriving at a full queue displaces the
 newest request of the lowest class below it, else it is refused), a deadline per request, and
 per class an optional `shed_after_seconds` under overload. Every refusal is a `Shed` with a
@@ -96,6 +101,17 @@ class DispatchConfig:
     has to cover the higher classes' peak concurrency to keep their waits as without a flood
     (bench_dispatch: 7 of 8 pools); this follows their recent use instead, so a lower class gets
     the pools the higher ones have not been using."""
+    pace_tokens_per_second: Mapping[int, float] = field(default_factory=dict)
+    """Priority class -> tokens (prompt + max output) per second at which that class's requests
+    may leave the queue at most (a token bucket on the queue's clock; classes not listed are
+    not paced). Pools do not preempt, so a lower class admitted in bursts (a budget's bucket
+    freeing at once) fills pools a higher class then waits for; paced at the budget's rate the
+    same work arrives spread out. Held requests keep their deadlines."""
+    pace_burst_seconds: float = 1.0
+    """With `pace_tokens_per_second`: the bucket holds this many seconds of a class's rate (what
+    an idle class may send at once). A request larger than the bucket still goes when the
+    bucket is not in debt, and puts it in debt: over any span T a paced class dispatches at
+    most rate * (T + burst) tokens plus one request."""
     record_sends: bool = True
     """Whether a dispatch counts the request in its pool's `PoolState.record_sent` (False when
     the caller's send path records it, as the live frontend's GenerateRun does)."""
@@ -157,6 +173,15 @@ class DispatchConfig:
             )
         if self.placement not in PLACEMENTS:
             out.append(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        for cls, v in self.pace_tokens_per_second.items():
+            if not (math.isfinite(v) and v > 0):
+                out.append(
+                    f"pace_tokens_per_second[{cls}] must be a positive number of tokens per second, got {v!r}"
+                )
+        if not (math.isfinite(self.pace_burst_seconds) and self.pace_burst_seconds >= 0):
+            out.append(
+                f"pace_burst_seconds must be a non-negative number of seconds, got {self.pace_burst_seconds!r}"
+            )
         if self.scan_limit < 1:
             out.append(f"scan_limit must be at least 1, got {self.scan_limit!r}")
         if not 0 < self.min_retry_after_seconds <= self.max_retry_after_seconds:
@@ -260,6 +285,68 @@ class _Class:
     queued: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class _Bucket:
+    """One paced class's allowance: `level` tokens at time `at` (negative: in debt), refilled
+    at `rate` per second up to `capacity`."""
+
+    rate: float
+    capacity: float
+    level: float
+    at: float
+
+    def refill(self, now: float) -> None:
+        if now > self.at:
+            self.level = min(self.capacity, self.level + (now - self.at) * self.rate)
+            self.at = now
+
+    def ready_at(self) -> float:
+        """Clock time from which the class may dispatch (out of debt)."""
+        return self.at if self.level >= 0 else self.at - self.level / self.rate
+
+
+class _Pacer:
+    """The pacing gate of the dispatch queue: per paced class a token bucket on the queue's
+    clock; a request of that class is eligible to dispatch only while its bucket is not in debt,
+    and each dispatch takes its tokens. Kept apart from placement (which pool) on purpose: it
+    only says whether a request may leave now."""
+
+    def __init__(self, rates: Mapping[int, float], burst_seconds: float) -> None:
+        self.rates = dict(rates)
+        self.burst_seconds = burst_seconds
+        self._buckets: dict[int, _Bucket] = {}
+
+    def _bucket(self, priority: int, now: float) -> _Bucket | None:
+        b = self._buckets.get(priority)
+        if b is None:
+            rate = self.rates.get(priority)
+            if rate is None:
+                return None
+            capacity = rate * self.burst_seconds
+            b = self._buckets[priority] = _Bucket(rate, capacity, capacity, now)
+        return b
+
+    def held(self, priority: int, now: float) -> bool:
+        """Whether a request of class `priority` must stay queued now (its class is in debt)."""
+        if priority not in self.rates:
+            return False
+        b = self._bucket(priority, now)
+        assert b is not None
+        # the epsilon: a wake-up computed for the instant the debt clears must find it cleared
+        return now + 1e-9 < b.ready_at()
+
+    def spend(self, priority: int, tokens: int, now: float) -> None:
+        b = self._bucket(priority, now)
+        if b is not None:
+            b.refill(now)
+            b.level -= tokens
+
+    def ready_at(self, priority: int) -> float | None:
+        """When class `priority` may dispatch again (None: not paced or never dispatched)."""
+        b = self._buckets.get(priority)
+        return None if b is None else b.ready_at()
+
+
 class DispatchQueue(Generic[T]):
     """The late-binding queue of one frontend (all models; bounded per model).
 
@@ -295,6 +382,11 @@ class DispatchQueue(Generic[T]):
         self._backlog: dict[str, _Backlog] = {}
         self._seq = itertools.count()
         self._displaced: list[Shed[T]] = []
+        self._pacer = (
+            _Pacer(config.pace_tokens_per_second, config.pace_burst_seconds)
+            if config.pace_tokens_per_second
+            else None
+        )
         self._recent: dict[int, dict[str, float]] = {}
         """Priority class -> pool id -> when a request of that class was last dispatched there
         (kept only with `reserve_window_seconds`; one entry per class and pool)."""
@@ -365,6 +457,7 @@ class DispatchQueue(Generic[T]):
                     pool is not None
                     and self._can_start(pool, now)
                     and (not reserve or self._free_count(pools, now) > reserve)
+                    and not self._held(request.priority, now)
                 ):
                     entry = self._new_entry(request, now)
                     return self._commit(entry, ranked, decision, now, pool)
@@ -477,7 +570,9 @@ class DispatchQueue(Generic[T]):
         if self.config.placement == "match":
             self._match_model(queue, pools, free, now, out)
             return
-        window = queue[: self.config.scan_limit]
+        window = self._window(queue, now)
+        if not window:
+            return  # every queued request is held by its class's pace
         top = window[0][1].request.priority
         reserves: dict[int, int] = {}
 
@@ -495,6 +590,8 @@ class DispatchQueue(Generic[T]):
         for _, e in window if len(free) > reserved(top) else ():
             if e.request.priority != top:
                 break
+            if self._held(top, now):
+                break  # the class ran out of pace in this round
             decision = self._rank(e.request, now)
             if not decision.candidates:
                 continue
@@ -510,7 +607,9 @@ class DispatchQueue(Generic[T]):
         # pool id -> seconds of work that earlier requests of this round hold out for there
         claimed: dict[str, float] = {}
         dw = self.selector.config.decode_weight
-        for _, e in queue[: self.config.scan_limit]:
+        for _, e in self._window(queue, now):
+            if self._held(e.request.priority, now):
+                continue  # its class ran out of pace in this round
             reserve = reserved(e.request.priority)
             if reserve and len(free.difference(claimed)) <= reserve:
                 continue  # before ranking: under a flood most of the queue waits here
@@ -567,7 +666,7 @@ class DispatchQueue(Generic[T]):
         dw = self.selector.config.decode_weight
         # pool id -> seconds of work that requests of this round hold out for there
         claimed: dict[str, float] = {}
-        window = queue[: cfg.scan_limit]
+        window = self._window(queue, now)  # pacing holds a class here as in the rank placement
         i = 0
         while i < len(window) and free:
             priority = window[i][1].request.priority
@@ -612,6 +711,8 @@ class DispatchQueue(Generic[T]):
                     rest.append((e, decision))
             pairs.sort(key=lambda x: x[:3])
             for _, _, _, e, home, decision in pairs:
+                if self._held(priority, now):
+                    break  # the class ran out of pace in this round: the rest stay queued
                 if home.pool_id in free and len(free) > reserve:
                     self._commit_to(e, home, decision, now, pools, free, out)
                 elif not self._hold(e, home, pools, claimed, now, dw):
@@ -620,7 +721,7 @@ class DispatchQueue(Generic[T]):
                 rest.sort(key=lambda x: x[0].key())  # back in queue order (class, tag)
             stale = bool(pairs)
             for e, decision in rest:
-                if len(free) <= reserve:
+                if len(free) <= reserve or self._held(priority, now):
                     break
                 if stale:  # pools were given work since it was ranked
                     decision = self._rank(e.request, now)
@@ -636,7 +737,7 @@ class DispatchQueue(Generic[T]):
                 weight = self.selector.prefill_weight
                 held.sort(key=lambda x: (x[0], x[1].key()))
                 for distinct, e, home, _ in held:
-                    if len(free) <= reserve:
+                    if len(free) <= reserve or self._held(priority, now):
                         break
                     pool = pools[home.pool_id]
                     saved = distinct * pool.block_size / self.selector.throughput(pool)
@@ -727,6 +828,8 @@ class DispatchQueue(Generic[T]):
         b.at = now
         if self.config.reserve_window_seconds:
             self._recent.setdefault(e.request.priority, {})[ranked.pool_id] = now
+        if self._pacer is not None:
+            self._pacer.spend(e.request.priority, e.request.prompt_tokens + e.request.max_tokens, now)
         if self.config.record_sends:
             # recorded here, not by the caller, so the next request ranked in the same round sees it
             pool.record_sent(ranked.uncached_tokens, e.request.max_tokens)
@@ -810,6 +913,11 @@ class DispatchQueue(Generic[T]):
             t = b.at + b.seconds - start_within
             if now < t < soonest:
                 soonest = t
+        if self._pacer is not None:
+            for (_, priority), cls in self._classes.items():
+                ready = self._pacer.ready_at(priority) if cls.queued else None
+                if ready is not None and now < ready < soonest:
+                    soonest = ready
         return soonest if math.isfinite(soonest) else None
 
     # ---- helpers ------------------------------------------------------------------------
@@ -831,6 +939,30 @@ class DispatchQueue(Generic[T]):
                     used.update(last)
             n = max(n, len(used))
         return n
+
+    def _held(self, priority: int, now: float) -> bool:
+        """Whether pacing keeps a request of class `priority` queued now."""
+        return self._pacer is not None and self._pacer.held(priority, now)
+
+    def _window(
+        self, queue: list[tuple[tuple[int, float, int], _Entry[T]]], now: float
+    ) -> list[tuple[tuple[int, float, int], _Entry[T]]]:
+        """The queued requests ranked this round: the first `scan_limit` not held by pacing (a
+        held class must not use up the scan for the classes queued after it)."""
+        limit = self.config.scan_limit
+        if self._pacer is None:
+            return queue[:limit]
+        out: list[tuple[tuple[int, float, int], _Entry[T]]] = []
+        i, n = 0, len(queue)
+        while i < n and len(out) < limit:
+            priority = queue[i][1].request.priority
+            if self._held(priority, now):
+                # skip the rest of the held class at once (the queue is sorted by class, highest first)
+                i = bisect.bisect_left(queue, (-priority + 1, -math.inf, -1), lo=i, key=_first)
+                continue
+            out.append(queue[i])
+            i += 1
+        return out
 
     def _free_count(self, pools: Mapping[str, PoolState], now: float) -> int:
         return sum(1 for p in pools.values() if p.listed and self._can_start(p, now))

@@ -98,7 +98,11 @@ def _class_map(
     return out
 
 
-_KIND_RULES = {"SECONDS": "SECONDS >= 0", "POOLS": "POOLS 0 to 100000"}
+_KIND_RULES = {
+    "SECONDS": "SECONDS >= 0",
+    "POOLS": "POOLS 0 to 100000",
+    "TOKENS_PER_S": "TOKENS_PER_S a positive number",
+}
 
 
 def class_seconds(value: str) -> dict[int, float]:
@@ -109,6 +113,11 @@ def class_seconds(value: str) -> dict[int, float]:
 def class_pools(value: str) -> dict[int, int]:
     """argparse type: CLASS=POOLS[,CLASS=POOLS...] (priority classes 0-9, whole pools >= 0), "" for none."""
     return _class_map(value, "POOLS", int, lambda v: 0 <= v <= 100_000)
+
+
+def class_rates(value: str) -> dict[int, float]:
+    """argparse type: CLASS=TOKENS_PER_S[,...] (priority classes 0-9, positive rates), "" for none."""
+    return _class_map(value, "TOKENS_PER_S", float, lambda v: v > 0 and math.isfinite(v))
 
 
 def add_parser(subparsers) -> None:
@@ -237,6 +246,25 @@ def add_parser(subparsers) -> None:
         help="late: rank, each queued request in order takes the pool the ranking puts first; match, "
         "pool-driven: free pools go to the queued requests with the longest prefix cached there "
         "(a higher share of the ideal hit rate at a higher wait p99; bench_dispatch) (default %(default)s)",
+    )
+    p.add_argument(
+        "--dispatch-pace",
+        type=class_rates,
+        default="",
+        metavar="CLASS=TOKENS_PER_S[,...]",
+        help="late: requests of priority class CLASS leave the queue at most TOKENS_PER_S tokens "
+        "(prompt + max output) per second, e.g. its budget's tokens per minute / 60: work a "
+        "budget admits in bursts then reaches the pools spread out, and higher classes do not "
+        "wait for pools it filled (pools do not preempt); held requests keep their deadlines "
+        "(default: none)",
+    )
+    p.add_argument(
+        "--dispatch-pace-burst",
+        type=non_negative_number,
+        default=settings.field_default(DispatchConfig, "pace_burst_seconds"),
+        metavar="SECONDS",
+        help="late, with --dispatch-pace: seconds of its rate a paced class may send at once "
+        "after idling (default %(default)s)",
     )
     p.add_argument(
         "--metrics-listen",
@@ -631,6 +659,8 @@ def _dispatch_config(args: argparse.Namespace) -> DispatchConfig | None:
         shed_after_seconds=args.dispatch_shed_after,
         reserved_pools=args.dispatch_reserve,
         reserve_window_seconds=args.dispatch_reserve_window,
+        pace_tokens_per_second=args.dispatch_pace,
+        pace_burst_seconds=args.dispatch_pace_burst,
     )
 
 

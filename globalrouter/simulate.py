@@ -42,6 +42,7 @@ from globalrouter.kv_summary import KvSummary
 from globalrouter.policies import POLICIES, FrontendView, Policy, make_policy
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
 from globalrouter.selection import SelectionConfig, Selector
+from globalrouter.serve_cli import class_rates
 from globalrouter.trace import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
 from globalrouter.wait_slo import WaitSlo
 from meshkit.cli import fraction, int_at_least, non_negative_number, positive_number
@@ -589,6 +590,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(default rank)",
     )
     p.add_argument(
+        "--dispatch-pace",
+        type=class_rates,
+        default="",
+        metavar="CLASS=TOKENS_PER_S[,...]",
+        help="late: requests of priority class CLASS leave the queue at most TOKENS_PER_S tokens per "
+        "second, as `globalrouter serve --dispatch-pace` (every request here is class 0) (default: none)",
+    )
+    p.add_argument(
         "--kv-state",
         choices=KV_STATES,
         default="exact",
@@ -632,6 +641,7 @@ def late_dispatch_config(args: argparse.Namespace) -> DispatchConfig:
         if args.affinity_hold is None
         else args.affinity_hold,
         max_queue_seconds=1e9,
+        pace_tokens_per_second=args.dispatch_pace,
     )
 
 
