@@ -99,6 +99,8 @@ class Config:
     log_dir: Path
     frontend_flags: tuple[str, ...]
     """Extra `globalrouter serve` flags of the measured frontend (e.g. --kv-state summary)."""
+    batch: bool
+    """Simulated relays batch what they queue when the frontend accepts batches (--no-batch: never)."""
     command: str
     out: str
     """Where SCALE.md goes ('' writes no file)."""
@@ -234,6 +236,7 @@ class Sims:
                 "--stats",
                 str(stats),
                 "--register-first",
+                *(() if cfg.batch else ("--no-batch",)),
             ]
             for k, v in extra.items():
                 argv += [f"--{k.replace('_', '-')}", str(v)]
@@ -569,6 +572,7 @@ async def run_fleet(
             "events_per_s": round(events),
             "target_events_per_s": round(pools * cfg.relays * cfg.rate),
             "messages_per_s": round(msgs),
+            "writes_per_s": round((s1.get("writes", 0) - s0.get("writes", 0)) / window),
             "sim_cores": round((sc1 - sc0) / window, 3),
             "health": health,
             "loop_lag_metric": histogram_quantiles(m0, m1, "globalrouter_event_loop_lag_seconds"),
@@ -579,7 +583,8 @@ async def run_fleet(
         st = out["steady"]
         print(
             f"  [{pools} pools] steady: {st['frontend_cores']} cores, rss {st['rss_mb']} MB, "
-            f"{st['events_per_s']} events/s (target {st['target_events_per_s']}), health p50/p99 "
+            f"{st['events_per_s']} events/s (target {st['target_events_per_s']}), {st['messages_per_s']} "
+            f"messages/s in {st['writes_per_s']} gRPC writes/s, health p50/p99 "
             f"{health['p50_ms']}/{health['p99_ms']} ms",
             flush=True,
         )
@@ -1513,6 +1518,9 @@ def parse(argv: list[str] | None) -> Config:
         "--frontend-flag=summary",
     )
     p.add_argument(
+        "--no-batch", action="store_true", help="simulated relays send one message per write (no batches)"
+    )
+    p.add_argument(
         "--render", default=None, help="rewrite SCALE.md and the plot from a run's JSON (--render=FILE)"
     )
     a = p.parse_args(argv)
@@ -1560,6 +1568,7 @@ def parse(argv: list[str] | None) -> Config:
         quick=quick,
         log_dir=log_dir,
         frontend_flags=tuple(a.frontend_flag),
+        batch=not a.no_batch,
         command=cmd.strip(),
         out=a.out if a.out is not None else ("" if quick else str(SCALE_MD)),
     )
