@@ -53,8 +53,8 @@ class TelemetryServiceServicer:
         hello ack accepts batches) several in a TelemetryBatch. The frontend
         answers with SnapshotRequest when it needs a fresh snapshot (a gap, or after a restart).
 
-        Errors: INVALID_ARGUMENT for a malformed hello (naming the field) or an unsupported protocol
-        version; PERMISSION_DENIED when the directory lists the pool under a newer incarnation of
+        Errors: INVALID_ARGUMENT for a malformed hello (naming the field), an unsupported protocol
+        version, or a malformed TelemetryBatch (naming the field); PERMISSION_DENIED when the directory lists the pool under a newer incarnation of
         the same relay_id. Ending a stream clears only that stream's state at the frontend.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
