@@ -564,6 +564,13 @@ async def run_fleet(
         )
         window = t_1 - t_0
         events = (s1["delta_events"] - s0["delta_events"]) / window
+
+        def taken(name: str) -> float:  # what the frontend read (not what the relays wrote)
+            return sum(v for k, v in samples(m1, name) if k == name) - sum(
+                v for k, v in samples(m0, name) if k == name
+            )
+
+        ingested = taken("globalrouter_telemetry_messages_total")
         msgs = (s1["deltas"] + s1["reports"] - s0["deltas"] - s0["reports"]) / window
         out["steady"] = {
             "window_s": round(window, 1),
@@ -573,6 +580,9 @@ async def run_fleet(
             "target_events_per_s": round(pools * cfg.relays * cfg.rate),
             "messages_per_s": round(msgs),
             "writes_per_s": round((s1.get("writes", 0) - s0.get("writes", 0)) / window),
+            "ingested_messages_per_s": round(ingested / window),
+            "ingested_batches_per_s": round(taken("globalrouter_telemetry_batches_total") / window),
+            "frontend_cpu_us_per_message": round((c1 - c0) / ingested * 1e6, 1) if ingested else None,
             "sim_cores": round((sc1 - sc0) / window, 3),
             "health": health,
             "loop_lag_metric": histogram_quantiles(m0, m1, "globalrouter_event_loop_lag_seconds"),
@@ -584,7 +594,9 @@ async def run_fleet(
         print(
             f"  [{pools} pools] steady: {st['frontend_cores']} cores, rss {st['rss_mb']} MB, "
             f"{st['events_per_s']} events/s (target {st['target_events_per_s']}), {st['messages_per_s']} "
-            f"messages/s in {st['writes_per_s']} gRPC writes/s, health p50/p99 "
+            f"messages/s in {st['writes_per_s']} gRPC writes/s (frontend read {st['ingested_messages_per_s']} "
+            f"messages/s in {st['ingested_batches_per_s']} batches/s, {st['frontend_cpu_us_per_message']} us CPU "
+            f"a message), health p50/p99 "
             f"{health['p50_ms']}/{health['p99_ms']} ms",
             flush=True,
         )
