@@ -44,6 +44,16 @@ PER_DELTA = 20  # stored and as many removed: 40 block events a delta, 5 deltas 
 MARKER = Req(kv_delta=tm.KvDelta(sequence=1 << 60)).SerializeToString()
 
 
+def _hash(i: int, blocks: list[int]) -> list[int]:
+    """Well-spread 64-bit hashes of stream i's block numbers (splitmix64), as chained hashes are."""
+    x = np.array(blocks, dtype=np.uint64) + np.uint64(i << 40)
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return (z ^ (z >> np.uint64(31))).tolist()
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -57,6 +67,7 @@ async def serve(port_file: str, pacer: bool) -> None:
     from globalrouter.telemetry_ingest import SLICE_SECONDS, TelemetryIngest, TelemetryServicer
     from meshkit.clock import SystemClock
     from meshkit.logs import configure_logging
+    from meshkit.server import create_server
     from poolrelay.v1 import telemetry_pb2_grpc
 
     configure_logging("bench-batch-ingest", "warning")
@@ -64,12 +75,16 @@ async def serve(port_file: str, pacer: bool) -> None:
     servicer = TelemetryServicer(
         ingest, "bench", max_streams=8192, slice_seconds=SLICE_SECONDS if pacer else 1e9
     )
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 << 20)])
-    telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    Path(port_file).write_text(str(port))  # noqa: ASYNC240 (once, before any stream)
-    await server.wait_for_termination()
+
+    def register(server: grpc.aio.Server) -> list[str]:
+        telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server(servicer, server)
+        return [tm.DESCRIPTOR.services_by_name["TelemetryService"].full_name]
+
+    # The mesh's own server (its options and interceptors), as the frontend serves telemetry.
+    handle = create_server("127.0.0.1:0", register)
+    await handle.server.start()
+    Path(port_file).write_text(str(handle.port))  # noqa: ASYNC240 (once, before any stream)
+    await handle.server.wait_for_termination()
 
 
 # ---- the relays -------------------------------------------------------------------------------
@@ -96,13 +111,8 @@ def stream_messages(i: int, seconds: int, mode: str) -> tuple[list[bytes], int, 
             nxt += PER_DELTA
             gone = [held.pop(int(rng.integers(len(held)))) for _ in range(PER_DELTA)]
             held.extend(stored)
-            hashed = [(b * 0x9E3779B97F4A7C15 + i) % (1 << 64) for b in stored]
-            removed = [(b * 0x9E3779B97F4A7C15 + i) % (1 << 64) for b in gone]
-            second.append(
-                Req(
-                    kv_delta=tm.KvDelta(sequence=sequence, stored=hashed, removed=removed)
-                ).SerializeToString()
-            )
+            delta = tm.KvDelta(sequence=sequence, stored=_hash(i, stored), removed=_hash(i, gone))
+            second.append(Req(kv_delta=delta).SerializeToString())
             events += 2 * PER_DELTA
         messages += len(second)
         if mode == "unbatched":
@@ -125,7 +135,7 @@ def opening(i: int) -> list[bytes]:
             hash_scheme=tm.HASH_SCHEME_XXH3_64_CHAINED_U32LE,
         )
     )
-    blocks = [(b * 0x9E3779B97F4A7C15 + i) % (1 << 64) for b in range(1, SNAPSHOT_BLOCKS + 1)]
+    blocks = _hash(i, list(range(1, SNAPSHOT_BLOCKS + 1)))
     snap = Req(
         kv_snapshot=tm.KvSnapshot(snapshot_id=1, sequence=1, chunk_index=0, last=True, block_hashes=blocks)
     )
