@@ -92,10 +92,10 @@ def validate_batch(batch: telemetry_pb2.TelemetryBatch) -> Violations:
     for i, inner in enumerate(batch.messages):
         kind = inner.WhichOneof("payload")
         if kind not in BATCHABLE:
+            what = f"a {kind}" if kind else "a message without a payload"
             v.add(
                 f"batch.messages[{i}]",
-                f"{kind or 'no payload'} may not travel in a batch "
-                "(only kv_delta, load, readiness, drain and heartbeat)",
+                f"{what} may not travel in a batch (only kv_delta, load, readiness, drain and heartbeat)",
             )
     return v
 
