@@ -1,7 +1,10 @@
 """Per-message CPU of the telemetry servicer's Python path and its loop turns (no gRPC transport):
-`python -m bench.bench_ingest_loop [DELTAS]`. 2,000 fake streams, each a 2,000-block snapshot, then
-DELTAS deltas (5 stored + 5 removed) with repeated readiness, drain and heartbeat reports; every
-stream always has its next message ready (a saturated loop). A probe task records each loop turn."""
+`python -m bench.bench_ingest_loop [DELTAS [BATCH ...]] [--no-pacer]`. 2,000 fake streams, each a
+2,000-block snapshot, then DELTAS deltas (5 stored + 5 removed) with repeated readiness, drain and
+heartbeat reports; every stream always has its next message ready (a saturated loop). A probe task
+records each loop turn. Each BATCH (default 1) is a run of its own in this process: the messages
+after the snapshot go BATCH at a time in one TelemetryBatch (1: one message per read, unbatched).
+`--no-pacer`: the pacer's slice is made endless, so every message is applied when read."""
 
 from __future__ import annotations
 
@@ -22,13 +25,16 @@ from meshkit.timeconv import timestamp
 from poolrelay.v1 import pool_events_pb2 as pe
 from poolrelay.v1 import telemetry_pb2 as tm
 
-STREAMS, BLOCKS, DELTAS = 2000, 2000, int(sys.argv[1]) if len(sys.argv) > 1 else 30
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+STREAMS, BLOCKS, DELTAS = 2000, 2000, int(ARGS[0]) if ARGS else 30
+BATCHES = [int(a) for a in ARGS[1:]] or [1]
+PACER = "--no-pacer" not in sys.argv
 rng = np.random.default_rng(1)
 shared = rng.integers(1, 2**63, 20_000, dtype=np.uint64)
 
 
 class Ctx:
-    def __init__(self, i):
+    def __init__(self, i, batch: int = 1):
         pool, relay = divmod(i, 2)
         own = rng.integers(1, 2**63, BLOCKS // 2, dtype=np.uint64)
         blocks = np.concatenate([shared[(pool * 7) % 10_000 :][: BLOCKS // 2], own])
@@ -74,6 +80,12 @@ class Ctx:
                         heartbeat=tm.TelemetryHeartbeat(send_time=timestamp(time.time()))
                     ),
                 ]
+        if batch > 1:
+            head, rest = self.msgs[:2], self.msgs[2:]
+            self.msgs = head + [
+                tm.PublishPoolTelemetryRequest(batch=tm.TelemetryBatch(messages=rest[k : k + batch]))
+                for k in range(0, len(rest), batch)
+            ]
         self.i = 0
 
     async def read(self):
@@ -91,12 +103,21 @@ class Ctx:
         raise AssertionError(a)
 
 
-async def main():
+def _inner(m):
+    return m.batch.messages if m.WhichOneof("payload") == "batch" else [m]
+
+
+async def main(batch: int):
+    global rng
+    rng = np.random.default_rng(2)  # the same streams for every BATCH
     ingest = TelemetryIngest(PoolTable(), KvIndex(), SystemClock(), RouterMetrics(), step_blocks=8192)
-    sv = TelemetryServicer(ingest, "f", max_streams=4096)
-    ctxs = [Ctx(i) for i in range(STREAMS)]
-    msgs = sum(len(c.msgs) for c in ctxs)
-    events = sum(len(m.kv_delta.stored) + len(m.kv_delta.removed) for c in ctxs for m in c.msgs)
+    sv = TelemetryServicer(ingest, "f", max_streams=4096, slice_seconds=0.004 if PACER else 1e9)
+    ctxs = [Ctx(i, batch) for i in range(STREAMS)]
+    reads = sum(len(c.msgs) for c in ctxs)
+    msgs = sum(len(_inner(m)) for c in ctxs for m in c.msgs)
+    events = sum(
+        len(i.kv_delta.stored) + len(i.kv_delta.removed) for c in ctxs for m in c.msgs for i in _inner(m)
+    )
     # the longest loop turn, seen from a probe task
     gaps = []
 
@@ -117,12 +138,16 @@ async def main():
     p.cancel()
     gaps.sort()
     print(
-        f"{msgs} messages ({events} delta events) in {c1 - c0:.2f} s CPU ({t1 - t0:.2f} s wall): "
-        f"{(c1 - c0) / msgs * 1e6:.1f} us a message; loop turn p50 {gaps[len(gaps) // 2] * 1e3:.2f} ms, "
-        f"p99 {gaps[int(len(gaps) * 0.99)] * 1e3:.1f} ms, max {gaps[-1] * 1e3:.1f} ms"
+        f"batch {batch}{'' if PACER else ', no pacer'}: {msgs} messages in {reads} reads ({events} delta events) "
+        f"in {c1 - c0:.2f} s CPU ({t1 - t0:.2f} s wall): {(c1 - c0) / msgs * 1e6:.1f} us a message, "
+        f"{(c1 - c0) / reads * 1e6:.1f} us a read, {(c1 - c0) / events * 1e6:.2f} us a delta event; "
+        f"loop turn p50 {gaps[len(gaps) // 2] * 1e3:.2f} ms, "
+        f"p99 {gaps[int(len(gaps) * 0.99)] * 1e3:.1f} ms, max {gaps[-1] * 1e3:.1f} ms",
+        flush=True,
     )
 
 
 if __name__ == "__main__":
     logging.disable(logging.CRITICAL)
-    asyncio.run(main())
+    for b in BATCHES:
+        asyncio.run(main(b))

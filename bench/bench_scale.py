@@ -100,6 +100,8 @@ class Config:
     log_dir: Path
     frontend_flags: tuple[str, ...]
     """Extra `globalrouter serve` flags of the measured frontend (e.g. --kv-state summary)."""
+    batch: bool
+    """Simulated relays batch what they queue when the frontend accepts batches (--no-batch: never)."""
     command: str
     out: str
     """Where SCALE.md goes ('' writes no file)."""
@@ -235,6 +237,7 @@ class Sims:
                 "--stats",
                 str(stats),
                 "--register-first",
+                *(() if cfg.batch else ("--no-batch",)),
             ]
             for k, v in extra.items():
                 argv += [f"--{k.replace('_', '-')}", str(v)]
@@ -638,6 +641,13 @@ async def run_fleet(
         )
         window = t_1 - t_0
         events = (s1["delta_events"] - s0["delta_events"]) / window
+
+        def taken(name: str) -> float:  # what the frontend read (not what the relays wrote)
+            return sum(v for k, v in samples(m1, name) if k == name) - sum(
+                v for k, v in samples(m0, name) if k == name
+            )
+
+        ingested = taken("globalrouter_telemetry_messages_total")
         msgs = (s1["deltas"] + s1["reports"] - s0["deltas"] - s0["reports"]) / window
         out["steady"] = {
             "window_s": round(window, 1),
@@ -646,6 +656,10 @@ async def run_fleet(
             "events_per_s": round(events),
             "target_events_per_s": round(pools * cfg.relays * cfg.rate),
             "messages_per_s": round(msgs),
+            "writes_per_s": round((s1.get("writes", 0) - s0.get("writes", 0)) / window),
+            "ingested_messages_per_s": round(ingested / window),
+            "ingested_batches_per_s": round(taken("globalrouter_telemetry_batches_total") / window),
+            "frontend_cpu_us_per_message": round((c1 - c0) / ingested * 1e6, 1) if ingested else None,
             "sim_cores": round((sc1 - sc0) / window, 3),
             "health": health,
             "loop_lag_metric": histogram_quantiles(m0, m1, "globalrouter_event_loop_lag_seconds"),
@@ -656,7 +670,10 @@ async def run_fleet(
         st = out["steady"]
         print(
             f"  [{pools} pools] steady: {st['frontend_cores']} cores, rss {st['rss_mb']} MB, "
-            f"{st['events_per_s']} events/s (target {st['target_events_per_s']}), health p50/p99 "
+            f"{st['events_per_s']} events/s (target {st['target_events_per_s']}), {st['messages_per_s']} "
+            f"messages/s in {st['writes_per_s']} gRPC writes/s (frontend read {st['ingested_messages_per_s']} "
+            f"messages/s in {st['ingested_batches_per_s']} batches/s, {st['frontend_cpu_us_per_message']} us CPU "
+            f"a message), health p50/p99 "
             f"{health['p50_ms']}/{health['p99_ms']} ms",
             flush=True,
         )
@@ -1623,6 +1640,9 @@ def parse(argv: list[str] | None) -> Config:
         "--frontend-flag=summary",
     )
     p.add_argument(
+        "--no-batch", action="store_true", help="simulated relays send one message per write (no batches)"
+    )
+    p.add_argument(
         "--render", default=None, help="rewrite SCALE.md and the plot from a run's JSON (--render=FILE)"
     )
     a = p.parse_args(argv)
@@ -1670,6 +1690,7 @@ def parse(argv: list[str] | None) -> Config:
         quick=quick,
         log_dir=log_dir,
         frontend_flags=tuple(a.frontend_flag),
+        batch=not a.no_batch,
         command=cmd.strip(),
         out=a.out if a.out is not None else ("" if quick else str(SCALE_MD)),
     )

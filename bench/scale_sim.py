@@ -7,7 +7,9 @@ blocks of its own; it churns them at `--rate` block events per second. Each of i
 registers with discovery over KeepAlivePools (the relay's own client) and speaks the relay's
 telemetry protocol to the frontend: hello, a chunked snapshot, numbered deltas, the periodic load,
 readiness, drain and heartbeat reports, a fresh snapshot when asked, and a redial with the relay's
-back-off when the stream breaks. Messages are encoded once per pool and written as bytes.
+back-off when the stream breaks. Messages are encoded once per pool and written as bytes; to a
+frontend whose hello ack accepts batches, what is queued at a write goes as one TelemetryBatch, as
+the relay sends it (`--no-batch`: one message per write, as relays before batches).
 
 `sinks`: N minimal TelemetryService servers that only count. `relay`: poolrelay's own TelemetryHub
 and PoolBlocks fed with worker events, streaming to the given frontends.
@@ -46,7 +48,14 @@ from meshkit.timeconv import duration, timestamp
 from poolrelay.lease_stream import KeepAliveClient
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.retry import TELEMETRY_RECONNECT, reconnect_forever
-from poolrelay.telemetry_publisher import PROTOCOL_VERSION, TelemetryConfig, TelemetryHub
+from poolrelay.telemetry_publisher import (
+    BATCH_BYTES,
+    MAX_BATCH,
+    PROTOCOL_VERSION,
+    TelemetryConfig,
+    TelemetryHub,
+    batch_wire,
+)
 from poolrelay.v1 import pool_events_pb2 as pe
 from poolrelay.v1 import telemetry_pb2 as tm
 from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
@@ -258,6 +267,10 @@ class PoolStats:
     deltas: int = 0
     delta_events: int = 0
     reports: int = 0
+    writes: int = 0
+    """gRPC messages written after the hello (a batch counts once, snapshot chunks each)."""
+    batches: int = 0
+    """Of those, TelemetryBatch messages."""
     dropped: int = 0
     stream_errors: int = 0
     cuts: int = 0
@@ -271,9 +284,18 @@ class SimRelay:
     """One relay replica of a simulated pool: its discovery lease and its telemetry stream."""
 
     def __init__(
-        self, pool: SimPool, replica: int, frontend: str, incarnation: int, stats: PoolStats
+        self,
+        pool: SimPool,
+        replica: int,
+        frontend: str,
+        incarnation: int,
+        stats: PoolStats,
+        batch: bool = True,
     ) -> None:
         self.pool = pool
+        self.batch = batch
+        """Batch what is queued when the frontend accepts batches (False: never, as older relays)."""
+        self.batching = False
         self.relay_id = f"relay-{replica}"
         self.incarnation = incarnation
         self.stats = stats
@@ -345,6 +367,8 @@ class SimRelay:
             kind = resp.WhichOneof("payload")
             if kind == "hello_ack":
                 self.stats.hello_acks += 1
+                self.batching = self.batch and resp.hello_ack.accepts_batches
+                self.wake.set()
             elif kind == "snapshot_request":
                 self.stats.snapshot_requests += 1
                 self.resync = True
@@ -361,10 +385,29 @@ class SimRelay:
             await call.write(
                 snapshot_chunk(snapshot_id, sequence, i, i == chunks - 1, hashes[i * CHUNK : (i + 1) * CHUNK])
             )
+        self.stats.writes += chunks
         self.stats.snapshots += 1
         self.stats.snapshot_blocks += len(hashes)
         while self.queue and self.queue[0][0] <= sequence:
             self.queue.popleft()
+
+    async def _write_batch(self, call) -> None:
+        """The latest reports, then queued deltas, in one TelemetryBatch (as the relay's publisher)."""
+        parts = list(self.latest.values())
+        self.stats.reports += len(parts)
+        self.latest.clear()
+        size = sum(len(p) for p in parts)
+        while self.queue and len(parts) < MAX_BATCH:
+            msg = self.queue[0][1]
+            if parts and size + len(msg) > BATCH_BYTES:
+                break
+            parts.append(msg)
+            size += len(msg)
+            self.queue.popleft()
+        await call.write(parts[0] if len(parts) == 1 else batch_wire(parts))
+        self.stats.writes += 1
+        if len(parts) > 1:
+            self.stats.batches += 1
 
     async def _session(self, hello: bytes) -> None:
         self.stats.connects += 1
@@ -373,6 +416,7 @@ class SimRelay:
         productive = False
         self.live = True
         self.resync = True
+        self.batching = False
         try:
             await call.write(hello)
             while True:
@@ -386,14 +430,19 @@ class SimRelay:
                         productive = True
                         self.stats.streaming += 1
                     continue
+                if self.batching and len(self.latest) + len(self.queue) > 1:
+                    await self._write_batch(call)
+                    continue
                 if self.latest:
                     kind = next(iter(self.latest))
                     await call.write(self.latest.pop(kind))
                     self.stats.reports += 1
+                    self.stats.writes += 1
                     continue
                 if self.queue:
                     _, msg = self.queue.popleft()
                     await call.write(msg)
+                    self.stats.writes += 1
                     continue
                 if reader.done():
                     break
@@ -489,7 +538,11 @@ async def run_pools(args) -> None:
     stats.pools = len(pools)
     stats.blocks_per_pool = pools[0].size if pools else 0
     incarnation = int(time.time() * 1000)
-    relays = [SimRelay(p, r, args.frontend, incarnation, stats) for p in pools for r in range(args.relays)]
+    relays = [
+        SimRelay(p, r, args.frontend, incarnation, stats, batch=not args.no_batch)
+        for p in pools
+        for r in range(args.relays)
+    ]
     stats.relays = len(relays)
     by_pool: dict[int, list[SimRelay]] = {}
     for r in relays:
@@ -765,6 +818,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--ramp", type=float, default=0.0, help="seconds over which the pools' first dials are spread"
+    )
+    p.add_argument(
+        "--no-batch", action="store_true", help="one message per write even to a frontend that takes batches"
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--seconds", type=float, default=1800.0, help="exit after this long at the latest")

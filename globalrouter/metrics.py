@@ -88,6 +88,16 @@ class RouterMetrics:
         self.telemetry_snapshot_requests = Counter(
             "globalrouter_telemetry_snapshot_requests", "SnapshotRequests sent to relays (gaps)", registry=r
         )
+        self.telemetry_messages = Counter(
+            "globalrouter_telemetry_messages",
+            "Telemetry messages taken from relays after the hello (each message of a batch counts)",
+            registry=r,
+        )
+        self.telemetry_batches = Counter(
+            "globalrouter_telemetry_batches",
+            "TelemetryBatch messages taken from relays (gRPC messages that carried several)",
+            registry=r,
+        )
         self.event_loop_lag = Histogram(
             "globalrouter_event_loop_lag_seconds",
             "How late a periodic task on the serving event loop wakes (what every call waited too)",

@@ -71,6 +71,35 @@ def validate_hello(hello: telemetry_pb2.TelemetryHello) -> Violations:
     return v
 
 
+MAX_BATCH = 256
+"""Messages one TelemetryBatch may carry (a relay batches what queued for a stream in one write:
+its few latest reports and up to its queue of deltas; the pacer applies a batch in one go)."""
+BATCHABLE = frozenset({"kv_delta", "load", "readiness", "drain", "heartbeat"})
+"""What a batch may carry: a hello only opens a stream, a snapshot chunk goes alone (its size is
+the message limit's), and batches do not nest."""
+
+
+def validate_batch(batch: telemetry_pb2.TelemetryBatch) -> Violations:
+    """Every problem of a batch, each naming its field (the first bad inner message's kind is enough
+    to refuse it; at most MAX_LISTED_VIOLATIONS are named)."""
+    v = Violations()
+    count = len(batch.messages)
+    if count == 0:
+        v.add("batch.messages", "a batch must carry at least one message")
+    elif count > MAX_BATCH:
+        v.add("batch.messages", f"{count} messages; a batch carries at most {MAX_BATCH}")
+        return v  # not worth looking into each
+    for i, inner in enumerate(batch.messages):
+        kind = inner.WhichOneof("payload")
+        if kind not in BATCHABLE:
+            what = f"a {kind}" if kind else "a message without a payload"
+            v.add(
+                f"batch.messages[{i}]",
+                f"{what} may not travel in a batch (only kv_delta, load, readiness, drain and heartbeat)",
+            )
+    return v
+
+
 MAX_ADAPTERS_PER_MODEL = 256
 """LoRA adapters taken per model from a readiness report (outside input: a relay's report is bounded)."""
 
@@ -619,9 +648,17 @@ class TelemetryIngest:
 
     # ---- messages ---------------------------------------------------------------------------
     def receive(self, stream: StreamState, msg: Request) -> Response | None:
-        """Applies one message; returns a SnapshotRequest to send back, or None."""
+        """Applies one message (a batch: each of its messages in order, as if each had come alone;
+        it must have passed validate_batch); returns a SnapshotRequest to send back, or None."""
         if stream.superseded:
             return None
+        if msg.WhichOneof("payload") == "batch":
+            # At most one answer per batch: only a delta's gap asks for a snapshot, and the deltas
+            # after it are ignored until a snapshot comes, which never travels in a batch.
+            answer = None
+            for inner in msg.batch.messages:
+                answer = self.receive(stream, inner) or answer
+            return answer
         now = self._clock.monotonic()
         pool = self._table.get(stream.pool_id)
         kind = msg.WhichOneof("payload")
@@ -794,6 +831,12 @@ class TelemetryIngest:
         return Response(snapshot_request=telemetry_pb2.SnapshotRequest(reason=reason))
 
 
+def _unaccepted() -> Violations:
+    v = Violations()
+    v.add("batch", "this frontend's hello ack did not accept batches")
+    return v
+
+
 class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
     """The gRPC face of TelemetryIngest: one bidirectional stream per relay replica."""
 
@@ -805,8 +848,11 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         authorizer: Authorizer | None = None,
         max_streams: int = 4096,
         slice_seconds: float = SLICE_SECONDS,
+        accepts_batches: bool = True,
     ) -> None:
         self._ingest = ingest
+        self.accepts_batches = accepts_batches
+        """Said in every hello ack: relays then send what they queued as one TelemetryBatch."""
         self.pacer = IngestPacer(ingest.receive, slice_seconds)
         """Every stream's messages go through it: the loop's telemetry work is bounded per iteration."""
         self.frontend_id = frontend_id
@@ -965,8 +1011,13 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         try:
             self._kick()
             await context.write(
-                Response(hello_ack=telemetry_pb2.TelemetryHelloAck(frontend_id=self.frontend_id))
+                Response(
+                    hello_ack=telemetry_pb2.TelemetryHelloAck(
+                        frontend_id=self.frontend_id, accepts_batches=self.accepts_batches
+                    )
+                )
             )
+            metrics = self._ingest._metrics
             while True:
                 msg = await context.read()
                 if msg is grpc.aio.EOF:
@@ -985,6 +1036,17 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
                     )
                 if stream.superseded:
                     break  # replaced between two reads: ends ABORTED below
+                if msg.WhichOneof("payload") == "batch":
+                    problems = validate_batch(msg.batch) if self.accepts_batches else _unaccepted()
+                    if problems:
+                        log.warning(
+                            "telemetry stream refused", code="INVALID_ARGUMENT", error=str(problems), **where
+                        )
+                        await problems.abort_if_any(context)
+                    metrics.telemetry_batches.inc()
+                    metrics.telemetry_messages.inc(len(msg.batch.messages))
+                else:
+                    metrics.telemetry_messages.inc()
                 try:
                     answer = await self.pacer.submit(stream, msg)
                 except StreamRejected as exc:

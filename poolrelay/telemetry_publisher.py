@@ -11,6 +11,10 @@ so the per-event work does not grow with the number of frontends; only the gRPC 
 While streams still have deltas queued, the hub lets transitions accumulate (up to
 `batch_max_delay` and `chunk_size` blocks) instead of taking one small delta per batch window, so
 that a busy relay writes fewer, larger deltas to each frontend.
+
+To a frontend whose hello ack accepts batches, everything queued for the stream when it writes
+(the latest reports, then deltas) goes out as one TelemetryBatch, put together from the bytes
+already serialized (batch_wire): the frontend's cost is per gRPC message far more than per byte.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from meshkit import tracing
 from meshkit.channels import aio_channel, client_security, peer_identity_of, url_to_target
 from meshkit.clock import Clock
 from meshkit.identity import IdentityError, Role
+from meshkit.limits import message_cap
 from meshkit.logs import get_logger
 from meshkit.supervision import Supervisor
 from meshkit.timeconv import duration, timestamp
@@ -44,6 +49,30 @@ PROTOCOL_VERSION = 1
 Req = tm.PublishPoolTelemetryRequest
 State = status_pb2.TelemetryStreamState
 PUBLISH_METHOD = "/poolrelay.v1.TelemetryService/PublishPoolTelemetry"
+MAX_BATCH = 256
+"""Messages in one TelemetryBatch: the contract's bound (telemetry.proto)."""
+BATCH_BYTES = message_cap(PUBLISH_METHOD) // 2
+"""Bytes of inner messages one batch takes at most: well inside the frontend's message limit (a
+single message larger than this, a delta of a whole chunk's blocks, goes alone)."""
+_BATCH_TAG = bytes([Req.BATCH_FIELD_NUMBER << 3 | 2])
+_MESSAGES_TAG = bytes([tm.TelemetryBatch.MESSAGES_FIELD_NUMBER << 3 | 2])
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def batch_wire(parts: list[bytes]) -> bytes:
+    """PublishPoolTelemetryRequest(batch=TelemetryBatch(messages=parts)) on the wire, from the parts'
+    own serialized bytes: each is written as it is, behind its field tag and length (protobuf's
+    encoding of a length-delimited field), so nothing is parsed or serialized again per stream."""
+    body = b"".join(b"".join((_MESSAGES_TAG, _varint(len(p)), p)) for p in parts)
+    return b"".join((_BATCH_TAG, _varint(len(body)), body))
 
 
 def _passthrough(data: bytes) -> bytes:
@@ -149,6 +178,11 @@ class Publisher:
         self.state = State.TELEMETRY_STREAM_STATE_CONNECTING
         self.last_error = ""
         self.messages_sent = 0
+        """Messages sent (a batch's each count; exported as messages_sent)."""
+        self.batches_sent = 0
+        """TelemetryBatch writes (gRPC messages that carried several of messages_sent)."""
+        self.batching = False
+        """Whether this stream's frontend accepts batches (its hello ack said so)."""
         self.connects = 0
         self.snapshots_sent = 0
         self.messages_dropped = 0
@@ -236,6 +270,32 @@ class Publisher:
         await call.write(data)
         self.messages_sent += 1
 
+    async def _write_queued(self, call) -> None:
+        """Writes what is queued (the latest reports, then deltas): one batch of as many as fit
+        MAX_BATCH and BATCH_BYTES when the frontend accepts batches, else the first of them."""
+        latest, deltas = self._latest, self._deltas
+        if not self.batching or len(latest) + len(deltas) == 1:
+            if latest:
+                kind = next(iter(latest))
+                await self._write(call, latest.pop(kind))
+            else:
+                await self._write(call, deltas.popleft()[1])
+            return
+        parts = list(latest.values())  # a few reports: always fit
+        latest.clear()
+        size = sum(len(p) for p in parts)
+        while deltas and len(parts) < MAX_BATCH:
+            data = deltas[0][1]
+            if parts and size + len(data) > BATCH_BYTES:
+                break
+            parts.append(data)
+            size += len(data)
+            deltas.popleft()
+        await call.write(parts[0] if len(parts) == 1 else batch_wire(parts))
+        self.messages_sent += len(parts)
+        if len(parts) > 1:
+            self.batches_sent += 1
+
     async def _send_snapshot(self, call) -> None:
         self._resync = False
         self._deltas.clear()  # every queued delta is older than the snapshot
@@ -259,7 +319,11 @@ class Publisher:
 
     async def _read(self, call) -> None:
         async for resp in call:
-            if resp.HasField("snapshot_request"):
+            if resp.HasField("hello_ack"):
+                # An older frontend leaves accepts_batches false: it gets one message per write.
+                self.batching = resp.hello_ack.accepts_batches
+                self._wake.set()
+            elif resp.HasField("snapshot_request"):
                 log.info("frontend asked for a snapshot", frontend=self.url, why=resp.snapshot_request.reason)
                 self.request_snapshot()
 
@@ -281,6 +345,7 @@ class Publisher:
                 attributes={"pool.id": self.hub.config.pool_id, "frontend.url": self.url},
             )
         sent_before, snapshots_before = self.messages_sent, self.snapshots_sent
+        self.batching = False  # until this stream's frontend says otherwise
         call = self._publish(metadata=bearer_metadata(self.url))
         reader = asyncio.ensure_future(self._read(call))
         productive = False
@@ -297,13 +362,10 @@ class Publisher:
                         self.state = State.TELEMETRY_STREAM_STATE_STREAMING
                         self.last_error = ""
                     continue
-                if self._latest:
-                    kind = next(iter(self._latest))
-                    await self._write(call, self._latest.pop(kind))
-                    continue
-                if self._deltas:
-                    await self._write(call, self._deltas.popleft()[1])
-                    if not self._deltas:
+                if self._latest or self._deltas:
+                    had_deltas = bool(self._deltas)
+                    await self._write_queued(call)
+                    if had_deltas and not self._deltas:
                         self.hub.stream_caught_up()
                     continue
                 if reader.done():

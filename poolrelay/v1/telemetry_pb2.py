@@ -27,15 +27,15 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from poolrelay.v1 import pool_events_pb2 as poolrelay_dot_v1_dot_pool__events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpoolrelay/v1/telemetry.proto\x12\x0cpoolrelay.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1epoolrelay/v1/pool_events.proto\"\xf8\x01\n\x0eTelemetryHello\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x10\n\x08relay_id\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12-\n\x0bhash_scheme\x18\x06 \x01(\x0e\x32\x18.poolrelay.v1.HashScheme\x12\x32\n\x0freport_interval\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05model\x18\x08 \x01(\t\x12\x0e\n\x06region\x18\t \x01(\t\"l\n\nKvSnapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\x04\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x13\n\x0b\x63hunk_index\x18\x03 \x01(\r\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x14\n\x0c\x62lock_hashes\x18\x05 \x03(\x06\"<\n\x07KvDelta\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0e\n\x06stored\x18\x02 \x03(\x06\x12\x0f\n\x07removed\x18\x03 \x03(\x06\"d\n\nLoadReport\x12$\n\x04load\x18\x01 \x01(\x0b\x32\x16.poolrelay.v1.PoolLoad\x12\x30\n\x0cobserve_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"<\n\x0fReadinessReport\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.poolrelay.v1.ModelStatus\"7\n\x0b\x44rainReport\x12(\n\x05\x64rain\x18\x01 \x01(\x0b\x32\x19.poolrelay.v1.DrainStatus\"C\n\x12TelemetryHeartbeat\x12-\n\tsend_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf4\x02\n\x1bPublishPoolTelemetryRequest\x12-\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.poolrelay.v1.TelemetryHelloH\x00\x12/\n\x0bkv_snapshot\x18\x02 \x01(\x0b\x32\x18.poolrelay.v1.KvSnapshotH\x00\x12)\n\x08kv_delta\x18\x03 \x01(\x0b\x32\x15.poolrelay.v1.KvDeltaH\x00\x12(\n\x04load\x18\x04 \x01(\x0b\x32\x18.poolrelay.v1.LoadReportH\x00\x12\x32\n\treadiness\x18\x05 \x01(\x0b\x32\x1d.poolrelay.v1.ReadinessReportH\x00\x12*\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x19.poolrelay.v1.DrainReportH\x00\x12\x35\n\theartbeat\x18\x07 \x01(\x0b\x32 .poolrelay.v1.TelemetryHeartbeatH\x00\x42\t\n\x07payload\"!\n\x0fSnapshotRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"(\n\x11TelemetryHelloAck\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\"\x9a\x01\n\x1cPublishPoolTelemetryResponse\x12\x34\n\thello_ack\x18\x01 \x01(\x0b\x32\x1f.poolrelay.v1.TelemetryHelloAckH\x00\x12\x39\n\x10snapshot_request\x18\x02 \x01(\x0b\x32\x1d.poolrelay.v1.SnapshotRequestH\x00\x42\t\n\x07payload*P\n\nHashScheme\x12\x1b\n\x17HASH_SCHEME_UNSPECIFIED\x10\x00\x12%\n!HASH_SCHEME_XXH3_64_CHAINED_U32LE\x10\x01\x32\x85\x01\n\x10TelemetryService\x12q\n\x14PublishPoolTelemetry\x12).poolrelay.v1.PublishPoolTelemetryRequest\x1a*.poolrelay.v1.PublishPoolTelemetryResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpoolrelay/v1/telemetry.proto\x12\x0cpoolrelay.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1epoolrelay/v1/pool_events.proto\"\xf8\x01\n\x0eTelemetryHello\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x10\n\x08relay_id\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12-\n\x0bhash_scheme\x18\x06 \x01(\x0e\x32\x18.poolrelay.v1.HashScheme\x12\x32\n\x0freport_interval\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05model\x18\x08 \x01(\t\x12\x0e\n\x06region\x18\t \x01(\t\"l\n\nKvSnapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\x04\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x13\n\x0b\x63hunk_index\x18\x03 \x01(\r\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x14\n\x0c\x62lock_hashes\x18\x05 \x03(\x06\"<\n\x07KvDelta\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0e\n\x06stored\x18\x02 \x03(\x06\x12\x0f\n\x07removed\x18\x03 \x03(\x06\"d\n\nLoadReport\x12$\n\x04load\x18\x01 \x01(\x0b\x32\x16.poolrelay.v1.PoolLoad\x12\x30\n\x0cobserve_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"<\n\x0fReadinessReport\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.poolrelay.v1.ModelStatus\"7\n\x0b\x44rainReport\x12(\n\x05\x64rain\x18\x01 \x01(\x0b\x32\x19.poolrelay.v1.DrainStatus\"C\n\x12TelemetryHeartbeat\x12-\n\tsend_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa3\x03\n\x1bPublishPoolTelemetryRequest\x12-\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.poolrelay.v1.TelemetryHelloH\x00\x12/\n\x0bkv_snapshot\x18\x02 \x01(\x0b\x32\x18.poolrelay.v1.KvSnapshotH\x00\x12)\n\x08kv_delta\x18\x03 \x01(\x0b\x32\x15.poolrelay.v1.KvDeltaH\x00\x12(\n\x04load\x18\x04 \x01(\x0b\x32\x18.poolrelay.v1.LoadReportH\x00\x12\x32\n\treadiness\x18\x05 \x01(\x0b\x32\x1d.poolrelay.v1.ReadinessReportH\x00\x12*\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x19.poolrelay.v1.DrainReportH\x00\x12\x35\n\theartbeat\x18\x07 \x01(\x0b\x32 .poolrelay.v1.TelemetryHeartbeatH\x00\x12-\n\x05\x62\x61tch\x18\x08 \x01(\x0b\x32\x1c.poolrelay.v1.TelemetryBatchH\x00\x42\t\n\x07payload\"M\n\x0eTelemetryBatch\x12;\n\x08messages\x18\x01 \x03(\x0b\x32).poolrelay.v1.PublishPoolTelemetryRequest\"!\n\x0fSnapshotRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"A\n\x11TelemetryHelloAck\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x63\x63\x65pts_batches\x18\x02 \x01(\x08\"\x9a\x01\n\x1cPublishPoolTelemetryResponse\x12\x34\n\thello_ack\x18\x01 \x01(\x0b\x32\x1f.poolrelay.v1.TelemetryHelloAckH\x00\x12\x39\n\x10snapshot_request\x18\x02 \x01(\x0b\x32\x1d.poolrelay.v1.SnapshotRequestH\x00\x42\t\n\x07payload*P\n\nHashScheme\x12\x1b\n\x17HASH_SCHEME_UNSPECIFIED\x10\x00\x12%\n!HASH_SCHEME_XXH3_64_CHAINED_U32LE\x10\x01\x32\x85\x01\n\x10TelemetryService\x12q\n\x14PublishPoolTelemetry\x12).poolrelay.v1.PublishPoolTelemetryRequest\x1a*.poolrelay.v1.PublishPoolTelemetryResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'poolrelay.v1.telemetry_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_HASHSCHEME']._serialized_start=1465
-  _globals['_HASHSCHEME']._serialized_end=1545
+  _globals['_HASHSCHEME']._serialized_start=1616
+  _globals['_HASHSCHEME']._serialized_end=1696
   _globals['_TELEMETRYHELLO']._serialized_start=144
   _globals['_TELEMETRYHELLO']._serialized_end=392
   _globals['_KVSNAPSHOT']._serialized_start=394
@@ -51,13 +51,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TELEMETRYHEARTBEAT']._serialized_start=787
   _globals['_TELEMETRYHEARTBEAT']._serialized_end=854
   _globals['_PUBLISHPOOLTELEMETRYREQUEST']._serialized_start=857
-  _globals['_PUBLISHPOOLTELEMETRYREQUEST']._serialized_end=1229
-  _globals['_SNAPSHOTREQUEST']._serialized_start=1231
-  _globals['_SNAPSHOTREQUEST']._serialized_end=1264
-  _globals['_TELEMETRYHELLOACK']._serialized_start=1266
-  _globals['_TELEMETRYHELLOACK']._serialized_end=1306
-  _globals['_PUBLISHPOOLTELEMETRYRESPONSE']._serialized_start=1309
-  _globals['_PUBLISHPOOLTELEMETRYRESPONSE']._serialized_end=1463
-  _globals['_TELEMETRYSERVICE']._serialized_start=1548
-  _globals['_TELEMETRYSERVICE']._serialized_end=1681
+  _globals['_PUBLISHPOOLTELEMETRYREQUEST']._serialized_end=1276
+  _globals['_TELEMETRYBATCH']._serialized_start=1278
+  _globals['_TELEMETRYBATCH']._serialized_end=1355
+  _globals['_SNAPSHOTREQUEST']._serialized_start=1357
+  _globals['_SNAPSHOTREQUEST']._serialized_end=1390
+  _globals['_TELEMETRYHELLOACK']._serialized_start=1392
+  _globals['_TELEMETRYHELLOACK']._serialized_end=1457
+  _globals['_PUBLISHPOOLTELEMETRYRESPONSE']._serialized_start=1460
+  _globals['_PUBLISHPOOLTELEMETRYRESPONSE']._serialized_end=1614
+  _globals['_TELEMETRYSERVICE']._serialized_start=1699
+  _globals['_TELEMETRYSERVICE']._serialized_end=1832
 # @@protoc_insertion_point(module_scope)

@@ -92,7 +92,7 @@ class TelemetryHeartbeat(_message.Message):
     def __init__(self, send_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class PublishPoolTelemetryRequest(_message.Message):
-    __slots__ = ("hello", "kv_snapshot", "kv_delta", "load", "readiness", "drain", "heartbeat")
+    __slots__ = ("hello", "kv_snapshot", "kv_delta", "load", "readiness", "drain", "heartbeat", "batch")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     KV_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     KV_DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class PublishPoolTelemetryRequest(_message.Message):
     READINESS_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     hello: TelemetryHello
     kv_snapshot: KvSnapshot
     kv_delta: KvDelta
@@ -107,7 +108,14 @@ class PublishPoolTelemetryRequest(_message.Message):
     readiness: ReadinessReport
     drain: DrainReport
     heartbeat: TelemetryHeartbeat
-    def __init__(self, hello: _Optional[_Union[TelemetryHello, _Mapping]] = ..., kv_snapshot: _Optional[_Union[KvSnapshot, _Mapping]] = ..., kv_delta: _Optional[_Union[KvDelta, _Mapping]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., readiness: _Optional[_Union[ReadinessReport, _Mapping]] = ..., drain: _Optional[_Union[DrainReport, _Mapping]] = ..., heartbeat: _Optional[_Union[TelemetryHeartbeat, _Mapping]] = ...) -> None: ...
+    batch: TelemetryBatch
+    def __init__(self, hello: _Optional[_Union[TelemetryHello, _Mapping]] = ..., kv_snapshot: _Optional[_Union[KvSnapshot, _Mapping]] = ..., kv_delta: _Optional[_Union[KvDelta, _Mapping]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., readiness: _Optional[_Union[ReadinessReport, _Mapping]] = ..., drain: _Optional[_Union[DrainReport, _Mapping]] = ..., heartbeat: _Optional[_Union[TelemetryHeartbeat, _Mapping]] = ..., batch: _Optional[_Union[TelemetryBatch, _Mapping]] = ...) -> None: ...
+
+class TelemetryBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[PublishPoolTelemetryRequest]
+    def __init__(self, messages: _Optional[_Iterable[_Union[PublishPoolTelemetryRequest, _Mapping]]] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
     __slots__ = ("reason",)
@@ -116,10 +124,12 @@ class SnapshotRequest(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class TelemetryHelloAck(_message.Message):
-    __slots__ = ("frontend_id",)
+    __slots__ = ("frontend_id", "accepts_batches")
     FRONTEND_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
     frontend_id: str
-    def __init__(self, frontend_id: _Optional[str] = ...) -> None: ...
+    accepts_batches: bool
+    def __init__(self, frontend_id: _Optional[str] = ..., accepts_batches: _Optional[bool] = ...) -> None: ...
 
 class PublishPoolTelemetryResponse(_message.Message):
     __slots__ = ("hello_ack", "snapshot_request")

@@ -49,11 +49,12 @@ class TelemetryServiceServicer:
     def PublishPoolTelemetry(self, request_iterator, context):
         """One bidirectional stream per (relay replica, frontend). The relay's first message must be a
         TelemetryHello (else INVALID_ARGUMENT); then a KvSnapshot (in chunks), then any mix of
-        KvDelta, LoadReport, ReadinessReport, DrainReport and TelemetryHeartbeat. The frontend
+        KvDelta, LoadReport, ReadinessReport, DrainReport and TelemetryHeartbeat, singly or (when the
+        hello ack accepts batches) several in a TelemetryBatch. The frontend
         answers with SnapshotRequest when it needs a fresh snapshot (a gap, or after a restart).
 
-        Errors: INVALID_ARGUMENT for a malformed hello (naming the field) or an unsupported protocol
-        version; PERMISSION_DENIED when the directory lists the pool under a newer incarnation of
+        Errors: INVALID_ARGUMENT for a malformed hello (naming the field), an unsupported protocol
+        version, or a malformed TelemetryBatch (naming the field); PERMISSION_DENIED when the directory lists the pool under a newer incarnation of
         the same relay_id. Ending a stream clears only that stream's state at the frontend.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

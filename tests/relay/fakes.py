@@ -183,11 +183,19 @@ class TelemetryReceiver(tm_grpc.TelemetryServiceServicer):
     """A global frontend's telemetry side, reduced to what tests check: the block set per stream.
 
     Verifies the protocol as it goes (hello first, snapshot before deltas, deltas numbered without
-    gaps) and records every violation in `errors`. `stall` (an Event that is set while stalled)
-    makes it stop reading, so the relay's writes back up.
+    gaps, batches only when its ack accepted them) and records every violation in `errors`.
+    `stall` (an Event that is set while stalled) makes it stop reading, so the relay's writes back
+    up. `accepts_batches` is what its hello ack says (False: a frontend older than batches).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, accepts_batches: bool = False) -> None:
+        self.accepts_batches = accepts_batches
+        self.writes = 0
+        """gRPC messages read after the hello (a batch counts once)."""
+        self.batches = 0
+        self.batch_sizes: list[int] = []
+        self.kinds: list[str] = []
+        """Every message's kind in the order applied (a batch's messages each)."""
         self.hellos: list[tm.TelemetryHello] = []
         self.blocks: set[int] = set()
         self.sequence: int | None = None
@@ -215,6 +223,17 @@ class TelemetryReceiver(tm_grpc.TelemetryServiceServicer):
 
     def _apply(self, req: tm.PublishPoolTelemetryRequest) -> None:
         kind = req.WhichOneof("payload")
+        if kind == "batch":
+            self.batches += 1
+            self.batch_sizes.append(len(req.batch.messages))
+            if not self.accepts_batches:
+                self.errors.append("a batch to a frontend whose ack did not accept batches")
+            for inner in req.batch.messages:
+                if inner.WhichOneof("payload") in ("hello", "kv_snapshot", "batch", None):
+                    self.errors.append(f"{inner.WhichOneof('payload')} inside a batch")
+                self._apply(inner)
+            return
+        self.kinds.append(str(kind))
         if kind == "hello":
             self.hellos.append(req.hello)
             self.sequence = None
@@ -262,7 +281,10 @@ class TelemetryReceiver(tm_grpc.TelemetryServiceServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be a hello")
             if first:
                 first = False
-                yield tm.PublishPoolTelemetryResponse(hello_ack=tm.TelemetryHelloAck(frontend_id="test"))
+                ack = tm.TelemetryHelloAck(frontend_id="test", accepts_batches=self.accepts_batches)
+                yield tm.PublishPoolTelemetryResponse(hello_ack=ack)
+            else:
+                self.writes += 1
             self._apply(req)
             while not self.snapshot_requests.empty():
                 reason = self.snapshot_requests.get_nowait()

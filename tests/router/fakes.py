@@ -173,6 +173,10 @@ class FakeRelay:
     async def send(self, **payload) -> None:
         await self._queue.put(telemetry_pb2.PublishPoolTelemetryRequest(**payload))
 
+    async def send_batch(self, *messages: telemetry_pb2.PublishPoolTelemetryRequest) -> None:
+        """Sends `messages` as one TelemetryBatch."""
+        await self.send(batch=telemetry_pb2.TelemetryBatch(messages=messages))
+
     async def read(self, within: float = 5.0):
         return await asyncio.wait_for(self.call.read(), within)
 

@@ -260,6 +260,17 @@ def _snapshot(chunk: int, blocks: int) -> tpb.PublishPoolTelemetryRequest:
     )
 
 
+def _batch(*messages: tpb.PublishPoolTelemetryRequest) -> Callable[[SecureMesh], Outcome]:
+    """A stream of its own (pool-w) whose second message is a TelemetryBatch of `messages`."""
+    return _telemetry(
+        _hello(pool_id="pool-w", relay_id="relay-w"),
+        tpb.PublishPoolTelemetryRequest(batch=tpb.TelemetryBatch(messages=messages)),
+    )
+
+
+_BEAT = tpb.PublishPoolTelemetryRequest(heartbeat=tpb.TelemetryHeartbeat())
+
+
 _FORGED = pagination.encode_page_token("pool-a", ("pools", "other-model", ""))
 IA, RE = "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"
 
@@ -518,6 +529,39 @@ CASES: list[Case] = [
         "kv_snapshot.block_hashes",
         _telemetry(_hello(pool_id="pool-z", relay_id="relay-z"), *(_snapshot(i, 400) for i in range(4))),
     ),
+    Case("router", "PublishPoolTelemetry", "an empty batch", IA, "batch.messages", _batch()),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "a batch of 257 messages (over 256)",
+        IA,
+        "batch.messages",
+        _batch(*[_BEAT] * 257),
+    ),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "a hello inside a batch",
+        IA,
+        "batch.messages[1]",
+        _batch(_BEAT, _hello(pool_id="pool-w", relay_id="relay-w")),
+    ),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "a snapshot chunk inside a batch",
+        IA,
+        "batch.messages[0]",
+        _batch(_snapshot(0, 10)),
+    ),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "a batch inside a batch",
+        IA,
+        "batch.messages[0]",
+        _batch(tpb.PublishPoolTelemetryRequest(batch=tpb.TelemetryBatch(messages=[_BEAT]))),
+    ),
     # ---- mocker (pool frontend, pool events, admin) ---------------------------------------------
     Case(
         "mocker",
@@ -754,6 +798,22 @@ CASES += [
             tpb.PublishPoolTelemetryRequest(
                 kv_delta=tpb.KvDelta(sequence=1, stored=range(2**40, 2**40 + 250_000))
             ),
+        ),
+        reason="LIMIT_EXCEEDED",
+    ),
+    Case(
+        "router",
+        "PublishPoolTelemetry",
+        "a 2 MB batch of small deltas (over the 1 MiB cap)",
+        RE,
+        "",
+        _batch(
+            *(
+                tpb.PublishPoolTelemetryRequest(
+                    kv_delta=tpb.KvDelta(sequence=i, stored=range(2**40 + i * 1000, 2**40 + (i + 1) * 1000))
+                )
+                for i in range(1, 251)
+            )
         ),
         reason="LIMIT_EXCEEDED",
     ),

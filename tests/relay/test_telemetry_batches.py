@@ -1,0 +1,185 @@
+"""The relay batches what is queued for a stream into one TelemetryBatch, only to a frontend whose
+hello ack accepts batches, from the bytes already serialized."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from meshkit.clock import SystemClock
+from poolrelay.pool_blocks import PoolBlocks
+from poolrelay.telemetry_publisher import (
+    BATCH_BYTES,
+    MAX_BATCH,
+    Publisher,
+    TelemetryConfig,
+    TelemetryHub,
+    batch_wire,
+)
+from poolrelay.v1 import pool_events_pb2 as pe
+from poolrelay.v1 import telemetry_pb2 as tm
+from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
+from tests.relay.fakes import TelemetryReceiver, start_server, wait_for
+
+Req = tm.PublishPoolTelemetryRequest
+PER_DELTA = 2000  # ~32 KiB a delta: a stalled receiver's flow control backs the relay's writes up
+
+
+def _delta(sequence: int, n: int) -> bytes:
+    return Req(
+        kv_delta=tm.KvDelta(sequence=sequence, stored=range(n), removed=range(n, 2 * n))
+    ).SerializeToString()
+
+
+def _reports() -> list[bytes]:
+    return [
+        Req(load=tm.LoadReport(load=pe.PoolLoad(requests_running=3))).SerializeToString(),
+        Req(
+            readiness=tm.ReadinessReport(models=[pe.ModelStatus(model="m", state=pe.MODEL_STATE_READY)])
+        ).SerializeToString(),
+        Req(drain=tm.DrainReport(drain=pe.DrainStatus(state=pe.DRAIN_STATE_ACTIVE))).SerializeToString(),
+        Req(heartbeat=tm.TelemetryHeartbeat()).SerializeToString(),
+    ]
+
+
+def test_batch_wire_is_protobufs_own_encoding():
+    # Small and large parts: lengths of one, two and three varint bytes.
+    parts = [*_reports(), _delta(7, 1), _delta(8, 1000), _delta(9, 0)]
+    data = batch_wire(parts)
+    parsed = Req.FromString(data)
+    assert parsed.WhichOneof("payload") == "batch"
+    assert [m.SerializeToString() for m in parsed.batch.messages] == parts
+    built = Req(batch=tm.TelemetryBatch(messages=[Req.FromString(p) for p in parts]))
+    assert data == built.SerializeToString()
+
+
+class _Call:
+    """A call that records what is written."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
+def _publisher() -> Publisher:
+    hub = TelemetryHub(
+        TelemetryConfig(pool_id="p", relay_id="r", incarnation=1, region="x"), PoolBlocks(), SystemClock()
+    )
+    return Publisher(hub, "http://127.0.0.1:1")
+
+
+async def test_what_is_queued_goes_as_one_batch_reports_first():
+    pub = _publisher()
+    call = _Call()
+    reports = _reports()
+    for kind, data in zip(("load", "readiness", "drain", "heartbeat"), reports, strict=True):
+        pub.offer(kind, data)
+    deltas = [_delta(s, 5) for s in (1, 2, 3)]
+    pub._resync = False
+    for s, d in enumerate(deltas, 1):
+        pub.enqueue_delta(s, d)
+    pub.batching = True
+    await pub._write_queued(call)
+    assert len(call.written) == 1
+    assert [m.SerializeToString() for m in Req.FromString(call.written[0]).batch.messages] == reports + deltas
+    assert pub.queue_depth == 0 and pub.messages_sent == 7 and pub.batches_sent == 1
+    # A single queued message goes out unwrapped.
+    pub.enqueue_delta(4, d4 := _delta(4, 5))
+    await pub._write_queued(call)
+    assert call.written[1] == d4 and pub.batches_sent == 1
+    await pub.close()
+
+
+async def test_a_batch_is_bounded_in_count_and_bytes():
+    pub = _publisher()
+    call = _Call()
+    pub._resync = False
+    pub.batching = True
+    small = [_delta(s, 1) for s in range(1, MAX_BATCH + 11)]
+    for s, d in enumerate(small, 1):
+        pub.enqueue_delta(s, d)
+    await pub._write_queued(call)
+    assert len(Req.FromString(call.written[0]).batch.messages) == MAX_BATCH
+    await pub._write_queued(call)
+    assert len(Req.FromString(call.written[1]).batch.messages) == 10
+    big = _delta(1, 20_000)  # ~320 KB: two do not fit one batch
+    assert 2 * len(big) > BATCH_BYTES
+    pub.enqueue_delta(1, big)
+    pub.enqueue_delta(2, big)
+    await pub._write_queued(call)
+    assert call.written[2] == big and pub.queue_depth == 1
+    await pub.close()
+
+
+async def test_without_an_accepting_ack_one_message_per_write():
+    pub = _publisher()
+    call = _Call()
+    pub._resync = False
+    for kind, data in zip(("load", "drain"), _reports()[:2], strict=True):
+        pub.offer(kind, data)
+    pub.enqueue_delta(1, d1 := _delta(1, 5))
+    assert not pub.batching  # until an ack says otherwise
+    await pub._write_queued(call)
+    await pub._write_queued(call)
+    await pub._write_queued(call)
+    assert call.written == [*_reports()[:2], d1] and pub.batches_sent == 0
+    await pub.close()
+
+
+async def _backlog_then_resume(accepts_batches: bool) -> tuple[TelemetryReceiver, Publisher, PoolBlocks]:
+    """A relay whose stream backs up behind a stalled receiver (deltas and a drain report queue),
+    then drains it once the receiver reads again."""
+    recv = TelemetryReceiver(accepts_batches=accepts_batches)
+    server, addr = await start_server((tm_grpc.add_TelemetryServiceServicer_to_server, recv))
+    url = f"http://{addr}"
+    blocks = PoolBlocks()
+    config = TelemetryConfig(pool_id="p", relay_id="r", incarnation=1, region="x", report_interval=30)
+    hub = TelemetryHub(config, blocks, SystemClock())
+    hub.set_frontends(static=[url])
+    pub = hub.publishers[url]
+    try:
+        await wait_for(lambda: recv.snapshots, message="first snapshot")
+        await wait_for(lambda: pub.batching == accepts_batches, message="the ack read")
+        recv.stall()
+        for i in range(300):
+            new = range((i + 1) * PER_DELTA, (i + 2) * PER_DELTA)
+            blocks.apply_event(
+                "w", stored=new, removed=range(i * PER_DELTA, (i + 1) * PER_DELTA) if i else ()
+            )
+            hub.flush()
+            await asyncio.sleep(0.005)
+            if pub.queue_depth >= 8:
+                break
+        assert pub.queue_depth >= 8, "the stalled receiver held the relay's writes back"
+        hub.set_drain(pe.DrainStatus(state=pe.DRAIN_STATE_DRAINING))
+        recv.resume()
+        await wait_for(
+            lambda: recv.sequence == blocks.sequence and recv.drains, within=20, message="caught up"
+        )
+        assert recv.blocks == set(range((i + 1) * PER_DELTA, (i + 2) * PER_DELTA))
+        assert recv.errors == []
+        return recv, pub, blocks
+    finally:
+        await hub.close()
+        await server.stop(0)
+
+
+@pytest.mark.timeout(60)
+async def test_relay_batches_after_an_accepting_ack():
+    recv, pub, _ = await _backlog_then_resume(accepts_batches=True)
+    assert recv.batches >= 1 and pub.batches_sent == recv.batches
+    assert max(recv.batch_sizes) > 1
+    # The drain report queued behind the deltas went out first (as it does unbatched).
+    assert recv.kinds.index("drain") < len(recv.kinds) - 1
+    assert recv.writes < pub.messages_sent - 1  # fewer gRPC messages than messages (hello aside)
+
+
+@pytest.mark.timeout(60)
+async def test_relay_sends_no_batch_to_a_frontend_whose_ack_does_not_accept_them():
+    # An older frontend: its ack has no accepts_batches (false); it gets one message per write.
+    recv, pub, _ = await _backlog_then_resume(accepts_batches=False)
+    assert recv.batches == 0 and pub.batches_sent == 0
+    assert recv.writes == pub.messages_sent - 1  # every message but the hello, one write each
