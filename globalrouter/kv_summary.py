@@ -82,6 +82,12 @@ VERIFY_TOP = 8
 WAVE = 4096
 WAVES = 16
 """Batches above WAVE keys are placed in WAVES waves (see _place)."""
+GREEDY_PASSES = 8
+"""Passes of _greedy (one entry per row a pass; 1,000,000 blocks into a fresh table took 5)."""
+SHIFT_PASSES = 48
+"""Passes of _shift over the entries _greedy left (the rest go to _place's cuckoo rounds)."""
+ALT_SIZES = 8
+"""Bucket counts whose alt-row table (_alt_rows, 256 KiB each) is kept."""
 KICK_ROUNDS = 500
 """Rounds of cuckoo evictions before entries still homeless are dropped (see _settle)."""
 PENDING = 65536
@@ -140,24 +146,6 @@ def _first_match(rows: np.ndarray, values: np.ndarray) -> np.ndarray:
     return pos
 
 
-def _ranks(rows: np.ndarray) -> np.ndarray:
-    """Each element's rank among the equal elements before it (rows < 2^32). A stable argsort in
-    two radix passes of 16 bits: numpy sorts 16-bit keys by radix, four times as fast as one
-    comparison sort of the int64s."""
-    n = rows.size
-    if not n:
-        return np.zeros(0, np.int64)
-    low = (rows & 0xFFFF).astype(np.uint16)
-    order = np.argsort(low, kind="stable")
-    high = (rows[order] >> 16).astype(np.uint16)
-    order = order[np.argsort(high, kind="stable")]
-    ordered = rows[order]
-    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-    rank = np.empty(n, np.int64)
-    rank[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
-    return rank
-
-
 @dataclass(frozen=True, slots=True)
 class SummaryStats:
     """Counters of what the summary skipped or lost (for metrics and tests)."""
@@ -177,6 +165,7 @@ class KvSummary:
     """Per-pool fingerprint tables behind KvIndex's interface (sources in, source -> prefix out)."""
 
     __slots__ = (
+        "_alt_cache",
         "_base",
         "_count",
         "_doublings",
@@ -271,6 +260,8 @@ class KvSummary:
         """Source being built -> (its build table's id, its pool's id)."""
         self._spare: list[int] = []
         """Build table ids free for the next begin_snapshot."""
+        self._alt_cache: dict[int, np.ndarray] = {}
+        """Bucket count -> alt(fingerprint) mod it for every fingerprint (see _alt_rows)."""
 
     # ---- sizing and the arena --------------------------------------------------------------------
     @staticmethod
@@ -452,8 +443,7 @@ class KvSummary:
         ):
             self._double(s)
         b1, b2, v = self._locate(s, h)
-        # Every slice the sorted way, not only the first: a build table only takes inserts, so
-        # each of its rows is filled from its first slot on (the cuckoo rounds of _place were
+        # Vector passes over the slice (_bulk), not _place's cuckoo rounds per entry (which were
         # most of a stepped snapshot's cost).
         self._bulk(s, b1, b2, v)
 
@@ -507,8 +497,8 @@ class KvSummary:
             if lost:
                 fp = (fp >> np.uint64(lost)) << np.uint64(lost)
             fp[fp == 0] = np.uint64(1 << lost)
-            b2 = (self._alt(fp) % np.uint64(nb)).astype(np.int64) - b1
-            b2 %= nb
+            b2 = self._alt_rows(nb)[fp] - b1
+            b2[b2 < 0] += nb
         else:
             lost_any = self._lost[p]
             if lost_any.any():
@@ -521,6 +511,18 @@ class KvSummary:
             b2 = (self._alt(fp) % nbs.astype(np.uint64)).astype(np.int64) - b1
             b2 %= nbs
         return b1, b2, (fp << np.uint64(1)).astype(np.uint16)
+
+    def _alt_rows(self, nb: int) -> np.ndarray:
+        """alt(fp) mod nb for every slot fingerprint fp (a row's two buckets add up to it mod nb):
+        a gather instead of a 64-bit multiply and modulo per entry. A few sizes are kept (a
+        fleet's tables mostly share a few)."""
+        rows = self._alt_cache.get(nb)
+        if rows is None:
+            if len(self._alt_cache) >= ALT_SIZES:
+                self._alt_cache.pop(next(iter(self._alt_cache)))
+            fp = np.arange(1 << FP_BITS, dtype=np.uint64)
+            rows = self._alt_cache[nb] = (self._alt(fp) % np.uint64(nb)).astype(np.int64)
+        return rows
 
     @staticmethod
     def _alt(fp: np.ndarray) -> np.ndarray:
@@ -584,32 +586,157 @@ class KvSummary:
             self._settle(p[cut], ga[cut], v[cut], gb[cut], vb[cut])
 
     def _bulk(self, p: int, b1: np.ndarray, b2: np.ndarray, v: np.ndarray) -> None:
-        """Puts distinct entries into pool p's table without a round per entry, when its rows
-        are filled from their first slot on (a table that has only taken inserts: a fresh one,
-        or a snapshot's being built): each goes to one of its rows by a fingerprint bit (so rows
-        get even shares), takes the slot after the row's entries that its rank among that row's
-        new entries gives; those past a full row go to their other row the same way; the few
-        left go the generic way (cuckoo evictions)."""
+        """Puts distinct absent entries into pool p's table (any fill) in a bounded number of
+        vector passes over the whole batch, no round per entry (see _greedy and _shift); the
+        rare rest go the generic way (_place: cuckoo evictions). Where an entry lands does not
+        change what the table answers: a probe matches the (first bucket, fingerprint) pair
+        wherever of its two rows the entry is."""
         base, nb = int(self._base[p]), int(self._nb[p])
+        if not b1.size:
+            return
         region = self._slots[base : base + nb]
-        second = (v & np.uint16(2)) != 0
-        rows = np.where(second, b2, b1)
-        todo = np.arange(b1.size)
-        for attempt in range(2):
-            if attempt:  # the overflow, to its other row
-                second = ~second[todo]
-                rows = np.where(second, b2[todo], b1[todo])
-            # A row's entries so far (its used slots come first): 8 uint16 read as two words.
-            held = np.take(region, rows, axis=0) != 0
-            slot = np.count_nonzero(held, axis=1) + _ranks(rows)
-            ok = slot < SLOTS
-            region[rows[ok], slot[ok]] = v[todo[ok]] | second[ok].astype(np.uint16)
-            todo = todo[~ok]
-            if not todo.size:
+        index = np.int32 if nb < 1 << 31 else np.int64
+        a, b = b1.astype(index), b2.astype(index)
+        a, b, v = self._greedy(region, a, b, v, fresh=int(self._count[p]) == 0)
+        if a.size:
+            a, b, v = self._shift(region, a, b, v)
+        self._count[p] += b1.size - a.size
+        if a.size:
+            self._place(np.full(a.size, p, np.int64), a.astype(np.int64), b.astype(np.int64), v)
+
+    @staticmethod
+    def _greedy(
+        region: np.ndarray, a: np.ndarray, b: np.ndarray, v: np.ndarray, *, fresh: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Puts each entry (rows a and b of `region`, first-row slot value v) into the emptier of
+        its two rows (ties by a fingerprint bit, so a fresh table fills both ways), all at once:
+        one entry per row a pass (the `owner` scatter picks it), the others again next pass.
+        Returns the entries whose rows were both full (about 5% at a load of 0.75)."""
+        words = region.view(np.uint32).reshape(-1)  # a row's two slots as one word
+        flat = region.reshape(-1)
+        owner = np.empty(words.size, np.int32)  # scratch: only cells written this pass are read
+        homeless: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        first = fresh
+        for _ in range(GREEDY_PASSES):
+            if not a.size:
                 break
-        self._count[p] += b1.size - todo.size
-        if todo.size:
-            self._place(np.full(todo.size, p, np.int64), b1[todo], b2[todo], v[todo])
+            me = np.arange(a.size, dtype=np.int32)
+            bit = (v & np.uint16(2)) != 0
+            if first:  # every row empty: no reads, the fingerprint bit chooses
+                first = False
+                row = np.where(bit, b, a)
+                owner[row] = me
+                won = owner[row] == me
+                at = np.flatnonzero(won)
+                words[row[at]] = v[at] | bit[at].view(np.uint8)
+                keep = np.flatnonzero(~won)
+            else:
+                wa, wb = words[a], words[b]
+                lo_a, lo_b = (wa & 0xFFFF) != 0, (wb & 0xFFFF) != 0
+                fa = lo_a.view(np.uint8) + (wa > 0xFFFF).view(np.uint8)
+                fb = lo_b.view(np.uint8) + (wb > 0xFFFF).view(np.uint8)
+                second = (fb < fa) | ((fb == fa) & bit)
+                row = np.where(second, b, a)
+                room = np.where(second, fb, fa) < SLOTS
+                full = np.flatnonzero(~room)
+                if full.size:
+                    homeless.append((a[full], b[full], v[full]))
+                owner[row[room]] = me[room]
+                won = room & (owner[row] == me)
+                at = np.flatnonzero(won)
+                slot = np.where(second[at], lo_b[at], lo_a[at])  # the row's free slot
+                flat[row[at].astype(np.int64) * SLOTS + slot] = v[at] | second[at].view(np.uint8)
+                room[at] = False
+                keep = np.flatnonzero(room)
+            a, b, v = a[keep], b[keep], v[keep]
+        homeless.append((a, b, v))
+        if len(homeless) == 1:
+            return a, b, v
+        return (
+            np.concatenate([x for x, _, _ in homeless]),
+            np.concatenate([y for _, y, _ in homeless]),
+            np.concatenate([z for _, _, z in homeless]),
+        )
+
+    def _shift(
+        self, region: np.ndarray, a: np.ndarray, b: np.ndarray, v: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Places entries whose two rows were full, all at once a pass, for SHIFT_PASSES passes:
+        an entry whose row has room now takes it; else one of the four entries in its rows whose
+        other row has room moves there and the entry takes its slot; else it evicts a random one
+        of them, which is then placed the same way (a random walk with one step of look-ahead).
+        A pass changes each row for one entry at most (`owner`: rows with room are targets,
+        full rows sources, so the two never meet). Returns the entries still homeless."""
+        nb = region.shape[0]
+        words = region.view(np.uint32).reshape(-1)
+        flat = region.reshape(-1)
+        owner = np.empty(nb, np.int32)
+        rng = np.random.default_rng(a.size)
+        wide = a.dtype.type
+        cols = np.array([0, 1, 0, 1], np.int64)
+        only = np.full(a.size, -1, np.int8)  # a kicked entry's row to kick from: 0 a, 1 b, -1 either
+        alt = self._alt_rows(nb)
+        for _ in range(SHIFT_PASSES):
+            m = a.size
+            if not m:
+                break
+            me = np.arange(m, dtype=np.int32)
+            wa, wb = words[a], words[b]
+            lo_a, lo_b = (wa & 0xFFFF) != 0, (wb & 0xFFFF) != 0
+            free_a = ~lo_a | (wa <= 0xFFFF)
+            free_b = ~lo_b | (wb <= 0xFFFF)
+            direct = free_a | free_b
+            second = ~free_a & free_b
+            # Full both: the four residents and their other rows (the first + second buckets of
+            # a fingerprint are alt(fingerprint) mod nb, whichever row it is in).
+            src = np.stack((a, a, b, b), axis=1)
+            cell = src.astype(np.int64) * SLOTS + cols
+            res = flat[cell]
+            other = alt[res >> np.uint16(1)] - src
+            other[other < 0] += nb
+            ow = words[other]
+            ok = (((ow & 0xFFFF) == 0) | (ow <= 0xFFFF)) & ~direct[:, None]
+            can = ok.any(axis=1)
+            pick = ok.argmax(axis=1)
+            kick = ~direct & ~can
+            # A kick evicts a random resident, not from the row the entry was just evicted from
+            # (it would evict its evicter back: a walk that goes round in circles).
+            ki = np.flatnonzero(kick)
+            pick[ki] = rng.integers(0, 4, ki.size)
+            back = only[ki] >= 0
+            pick[ki[back]] = only[ki[back]] * 2 + (pick[ki[back]] & 1)
+            # Claims: a direct entry its row (with room); a shift its target row (with room) and
+            # its source row (full); a kick its source row. An action acts if it owns them all.
+            target = np.where(direct, np.where(second, b, a), other[me, pick].astype(wide))
+            moves = ~kick
+            owner[target[moves]] = me[moves]
+            source = src[me, pick]
+            via = ~direct
+            owner[source[via]] = me[via]
+            win = np.where(direct, owner[target] == me, owner[source] == me)
+            win &= np.where(can & ~direct, owner[target] == me, True)
+            # direct: into the row's free slot
+            d = np.flatnonzero(win & direct)
+            lo = np.where(second[d], lo_b[d], lo_a[d])
+            flat[target[d].astype(np.int64) * SLOTS + lo] = v[d] | second[d].view(np.uint8)
+            # shift: the resident to its other row's free slot, the entry into its place
+            s = np.flatnonzero(win & can & ~direct)
+            rv = res[s, pick[s]]
+            tw = words[target[s]]
+            flat[target[s].astype(np.int64) * SLOTS + ((tw & 0xFFFF) != 0)] = rv ^ np.uint16(1)
+            flat[cell[s, pick[s]]] = v[s] | (source[s] != a[s]).view(np.uint8)
+            # kick: the entry into the slot, the resident homeless (its rows: where it was, other)
+            k = np.flatnonzero(win & kick)
+            kv = res[k, pick[k]]
+            flat[cell[k, pick[k]]] = v[k] | (source[k] != a[k]).view(np.uint8)
+            was, elsewhere = source[k], other[k, pick[k]].astype(wide)
+            in_second = (kv & np.uint16(1)) != 0
+            left = np.flatnonzero(~win)
+            a = np.concatenate((a[left], np.where(in_second, elsewhere, was)))
+            b = np.concatenate((b[left], np.where(in_second, was, elsewhere)))
+            v = np.concatenate((v[left], kv & np.uint16(0xFFFE)))
+            only = np.concatenate((only[left], in_second.view(np.int8) ^ np.int8(1)))
+        return a, b, v
 
     def _settle(self, p: np.ndarray, ga: np.ndarray, va: np.ndarray, gb: np.ndarray, vb: np.ndarray) -> None:
         """Places entries that may go to arena row ga (as value va) or gb (as vb): each into the
@@ -690,7 +817,7 @@ class KvSummary:
         self._nb[p] = 2 * nb
         self._lost[p] = lost + 1
         b1, b2, v = self._finish(p, b1, fp)
-        self._bulk(p, b1, b2, v)  # a fresh region: sorted passes, not cuckoo rounds (4x less)
+        self._bulk(p, b1, b2, v)  # a fresh region: vector passes, not cuckoo rounds
         self._doublings += 1
 
     def _fill(self, p: int, keys: np.ndarray) -> None:
