@@ -86,6 +86,8 @@ GREEDY_PASSES = 8
 """Passes of _greedy (one entry per row a pass; 1,000,000 blocks into a fresh table took 5)."""
 SHIFT_PASSES = 48
 """Passes of _shift over the entries _greedy left (the rest go to _place's cuckoo rounds)."""
+CARRY_PASSES = 3
+"""_shift passes in a build's step (the rest wait for the next step: see _waiting)."""
 ALT_SIZES = 8
 """Bucket counts whose alt-row table (_alt_rows, 256 KiB each) is kept."""
 KICK_ROUNDS = 500
@@ -190,6 +192,7 @@ class KvSummary:
         "_spare",
         "_staged",
         "_top",
+        "_waiting",
         "verify_top",
     )
 
@@ -260,6 +263,10 @@ class KvSummary:
         """Source being built -> (its build table's id, its pool's id)."""
         self._spare: list[int] = []
         """Build table ids free for the next begin_snapshot."""
+        self._waiting: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        """Build table id -> entries its steps left homeless (rows both full after a few _shift
+        passes), carried into its next step's passes and placed by commit_snapshot: a step's
+        passes over a few dozen entries are mostly fixed cost."""
         self._alt_cache: dict[int, np.ndarray] = {}
         """Bucket count -> alt(fingerprint) mod it for every fingerprint (see _alt_rows)."""
 
@@ -314,6 +321,7 @@ class KvSummary:
         return base
 
     def _release(self, p: int) -> None:
+        self._waiting.pop(p, None)
         rows = int(self._nb[p])
         if rows and self._map is not None:
             self._give_back(int(self._base[p]), rows)
@@ -437,15 +445,27 @@ class KvSummary:
         if h.size > 1:  # distinct within the slice (sorted; np.unique cost twice as much)
             h = np.sort(h)
             h = h[np.concatenate(([True], h[1:] != h[:-1]))]
-        while (
-            int(self._count[s]) + h.size > MAX_LOAD * SLOTS * int(self._nb[s])
-            and int(self._lost[s]) < MAX_LOST
+        waiting = self._waiting.get(s)
+        if int(self._count[s]) + (waiting[0].size if waiting else 0) + h.size > MAX_LOAD * SLOTS * int(
+            self._nb[s]
         ):
-            self._double(s)
+            self._settle_waiting(s)
+            while (
+                int(self._count[s]) + h.size > MAX_LOAD * SLOTS * int(self._nb[s])
+                and int(self._lost[s]) < MAX_LOST
+            ):
+                self._double(s)
         b1, b2, v = self._locate(s, h)
         # Vector passes over the slice (_bulk), not _place's cuckoo rounds per entry (which were
-        # most of a stepped snapshot's cost).
-        self._bulk(s, b1, b2, v)
+        # most of a stepped snapshot's cost); the few left homeless wait for the next step.
+        self._bulk(s, b1, b2, v, carry=True)
+
+    def _settle_waiting(self, s: int) -> None:
+        """Places the entries a build's steps left homeless (before it doubles or is committed)."""
+        waiting = self._waiting.pop(s, None)
+        if waiting is not None:
+            self._count[s] -= waiting[0].size
+            self._bulk(s, *waiting)
 
     def remove_blocks(self, source: str, keys: np.ndarray) -> None:
         """Nothing: a source's blocks are its pool's, which keeps them while another source of the
@@ -458,6 +478,7 @@ class KvSummary:
         if staged is None:
             raise ValueError(f"no snapshot is being built under {source!r}")
         s, p = staged
+        self._settle_waiting(s)
         self._fold()  # logged deltas were for the table being replaced
         if self._nb[p]:
             self._release(p)
@@ -585,7 +606,7 @@ class KvSummary:
             cut = slice(at, at + step)
             self._settle(p[cut], ga[cut], v[cut], gb[cut], vb[cut])
 
-    def _bulk(self, p: int, b1: np.ndarray, b2: np.ndarray, v: np.ndarray) -> None:
+    def _bulk(self, p: int, b1: np.ndarray, b2: np.ndarray, v: np.ndarray, *, carry: bool = False) -> None:
         """Puts distinct absent entries into pool p's table (any fill) in a bounded number of
         vector passes over the whole batch, no round per entry (see _greedy and _shift); the
         rare rest go the generic way (_place: cuckoo evictions). Where an entry lands does not
@@ -598,9 +619,18 @@ class KvSummary:
         index = np.int32 if nb < 1 << 31 else np.int64
         a, b = b1.astype(index), b2.astype(index)
         a, b, v = self._greedy(region, a, b, v, fresh=int(self._count[p]) == 0)
+        if carry:  # a build's step: the entries earlier steps left join this step's few passes
+            waiting = self._waiting.pop(p, None)
+            if waiting is not None:
+                a, b, v = (np.concatenate((x, y)) for x, y in zip(waiting, (a, b, v), strict=True))
         if a.size:
-            a, b, v = self._shift(region, a, b, v)
+            a, b, v = self._shift(region, a, b, v, CARRY_PASSES if carry else SHIFT_PASSES)
         self._count[p] += b1.size - a.size
+        if carry:
+            if a.size:  # counted as entries (the table's load), placed by a later step
+                self._waiting[p] = (a, b, v)
+                self._count[p] += a.size
+            return
         if a.size:
             self._place(np.full(a.size, p, np.int64), a.astype(np.int64), b.astype(np.int64), v)
 
@@ -659,7 +689,7 @@ class KvSummary:
         )
 
     def _shift(
-        self, region: np.ndarray, a: np.ndarray, b: np.ndarray, v: np.ndarray
+        self, region: np.ndarray, a: np.ndarray, b: np.ndarray, v: np.ndarray, passes: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Places entries whose two rows were full, all at once a pass, for SHIFT_PASSES passes:
         an entry whose row has room now takes it; else one of the four entries in its rows whose
@@ -676,7 +706,7 @@ class KvSummary:
         cols = np.array([0, 1, 0, 1], np.int64)
         only = np.full(a.size, -1, np.int8)  # a kicked entry's row to kick from: 0 a, 1 b, -1 either
         alt = self._alt_rows(nb)
-        for _ in range(SHIFT_PASSES):
+        for _ in range(passes):
             m = a.size
             if not m:
                 break
