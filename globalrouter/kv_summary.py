@@ -182,6 +182,7 @@ class KvSummary:
         "_lost",
         "_map",
         "_nb",
+        "_owner",
         "_pool_ids",
         "_pool_names",
         "_pool_of",
@@ -267,6 +268,9 @@ class KvSummary:
         """Build table id -> entries its steps left homeless (rows both full after a few _shift
         passes), carried into its next step's passes and placed by commit_snapshot: a step's
         passes over a few dozen entries are mostly fixed cost."""
+        self._owner = np.zeros(0, np.int32)
+        """Scratch of _greedy and _shift, a cell per row of the largest table placed into (kept:
+        a fresh array's pages cost a fault each on first touch, most of a small step's time)."""
         self._alt_cache: dict[int, np.ndarray] = {}
         """Bucket count -> alt(fingerprint) mod it for every fingerprint (see _alt_rows)."""
 
@@ -618,7 +622,11 @@ class KvSummary:
         region = self._slots[base : base + nb]
         index = np.int32 if nb < 1 << 31 else np.int64
         a, b = b1.astype(index), b2.astype(index)
-        a, b, v = self._greedy(region, a, b, v, fresh=int(self._count[p]) == 0)
+        fresh = int(self._count[p]) == 0
+        # A step's slice into a filled table: one pass (few entries share a row), the rest go to
+        # _shift, which places into rows with room too: fewer passes of fixed cost.
+        passes = GREEDY_PASSES if fresh or not carry else 1
+        a, b, v = self._greedy(region, a, b, v, fresh=fresh, passes=passes)
         if carry:  # a build's step: the entries earlier steps left join this step's few passes
             waiting = self._waiting.pop(p, None)
             if waiting is not None:
@@ -634,20 +642,27 @@ class KvSummary:
         if a.size:
             self._place(np.full(a.size, p, np.int64), a.astype(np.int64), b.astype(np.int64), v)
 
-    @staticmethod
+    def _scratch(self, rows: int) -> np.ndarray:
+        """The `owner` scratch of at least `rows` cells (stale values: only cells written in a
+        pass are read in it)."""
+        if self._owner.size < rows:
+            self._owner = np.zeros(rows, np.int32)
+        return self._owner
+
     def _greedy(
-        region: np.ndarray, a: np.ndarray, b: np.ndarray, v: np.ndarray, *, fresh: bool
+        self, region: np.ndarray, a: np.ndarray, b: np.ndarray, v: np.ndarray, *, fresh: bool, passes: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Puts each entry (rows a and b of `region`, first-row slot value v) into the emptier of
         its two rows (ties by a fingerprint bit, so a fresh table fills both ways), all at once:
         one entry per row a pass (the `owner` scatter picks it), the others again next pass.
-        Returns the entries whose rows were both full (about 5% at a load of 0.75)."""
+        Returns the entries not placed in `passes` passes (those whose rows were both full:
+        about 5% of a fresh table's at a load of 0.75)."""
         words = region.view(np.uint32).reshape(-1)  # a row's two slots as one word
         flat = region.reshape(-1)
-        owner = np.empty(words.size, np.int32)  # scratch: only cells written this pass are read
+        owner = self._scratch(words.size)
         homeless: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         first = fresh
-        for _ in range(GREEDY_PASSES):
+        for _ in range(passes):
             if not a.size:
                 break
             me = np.arange(a.size, dtype=np.int32)
@@ -700,7 +715,7 @@ class KvSummary:
         nb = region.shape[0]
         words = region.view(np.uint32).reshape(-1)
         flat = region.reshape(-1)
-        owner = np.empty(nb, np.int32)
+        owner = self._scratch(nb)
         rng = np.random.default_rng(a.size)
         wide = a.dtype.type
         cols = np.array([0, 1, 0, 1], np.int64)
