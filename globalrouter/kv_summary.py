@@ -82,6 +82,11 @@ VERIFY_TOP = 8
 WAVE = 4096
 WAVES = 16
 """Batches above WAVE keys are placed in WAVES waves (see _place)."""
+GROW_ROWS = 4096
+"""Rows of a growing table's old one a write to it moves at least (about 0.5 ms; see _grow)."""
+GROW_PACE = 4
+"""Old rows moved per block a write places, so that a growth ends long before the new table
+fills (it starts at a load of 0.4 and has room for another old table's worth)."""
 GREEDY_PASSES = 8
 """Passes of _greedy (one entry per row a pass; 1,000,000 blocks into a fresh table took 5)."""
 SHIFT_PASSES = 48
@@ -170,6 +175,7 @@ class KvSummary:
         "_alt_cache",
         "_base",
         "_count",
+        "_cursor",
         "_doublings",
         "_dropped",
         "_feeder",
@@ -187,6 +193,7 @@ class KvSummary:
         "_pool_names",
         "_pool_of",
         "_pool_sources",
+        "_shadow",
         "_skipped",
         "_slots",
         "_source_pool",
@@ -268,6 +275,11 @@ class KvSummary:
         """Build table id -> entries its steps left homeless (rows both full after a few _shift
         passes), carried into its next step's passes and placed by commit_snapshot: a step's
         passes over a few dozen entries are mostly fixed cost."""
+        self._shadow: dict[int, int] = {}
+        """Pool id -> the hidden id of its table before a growth in progress (see _begin_growth):
+        its rows not yet moved, read with the pool's new table, counted in the pool's _count."""
+        self._cursor: dict[int, int] = {}
+        """Pool id -> the first row of its old table not yet moved (rows before it are empty)."""
         self._owner = np.zeros(0, np.int32)
         """Scratch of _greedy and _shift, a cell per row of the largest table placed into (kept:
         a fresh array's pages cost a fault each on first touch, most of a small step's time)."""
@@ -326,6 +338,11 @@ class KvSummary:
 
     def _release(self, p: int) -> None:
         self._waiting.pop(p, None)
+        old = self._shadow.pop(p, None)
+        if old is not None:
+            del self._cursor[p]
+            self._release(old)
+            self._spare.append(old)
         rows = int(self._nb[p])
         if rows and self._map is not None:
             self._give_back(int(self._base[p]), rows)
@@ -556,7 +573,27 @@ class KvSummary:
 
     # ---- table operations ----------------------------------------------------------------------
     def _held(self, p: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """Whether pool p[i] holds mixed hash h[i] (up to false positives)."""
+        """Whether pool p[i] holds mixed hash h[i] (up to false positives): in its table, or in
+        the rows of its old one not yet moved when it is growing."""
+        out = self._in_table(p, h)
+        if self._shadow:
+            grows, old = self._old_of(p)
+            if grows.size:
+                out[grows] |= self._in_table(old, h[grows])
+        return out
+
+    def _old_of(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(indexes i of p whose pool is growing, the hidden id of each one's old table)."""
+        ids = np.fromiter(self._shadow, np.int64, len(self._shadow))
+        olds = np.fromiter(self._shadow.values(), np.int64, len(self._shadow))
+        grows = np.flatnonzero(np.isin(p, ids))
+        if not grows.size:
+            return grows, grows
+        order = np.argsort(ids)
+        return grows, olds[order][np.searchsorted(ids[order], p[grows])]
+
+    def _in_table(self, p: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """Whether table p[i] itself holds mixed hash h[i] (up to false positives)."""
         b1, b2, v = self._locate(p, h)
         base = self._base[p]
         slots = self._slots
@@ -566,7 +603,27 @@ class KvSummary:
         return out
 
     def _erase(self, p: np.ndarray, h: np.ndarray) -> None:
-        """Removes one entry per (p, h) pair where present (distinct pairs)."""
+        """Removes one entry per (p, h) pair where present (distinct pairs): from a growing pool's
+        old rows not yet moved where there, else from its table. (A pair whose fingerprint and
+        row match another block's entry in the old rows takes that one instead: the two read
+        the same before and after the growth, the entry's new form being a function of its old.)"""
+        if self._shadow and p.size:
+            grows, old = self._old_of(p)
+            if grows.size:
+                there = self._in_table(old, h[grows])
+                at, old = grows[there], old[there]
+                if at.size:
+                    self._erase_in(old, h[at])
+                    for q, o in set(zip(p[at].tolist(), old.tolist(), strict=True)):
+                        self._count[q] += self._count[o]  # the pool counts its old rows' entries
+                        self._count[o] = 0
+                    keep = np.ones(p.size, bool)
+                    keep[at] = False
+                    p, h = p[keep], h[keep]
+        self._erase_in(p, h)
+
+    def _erase_in(self, p: np.ndarray, h: np.ndarray) -> None:
+        """Removes one entry per (p, h) pair from table p where present (distinct pairs)."""
         if not p.size:
             return
         b1, b2, v = self._locate(p, h)
@@ -846,24 +903,72 @@ class KvSummary:
                 p, ga, gb, va, vb = p[left], ga[left], gb[left], va[left], vb[left]
 
     def _double(self, p: int) -> None:
-        """Rebuilds pool p's table at twice the buckets from its entries alone (see the module
-        docstring: one fingerprint bit becomes a bucket bit)."""
-        nb, base, lost = int(self._nb[p]), int(self._base[p]), int(self._lost[p])
-        region = self._slots[base : base + nb]
-        rows, cols = np.nonzero(region)
-        val = region[rows, cols].astype(np.uint64)
-        fp, alt = val >> np.uint64(1), (val & np.uint64(1)).astype(bool)
-        bucket = rows.astype(np.int64)
-        first = np.where(alt, (self._alt(fp) % np.uint64(nb)).astype(np.int64) - bucket, bucket) % nb
-        b1 = 2 * first + (fp >> np.uint64(FP_BITS - 1)).astype(np.int64)
-        fp = (fp << np.uint64(1)) & _FP_MASK
-        self._release(p)
+        """Doubles table p at once (a snapshot being built, `expect`): see _begin_growth."""
+        if p in self._shadow:
+            self._grow(p, 0)
+        self._begin_growth(p)
+        self._grow(p, 0)
+
+    def _begin_growth(self, p: int) -> None:
+        """Starts doubling pool p's table: its rows become a hidden table of their own (the old
+        one), the pool gets a new table of twice the buckets, which new entries go to; `_grow`
+        moves the old rows' entries a slice at a time (see the module docstring: one fingerprint
+        bit becomes a bucket bit), reads look at both until the last slice. O(1) but for the
+        new region's pages."""
+        old = self._spare.pop() if self._spare else self._new_table("")
+        nb = int(self._nb[p])
+        self._base[old], self._nb[old], self._lost[old] = self._base[p], nb, self._lost[p]
+        self._count[old] = 0  # the pool counts the entries of both tables
         self._base[p] = self._alloc(2 * nb)
         self._nb[p] = 2 * nb
-        self._lost[p] = lost + 1
-        b1, b2, v = self._finish(p, b1, fp)
-        self._bulk(p, b1, b2, v)  # a fresh region: vector passes, not cuckoo rounds
+        self._lost[p] += 1
+        self._shadow[p] = old
+        self._cursor[p] = 0
         self._doublings += 1
+
+    def _grow(self, p: int, rows: int) -> None:
+        """Moves the entries of the next `rows` rows (all when 0) of pool p's old table into its
+        new one, emptying them; the old table goes with its last row."""
+        old, at = self._shadow[p], self._cursor[p]
+        nb, base = int(self._nb[old]), int(self._base[old])
+        end = nb if rows <= 0 else min(nb, at + rows)
+        region = self._slots[base + at : base + end]
+        r, cols = np.nonzero(region)
+        val = region[r, cols].astype(np.uint64)
+        region[:] = 0
+        self._cursor[p] = end
+        if val.size:
+            fp, alt = val >> np.uint64(1), (val & np.uint64(1)).astype(bool)
+            bucket = r.astype(np.int64) + at
+            first = np.where(alt, self._alt_rows(nb)[fp] - bucket, bucket)
+            first[first < 0] += nb
+            b1 = 2 * first + (fp >> np.uint64(FP_BITS - 1)).astype(np.int64)
+            fp = (fp << np.uint64(1)) & _FP_MASK
+            b1, b2, v = self._finish(p, b1, fp)
+            self._count[p] -= val.size  # counted again as they are placed
+            self._bulk(p, b1, b2, v)
+        if end == nb:
+            del self._shadow[p], self._cursor[p]
+            self._release(old)
+            self._spare.append(old)
+
+    def growing(self) -> bool:
+        """Whether a table is growing (`grow_step` moves it on)."""
+        return bool(self._shadow)
+
+    def grow_step(self, rows: int) -> bool:
+        """Moves about `rows` rows (all when 0) of growing tables' old ones into their new ones
+        (the telemetry ingest's steps call it between other work); returns whether any is left."""
+        left = rows
+        while self._shadow and (rows <= 0 or left > 0):
+            p = next(iter(self._shadow))
+            before = self._cursor[p]
+            self._grow(p, left if rows > 0 else 0)
+            if p in self._cursor:
+                left -= self._cursor[p] - before
+            else:
+                break  # one table's end a step: its region's release is part of the work
+        return bool(self._shadow)
 
     def _fill(self, p: int, keys: np.ndarray) -> None:
         """Replaces pool p's table with one holding `keys` (sized for them, full precision)."""
@@ -872,7 +977,7 @@ class KvSummary:
             h = np.sort(h)
             h = h[np.concatenate(([True], h[1:] != h[:-1]))]
         want = max(self._buckets_for(int(h.size)), self._floor[p])
-        if int(self._nb[p]) == want and int(self._lost[p]) == 0:
+        if int(self._nb[p]) == want and int(self._lost[p]) == 0 and p not in self._shadow:
             base = int(self._base[p])
             self._slots[base : base + want] = 0
             self._count[p] = 0
@@ -982,13 +1087,19 @@ class KvSummary:
             return
         # No probe for a new block: a match is another block's entry (a set of fingerprints, which
         # skipped it, lost it when that other block went: a false negative). Double the pools these inserts would take past MAX_LOAD before placing them.
-        need = self._count + np.bincount(p, minlength=self._count.size)
+        written = np.bincount(p, minlength=self._count.size)
+        need = self._count + written
         over = np.flatnonzero(need > MAX_LOAD * SLOTS * self._nb)
         for q in over.tolist():
             while int(need[q]) > MAX_LOAD * SLOTS * int(self._nb[q]) and int(self._lost[q]) < MAX_LOST:
-                self._double(q)
+                if q in self._shadow:  # a second growth before the first ended: rare, at once
+                    self._grow(q, 0)
+                self._begin_growth(q)
         b1, b2, v = self._locate(p, h)
         self._place(p, b1, b2, v)
+        # Growths move on with the writes to their pools (and the ingest's steps, grow_step).
+        for q in [q for q in self._shadow if written[q]]:
+            self._grow(q, GROW_ROWS + GROW_PACE * int(written[q]))
 
     # ---- readers -------------------------------------------------------------------------------
     def sources(self) -> list[str]:
@@ -1187,11 +1298,15 @@ class _Probe:
         self._pools = pools
         self._h = h
         self._base = s._base[pools]
+        self._flat: np.ndarray | None = None
+        if s._shadow and np.isin(pools, np.fromiter(s._shadow, np.int64, len(s._shadow))).any():
+            self._one = False
+            return  # a growing pool's probes read two tables (KvSummary._held)
         key = s._nb[pools] * 64 + s._lost[pools]
         first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
         self._one = first.size == 1
         if self._one:  # one size (the usual fleet): no grouping needed
-            self._flat: np.ndarray | None = np.zeros(pools.size, np.int64)
+            self._flat = np.zeros(pools.size, np.int64)
             reps = pools[:1]
         else:
             groups, where, inverse = np.unique(key, return_index=True, return_inverse=True)
