@@ -28,8 +28,20 @@ from its slot, and the product with twice the buckets is twice the old one plus 
 so the first bucket gains the fingerprint's top bit and the fingerprint loses its lowest bit (the
 pool's `lost` bits, masked on every later probe too; a snapshot rebuilds at full precision).
 Tables are sized from the snapshot or from the pool's KV capacity (`expect`: load reports carry
-kv_blocks_total) so that doubling is the exception; past MAX_LOST doublings, blocks that find no
-room are dropped and counted (false negatives) until the next snapshot.
+kv_blocks_total) so that doubling is the exception (a snapshot never doubles its table); past
+MAX_LOST doublings, blocks that find no room are dropped and counted (false negatives) until the
+next snapshot. A doubling that deltas start runs a slice at a time (_begin_growth, _grow): the old
+rows become a hidden table, new entries go to the new one, each later write to the pool and each
+of the telemetry ingest's steps (grow_step) moves a slice of old rows, and reads look at both
+until the last slice (an entry not moved yet answers with its full fingerprint).
+
+Bulk placement (a snapshot, a build's step, a doubling's slice: _bulk) is a few vector passes over
+the whole batch, not a round per entry: each entry to the emptier of its rows, one per row a pass
+(_greedy; about 5% of a fresh table's find both rows full at a load of 0.75), then those moved in
+with one step of look-ahead (one of the four entries in their rows moves to its other row) or a
+random eviction, all at once a pass (_shift); the rare rest go to _place's cuckoo rounds. Where
+an entry lands never changes an answer: a probe matches its (first bucket, fingerprint) pair in
+whichever of its two rows it is.
 
 Longest cached prefix: chained hashes make membership mostly monotone along a prompt, so every
 pool is binary-searched at once (one vectorised probe of all still-searching pools per step,
