@@ -270,12 +270,15 @@ def compare_main(args) -> int:
     msgs = [chunks(h, 1) for h in snapshots]
     ms = 1e3
     rows = []
-    for state in ("exact", "summary"):
+    ones: list[str] = []
+    for state in ("summary",) if args.summary_only else ("exact", "summary"):
         codes: list[tuple] = []
         for label, module in (
             ("before", load_old(args.compare, "kv_index" if state == "exact" else "kv_summary")),
             ("after", kv_index if state == "exact" else sys.modules[KvSummary.__module__]),
         ):
+            if state == "summary" and not hasattr(module.KvSummary, "growing"):
+                module.KvSummary.growing = lambda self: False  # DIR's has no stepped growth
             index = module.KvIndex() if state == "exact" else module.KvSummary()
             for k, h in enumerate(background):
                 index.apply_snapshot(f"bg-{k}/r", h)
@@ -292,6 +295,20 @@ def compare_main(args) -> int:
                 blocks.append(block)
                 ingest.close(stream)
                 run_steps(ingest, args.step)
+        if state == "summary":  # the one-call path (apply_snapshot from a numpy array), interleaved
+            one: dict[str, list[float]] = {label: [] for label, *_ in codes}
+            for r in range(args.repeat):
+                for label, index, *_ in codes:
+                    t = time.thread_time()
+                    index.apply_snapshot(f"one-{r}/r", snapshots[r])
+                    one[label].append(time.thread_time() - t)
+                    index.drop_source(f"one-{r}/r")
+            for label, took in one.items():
+                ones.append(
+                    f"| summary, one call (`apply_snapshot`) | {label} | {np.median(took) * ms:.0f} ms | "
+                    f"{min(took) * ms:.0f} ms | {max(took) * ms:.0f} ms |"
+                )
+                print(ones[-1], flush=True)
         for label, _index, _ingest, totals, blocks in codes:
             rows.append(
                 f"| {state} | {label} | {np.median(totals) * ms:.0f} ms | {min(totals) * ms:.0f} ms | "
@@ -302,13 +319,16 @@ def compare_main(args) -> int:
         gc.collect()
     lines = [
         f"Command: `.venv/bin/python -m bench.bench_snapshot_apply --compare DIR --repeat {args.repeat} --blocks "
-        f"{args.blocks} --pools {args.pools} --background {args.background} --step {args.step}` (DIR: `git archive "
+        f"{args.blocks} --pools {args.pools} --background {args.background} --step {args.step}"
+        + (" --summary-only" if args.summary_only else "")
+        + "` (DIR: `git archive "
         f"main`); machine: {platform.machine()}, Python {sys.version.split()[0]}, 2 shared cores. CPU time of this "
         f"thread for all chunks' receives and steps of one {args.blocks:,}-block snapshot, rounds interleaved.",
         "",
         "| KV state | code | CPU per snapshot, median | best | longest loop block |",
         "|---|---|---:|---:|---:|",
         *rows,
+        *ones,
     ]
     text = "\n".join(lines) + "\n"
     print(text)
@@ -363,6 +383,7 @@ def main() -> int:
     parser.add_argument("--old-src", default="", help="with --growth: a checkout whose KvIndex is 'before'")
     parser.add_argument("--compare", default="", help="compare snapshot CPU with this checkout's code")
     parser.add_argument("--repeat", type=int, default=5, help="with --compare: rounds")
+    parser.add_argument("--summary-only", action="store_true", help="with --compare: KvSummary alone")
     parser.add_argument(
         "--kv-state", choices=("exact", "summary"), default="exact", help="KvIndex or KvSummary"
     )
