@@ -99,6 +99,10 @@ GROW_ROWS = 4096
 GROW_PACE = 4
 """Old rows moved per block a write places, so that a growth ends long before the new table
 fills (it starts at a load of 0.4 and has room for another old table's worth)."""
+ZERO_ROWS = 1 << 18
+"""Rows (1 MiB) of a growth's new region a write or step zeroes at least (see _fresh)."""
+PREP_LOAD = 0.86
+"""A growing table's load while its new region is zeroed (past it, the rest is zeroed at once)."""
 GREEDY_PASSES = 8
 """Passes of _greedy (one entry per row a pass; 1,000,000 blocks into a fresh table took 5)."""
 SHIFT_PASSES = 48
@@ -193,6 +197,7 @@ class KvSummary:
         "_feeder",
         "_floor",
         "_free",
+        "_fresh",
         "_garbage",
         "_hidden",
         "_log_keys",
@@ -290,6 +295,11 @@ class KvSummary:
         self._shadow: dict[int, int] = {}
         """Pool id -> the hidden id of its table before a growth in progress (see _begin_growth):
         its rows not yet moved, read with the pool's new table, counted in the pool's _count."""
+        self._fresh: dict[int, tuple[int, int]] = {}
+        """Pool id -> (first row, rows zeroed so far) of the region its table's growth will move
+        into (mapped arena): zeroed a slice at a time first (a fresh region's pages cost a fault
+        each on first touch: 10 ms for the 21 MB of a 4,000,000-block table's), the pool's table
+        taking writes meanwhile (up to PREP_LOAD)."""
         self._cursor: dict[int, int] = {}
         """Pool id -> the first row of its old table not yet moved (rows before it are empty)."""
         self._owner = np.zeros(0, np.int32)
@@ -332,7 +342,7 @@ class KvSummary:
             top += n
         self._slots, self._top, self._garbage = new, top, 0
 
-    def _alloc_mapped(self, buckets: int) -> int:
+    def _alloc_mapped(self, buckets: int, zero: bool = True) -> int:
         free = self._free
         base = next((b for b, n in free.items() if n >= buckets), None)  # first fit
         if base is not None:
@@ -345,11 +355,15 @@ class KvSummary:
             if base + buckets > len(self._slots):
                 raise MemoryError(f"KvSummary arena: {ARENA_SPACE} bytes of address space used up")
             self._top += buckets
-        self._slots[base : base + buckets] = 0
+        if zero:
+            self._slots[base : base + buckets] = 0
         return base
 
     def _release(self, p: int) -> None:
         self._waiting.pop(p, None)
+        fresh = self._fresh.pop(p, None)
+        if fresh is not None:
+            self._give_back(fresh[0], 2 * int(self._nb[p]))
         old = self._shadow.pop(p, None)
         if old is not None:
             del self._cursor[p]
@@ -918,10 +932,34 @@ class KvSummary:
         """Doubles table p at once (a snapshot being built, `expect`): see _begin_growth."""
         if p in self._shadow:
             self._grow(p, 0)
-        self._begin_growth(p)
+        if p in self._fresh:
+            self._prepare(p, 0)
+        else:
+            self._begin_growth(p)
         self._grow(p, 0)
 
-    def _begin_growth(self, p: int) -> None:
+    def _start_growth(self, p: int) -> None:
+        """Starts pool p's growth: its new region is zeroed a slice at a time first (mapped
+        arena; _prepare), then its entries move (_begin_growth)."""
+        if self._map is None:
+            self._begin_growth(p)
+            return
+        self._fresh[p] = (self._alloc_mapped(2 * int(self._nb[p]), zero=False), 0)
+
+    def _prepare(self, p: int, rows: int) -> None:
+        """Zeroes the next `rows` rows (all when 0) of pool p's new region; the last slice starts
+        the move."""
+        base, done = self._fresh[p]
+        total = 2 * int(self._nb[p])
+        end = total if rows <= 0 else min(total, done + rows)
+        self._slots[base + done : base + end] = 0
+        if end < total:
+            self._fresh[p] = (base, end)
+            return
+        del self._fresh[p]
+        self._begin_growth(p, base)
+
+    def _begin_growth(self, p: int, base: int | None = None) -> None:
         """Starts doubling pool p's table: its rows become a hidden table of their own (the old
         one), the pool gets a new table of twice the buckets, which new entries go to; `_grow`
         moves the old rows' entries a slice at a time (see the module docstring: one fingerprint
@@ -931,7 +969,7 @@ class KvSummary:
         nb = int(self._nb[p])
         self._base[old], self._nb[old], self._lost[old] = self._base[p], nb, self._lost[p]
         self._count[old] = 0  # the pool counts the entries of both tables
-        self._base[p] = self._alloc(2 * nb)
+        self._base[p] = self._alloc(2 * nb) if base is None else base
         self._nb[p] = 2 * nb
         self._lost[p] += 1
         self._shadow[p] = old
@@ -966,12 +1004,16 @@ class KvSummary:
 
     def growing(self) -> bool:
         """Whether a table is growing (`grow_step` moves it on)."""
-        return bool(self._shadow)
+        return bool(self._shadow or self._fresh)
 
     def grow_step(self, rows: int) -> bool:
         """Moves about `rows` rows (all when 0) of growing tables' old ones into their new ones
         (the telemetry ingest's steps call it between other work); returns whether any is left."""
         left = rows
+        if self._fresh:  # a region to zero first: a slice of it is this step
+            p = next(iter(self._fresh))
+            self._prepare(p, 0 if rows <= 0 else max(ZERO_ROWS, rows * 8))
+            return self.growing()
         while self._shadow and (rows <= 0 or left > 0):
             p = next(iter(self._shadow))
             before = self._cursor[p]
@@ -980,7 +1022,7 @@ class KvSummary:
                 left -= self._cursor[p] - before
             else:
                 break  # one table's end a step: its region's release is part of the work
-        return bool(self._shadow)
+        return self.growing()
 
     def _fill(self, p: int, keys: np.ndarray) -> None:
         """Replaces pool p's table with one holding `keys` (sized for them, full precision)."""
@@ -1104,13 +1146,20 @@ class KvSummary:
         over = np.flatnonzero(need > MAX_LOAD * SLOTS * self._nb)
         for q in over.tolist():
             while int(need[q]) > MAX_LOAD * SLOTS * int(self._nb[q]) and int(self._lost[q]) < MAX_LOST:
+                if q in self._fresh:  # its new region is being zeroed: the table takes these
+                    if int(need[q]) <= PREP_LOAD * SLOTS * int(self._nb[q]):
+                        break
+                    self._prepare(q, 0)  # past PREP_LOAD: the rest at once (a burst)
+                    continue
                 if q in self._shadow:  # a second growth before the first ended: rare, at once
                     self._grow(q, 0)
-                self._begin_growth(q)
+                self._start_growth(q)
         b1, b2, v = self._locate(p, h)
         self._place(p, b1, b2, v)
         # Growths move on with the writes to their pools (and the ingest's steps, grow_step).
-        for q in [q for q in self._shadow if written[q]]:
+        for q in [q for q in self._fresh if written[q]]:
+            self._prepare(q, ZERO_ROWS + 8 * GROW_PACE * int(written[q]))
+        for q in [q for q in self._shadow if written[q] and q in self._cursor]:
             self._grow(q, GROW_ROWS + GROW_PACE * int(written[q]))
 
     # ---- readers -------------------------------------------------------------------------------
