@@ -101,8 +101,8 @@ GROW_PACE = 4
 fills (it starts at a load of 0.4 and has room for another old table's worth)."""
 ZERO_ROWS = 1 << 18
 """Rows (1 MiB) of a growth's new region a write or step zeroes at least (see _fresh)."""
-PREP_LOAD = 0.86
-"""A growing table's load while its new region is zeroed (past it, the rest is zeroed at once)."""
+ASIDE = 65536
+"""Blocks a pool may set aside while its new region is zeroed (past them, the rest at once)."""
 GREEDY_PASSES = 8
 """Passes of _greedy (one entry per row a pass; 1,000,000 blocks into a fresh table took 5)."""
 SHIFT_PASSES = 48
@@ -189,6 +189,7 @@ class KvSummary:
 
     __slots__ = (
         "_alt_cache",
+        "_aside",
         "_base",
         "_count",
         "_cursor",
@@ -300,6 +301,10 @@ class KvSummary:
         into (mapped arena): zeroed a slice at a time first (a fresh region's pages cost a fault
         each on first touch: 10 ms for the 21 MB of a 4,000,000-block table's), the pool's table
         taking writes meanwhile (up to PREP_LOAD)."""
+        self._aside: dict[int, np.ndarray] = {}
+        """Pool id -> mixed hashes stored while its new region is zeroed (a table at MAX_LOAD
+        places an entry in cuckoo walks: 64 took 3 to 5 ms), read as held, placed in the new
+        table when the move starts."""
         self._cursor: dict[int, int] = {}
         """Pool id -> the first row of its old table not yet moved (rows before it are empty)."""
         self._owner = np.zeros(0, np.int32)
@@ -361,6 +366,7 @@ class KvSummary:
 
     def _release(self, p: int) -> None:
         self._waiting.pop(p, None)
+        self._aside.pop(p, None)
         fresh = self._fresh.pop(p, None)
         if fresh is not None:
             self._give_back(fresh[0], 2 * int(self._nb[p]))
@@ -602,6 +608,10 @@ class KvSummary:
         """Whether pool p[i] holds mixed hash h[i] (up to false positives): in its table, or in
         the rows of its old one not yet moved when it is growing."""
         out = self._in_table(p, h)
+        for q, aside in self._aside.items():
+            mine = p == q
+            if mine.any():
+                out[mine] |= np.isin(h[mine], aside)
         if self._shadow:
             grows, old = self._old_of(p)
             if grows.size:
@@ -633,6 +643,16 @@ class KvSummary:
         old rows not yet moved where there, else from its table. (A pair whose fingerprint and
         row match another block's entry in the old rows takes that one instead: the two read
         the same before and after the growth, the entry's new form being a function of its old.)"""
+        for q in [q for q in self._aside if p.size and (p == q).any()]:
+            aside, mine = self._aside[q], np.flatnonzero(p == q)
+            there = np.isin(h[mine], aside)
+            if there.any():
+                # one entry per pair: a block set aside once (the fold's net transitions)
+                self._aside[q] = aside[~np.isin(aside, h[mine][there])]
+                self._count[q] -= aside.size - self._aside[q].size
+                keep = np.ones(p.size, bool)
+                keep[mine[there]] = False
+                p, h = p[keep], h[keep]
         if self._shadow and p.size:
             grows, old = self._old_of(p)
             if grows.size:
@@ -958,6 +978,10 @@ class KvSummary:
             return
         del self._fresh[p]
         self._begin_growth(p, base)
+        aside = self._aside.pop(p, None)
+        if aside is not None and aside.size:
+            self._count[p] -= aside.size  # counted again as they are placed
+            self._bulk(p, *self._locate(p, aside))
 
     def _begin_growth(self, p: int, base: int | None = None) -> None:
         """Starts doubling pool p's table: its rows become a hidden table of their own (the old
@@ -1031,7 +1055,12 @@ class KvSummary:
             h = np.sort(h)
             h = h[np.concatenate(([True], h[1:] != h[:-1]))]
         want = max(self._buckets_for(int(h.size)), self._floor[p])
-        if int(self._nb[p]) == want and int(self._lost[p]) == 0 and p not in self._shadow:
+        if (
+            int(self._nb[p]) == want
+            and not int(self._lost[p])
+            and p not in self._shadow
+            and p not in self._fresh
+        ):
             base = int(self._base[p])
             self._slots[base : base + want] = 0
             self._count[p] = 0
@@ -1146,14 +1175,24 @@ class KvSummary:
         over = np.flatnonzero(need > MAX_LOAD * SLOTS * self._nb)
         for q in over.tolist():
             while int(need[q]) > MAX_LOAD * SLOTS * int(self._nb[q]) and int(self._lost[q]) < MAX_LOST:
-                if q in self._fresh:  # its new region is being zeroed: the table takes these
-                    if int(need[q]) <= PREP_LOAD * SLOTS * int(self._nb[q]):
+                if q in self._fresh:  # its new region is being zeroed: these are set aside
+                    aside = self._aside.get(q)
+                    if (0 if aside is None else aside.size) + int(written[q]) <= ASIDE and int(
+                        need[q]
+                    ) <= MAX_LOAD * SLOTS * 2 * int(self._nb[q]):
                         break
-                    self._prepare(q, 0)  # past PREP_LOAD: the rest at once (a burst)
+                    self._prepare(q, 0)  # a burst (or more than the new table takes): at once
                     continue
                 if q in self._shadow:  # a second growth before the first ended: rare, at once
                     self._grow(q, 0)
                 self._start_growth(q)
+        if self._fresh:  # tables at MAX_LOAD whose new region is being zeroed: set aside
+            aside = np.isin(p, np.fromiter(self._fresh, np.int64, len(self._fresh)))
+            for q in np.unique(p[aside]).tolist():
+                mine = h[p == q]
+                self._aside[q] = np.concatenate((self._aside.get(q, mine[:0]), mine))
+                self._count[q] += mine.size
+            p, h = p[~aside], h[~aside]
         b1, b2, v = self._locate(p, h)
         self._place(p, b1, b2, v)
         # Growths move on with the writes to their pools (and the ingest's steps, grow_step).
@@ -1360,7 +1399,8 @@ class _Probe:
         self._h = h
         self._base = s._base[pools]
         self._flat: np.ndarray | None = None
-        if s._shadow and np.isin(pools, np.fromiter(s._shadow, np.int64, len(s._shadow))).any():
+        growing = [*s._shadow, *s._aside]
+        if growing and np.isin(pools, np.array(growing, np.int64)).any():
             self._one = False
             return  # a growing pool's probes read two tables (KvSummary._held)
         key = s._nb[pools] * 64 + s._lost[pools]
