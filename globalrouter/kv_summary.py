@@ -107,6 +107,8 @@ GREEDY_PASSES = 8
 """Passes of _greedy (one entry per row a pass; 1,000,000 blocks into a fresh table took 5)."""
 SHIFT_PASSES = 48
 """Passes of _shift over the entries _greedy left (the rest go to _place's cuckoo rounds)."""
+BUILD_BATCH = 8192
+"""Blocks a build gathers from its steps before placing them (see add_blocks)."""
 CARRY_PASSES = 3
 """_shift passes in a build's step (the rest wait for the next step: see _waiting)."""
 ALT_SIZES = 8
@@ -200,6 +202,7 @@ class KvSummary:
         "_free",
         "_fresh",
         "_garbage",
+        "_gather",
         "_hidden",
         "_log_keys",
         "_log_runs",
@@ -310,6 +313,8 @@ class KvSummary:
         self._owner = np.zeros(0, np.int32)
         """Scratch of _greedy and _shift, a cell per row of the largest table placed into (kept:
         a fresh array's pages cost a fault each on first touch, most of a small step's time)."""
+        self._gather: dict[int, list[np.ndarray]] = {}
+        """Build table id -> slices added and not placed yet (see add_blocks)."""
         self._alt_cache: dict[int, np.ndarray] = {}
         """Bucket count -> alt(fingerprint) mod it for every fingerprint (see _alt_rows)."""
 
@@ -366,6 +371,7 @@ class KvSummary:
 
     def _release(self, p: int) -> None:
         self._waiting.pop(p, None)
+        self._gather.pop(p, None)
         self._aside.pop(p, None)
         fresh = self._fresh.pop(p, None)
         if fresh is not None:
@@ -490,9 +496,23 @@ class KvSummary:
         if source not in self._staged:
             self.begin_snapshot(source, 0)
         s = self._staged[source][0]
-        h = mix(_as_keys(keys))
-        if not h.size:
+        keys = _as_keys(keys)
+        if not keys.size:
             return
+        # Slices are gathered up to BUILD_BATCH blocks: a step's placement is mostly fixed cost
+        # (a hundred numpy calls), and the ingest's steps shrink to 256 blocks on a busy host.
+        parts = self._gather.setdefault(s, [])
+        parts.append(keys)
+        if sum(x.size for x in parts) < BUILD_BATCH:
+            return
+        self._build(s)
+
+    def _build(self, s: int) -> None:
+        """Places the slices gathered for build table s."""
+        parts = self._gather.pop(s, None)
+        if not parts:
+            return
+        h = mix(parts[0] if len(parts) == 1 else np.concatenate(parts))
         # A snapshot's blocks are distinct (a relay's set), so no probe for those already placed:
         # two blocks sharing a fingerprint and a row get an entry each, as in apply_snapshot.
         if h.size > 1:  # distinct within the slice (sorted; np.unique cost twice as much)
@@ -531,6 +551,7 @@ class KvSummary:
         if staged is None:
             raise ValueError(f"no snapshot is being built under {source!r}")
         s, p = staged
+        self._build(s)
         self._settle_waiting(s)
         self._fold()  # logged deltas were for the table being replaced
         if self._nb[p]:

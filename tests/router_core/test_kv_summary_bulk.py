@@ -139,3 +139,22 @@ def test_the_shift_pass_limit_hands_the_rest_to_the_cuckoo_rounds(monkeypatch):
     assert rounds.entries > 0
     p = s._pool_ids["c"]
     assert np.array_equal(_table_keys(s, p), _wanted_keys(s, p, hashes))
+
+
+def test_a_builds_small_steps_are_gathered_before_they_are_placed(monkeypatch):
+    """Steps of 256 blocks (the ingest's smallest, on a busy host) are gathered up to
+    BUILD_BATCH blocks before a placement: a placement's cost is mostly fixed."""
+    calls = []
+    bulk = KvSummary._bulk
+    monkeypatch.setattr(
+        KvSummary, "_bulk", lambda s, p, b1, *r, **k: (calls.append(b1.size), bulk(s, p, b1, *r, **k))
+    )
+    hashes = _keys(40_000, 11)
+    s = KvSummary()
+    s.begin_snapshot("g/r/1#1", hashes.size, "g")
+    for at in range(0, hashes.size, 256):
+        s.add_blocks("g/r/1#1", hashes[at : at + 256])
+    s.commit_snapshot("g/r/1#1")
+    assert len(calls) <= hashes.size // kv_summary.BUILD_BATCH + 2
+    p = s._pool_ids["g"]
+    assert np.array_equal(_table_keys(s, p), _wanted_keys(s, p, hashes))
