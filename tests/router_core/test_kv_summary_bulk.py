@@ -144,11 +144,14 @@ def test_the_shift_pass_limit_hands_the_rest_to_the_cuckoo_rounds(monkeypatch):
 def test_a_builds_small_steps_are_gathered_before_they_are_placed(monkeypatch):
     """Steps of 256 blocks (the ingest's smallest, on a busy host) are gathered up to
     BUILD_BATCH blocks before a placement: a placement's cost is mostly fixed."""
-    calls = []
+    calls: list[int] = []
     bulk = KvSummary._bulk
-    monkeypatch.setattr(
-        KvSummary, "_bulk", lambda s, p, b1, *r, **k: (calls.append(b1.size), bulk(s, p, b1, *r, **k))
-    )
+
+    def counting(s, p, b1, *rest, **kw):
+        calls.append(int(b1.size))
+        return bulk(s, p, b1, *rest, **kw)
+
+    monkeypatch.setattr(KvSummary, "_bulk", counting)
     hashes = _keys(40_000, 11)
     s = KvSummary()
     s.begin_snapshot("g/r/1#1", hashes.size, "g")
