@@ -332,7 +332,7 @@ def compare_main(args) -> int:
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    write_result("snapshot_compare.md", text)
+    write_result("snapshot_compare_summary.md" if args.summary_only else "snapshot_compare.md", text)
     return 0
 
 
