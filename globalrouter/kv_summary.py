@@ -302,8 +302,8 @@ class KvSummary:
         self._fresh: dict[int, tuple[int, int]] = {}
         """Pool id -> (first row, rows zeroed so far) of the region its table's growth will move
         into (mapped arena): zeroed a slice at a time first (a fresh region's pages cost a fault
-        each on first touch: 10 ms for the 21 MB of a 4,000,000-block table's), the pool's table
-        storing meanwhile set aside (_aside)."""
+        each on first touch: 10 ms for the 21 MB of a 4,000,000-block table's), blocks
+        stored meanwhile set aside (_aside)."""
         self._aside: dict[int, np.ndarray] = {}
         """Pool id -> mixed hashes stored while its new region is zeroed (a table at MAX_LOAD
         places an entry in cuckoo walks: 64 took 3 to 5 ms), read as held, placed in the new
