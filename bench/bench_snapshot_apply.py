@@ -21,6 +21,15 @@ code's KvIndex in the same run, fed the same snapshots.
     .venv/bin/python -m bench.bench_snapshot_apply [--blocks 1000000] [--pools 8] [--background 1000000]
     .venv/bin/python -m bench.bench_snapshot_apply --growth 1000000,4000000,8000000,16000000 --old-src DIR
 
+With `--kv-state summary`, `--growth SIZES` measures a pool table's doubling in KvSummary: a pool
+whose SIZE blocks fill its table to just under the doubling threshold takes deltas of 64 new
+blocks (each folded, as a decision's read does), with one ingest step (`grow_step`, 8,192 rows)
+after each while a growth is in progress, until the table has doubled and no growth is left;
+the longest single call, the p99 and the calls' total CPU are reported for this code and
+DIR's (`--old-src`, which doubles inside the write), fed the same deltas.
+
+    .venv/bin/python -m bench.bench_snapshot_apply --growth 1000000,4000000,8000000 --kv-state summary --old-src DIR
+
 `--compare DIR` applies 1,000,000-block snapshots through TelemetryIngest's steps to this code's
 KvIndex and KvSummary and to DIR's, interleaved (`--repeat` rounds, a new stream each, into an
 index already holding `--pools` x `--background` blocks and grown first), and reports each one's
@@ -170,6 +179,77 @@ def growth_run(index_cls, size: int, step: int, snapshots: int | None) -> dict:
     return out
 
 
+def summary_growth_run(summary_cls, size: int, step: int) -> dict:
+    """One pool table's doubling at `size` blocks (see the module docstring): every call's CPU."""
+    rng = np.random.default_rng(size)
+    s = summary_cls()
+    s.apply_snapshot("g/r", rng.integers(0, 2**63, size, dtype=np.uint64))  # setup, not timed
+    p = s._pool_ids["g"]
+    nb = int(s._nb[p])
+    room = int(0.8 * 2 * nb) - size  # kv_summary.MAX_LOAD x SLOTS x buckets
+    s.apply_delta("g/r", rng.integers(0, 2**63, room, dtype=np.uint64).tolist(), ())
+    s.block_count("g/r")
+    each: list[float] = []
+    stepped = hasattr(s, "grow_step")
+    while int(s._nb[p]) == nb or (stepped and s.growing()):
+        batch = rng.integers(0, 2**63, 64, dtype=np.uint64).tolist()
+        t = time.thread_time()
+        s.apply_delta("g/r", batch, ())
+        s.block_count("g/r")  # the fold (a decision's read does it)
+        each.append(time.thread_time() - t)
+        if stepped and s.growing():
+            t = time.thread_time()
+            s.grow_step(step)
+            each.append(time.thread_time() - t)
+        if len(each) > 100_000:
+            raise RuntimeError(f"no growth ended at {size:,} blocks")
+    out = {
+        "calls": len(each),
+        "longest": max(each),
+        "p99": float(np.percentile(each, 99)),
+        "total": sum(each),
+        "entries": s.block_count("g/r"),
+        "bytes": s.table_bytes() / s.block_count("g/r"),
+    }
+    del s
+    gc.collect()
+    return out
+
+
+def summary_growth_main(args) -> int:
+    sizes = [int(x) for x in args.growth.split(",") if x]
+    old_cls = load_old(args.old_src, "kv_summary").KvSummary if args.old_src else None
+    ms = 1e3
+    lines = [
+        f"Command: `.venv/bin/python -m bench.bench_snapshot_apply --growth {args.growth} --kv-state summary --step "
+        f"{args.step}" + (" --old-src DIR`" if old_cls else "`") + f"; machine: {platform.machine()}, Python "
+        f"{sys.version.split()[0]}, 2 shared cores. Each row: one pool whose SIZE blocks fill its table to just "
+        f"under the doubling threshold takes deltas of 64 new blocks, each folded, and (this code) one "
+        f"`grow_step({args.step})` after each while it grows, until the doubling has ended; CPU time of this thread "
+        f"per call.",
+        "",
+        "| blocks in the table | longest call before | after | p99 call before | after | CPU of all those calls "
+        "before | after | table bytes per block after the doubling, before / after |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size in sizes:
+        new = summary_growth_run(KvSummary, size, args.step)
+        old = summary_growth_run(old_cls, size, args.step) if old_cls else None
+        before = f"{old['longest'] * ms:.1f} ms" if old else "-"
+        before_p99 = f"{old['p99'] * ms:.2f} ms" if old else "-"
+        before_total = f"{old['total'] * ms:,.0f} ms ({old['calls']} calls)" if old else "-"
+        lines.append(
+            f"| {size:,} | {before} | {new['longest'] * ms:.1f} ms | {before_p99} | {new['p99'] * ms:.2f} ms | "
+            f"{before_total} | {new['total'] * ms:,.0f} ms ({new['calls']} calls) | "
+            f"{old['bytes'] if old else float('nan'):.2f} / {new['bytes']:.2f} |"
+        )
+        print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    write_result("snapshot_growth_summary.md", text)
+    return 0
+
+
 def load_old(src: str, name: str):
     """Module `globalrouter/NAME.py` of another checkout, under a module name of its own."""
     path = Path(src) / "globalrouter" / f"{name}.py"
@@ -190,12 +270,15 @@ def compare_main(args) -> int:
     msgs = [chunks(h, 1) for h in snapshots]
     ms = 1e3
     rows = []
-    for state in ("exact", "summary"):
+    ones: list[str] = []
+    for state in ("summary",) if args.summary_only else ("exact", "summary"):
         codes: list[tuple] = []
         for label, module in (
             ("before", load_old(args.compare, "kv_index" if state == "exact" else "kv_summary")),
             ("after", kv_index if state == "exact" else sys.modules[KvSummary.__module__]),
         ):
+            if state == "summary" and not hasattr(module.KvSummary, "growing"):
+                module.KvSummary.growing = lambda self: False  # DIR's has no stepped growth
             index = module.KvIndex() if state == "exact" else module.KvSummary()
             for k, h in enumerate(background):
                 index.apply_snapshot(f"bg-{k}/r", h)
@@ -212,6 +295,20 @@ def compare_main(args) -> int:
                 blocks.append(block)
                 ingest.close(stream)
                 run_steps(ingest, args.step)
+        if state == "summary":  # the one-call path (apply_snapshot from a numpy array), interleaved
+            one: dict[str, list[float]] = {label: [] for label, *_ in codes}
+            for r in range(args.repeat):
+                for label, index, *_ in codes:
+                    t = time.thread_time()
+                    index.apply_snapshot(f"one-{r}/r", snapshots[r])
+                    one[label].append(time.thread_time() - t)
+                    index.drop_source(f"one-{r}/r")
+            for label, took in one.items():
+                ones.append(
+                    f"| summary, one call (`apply_snapshot`) | {label} | {np.median(took) * ms:.0f} ms | "
+                    f"{min(took) * ms:.0f} ms | {max(took) * ms:.0f} ms |"
+                )
+                print(ones[-1], flush=True)
         for label, _index, _ingest, totals, blocks in codes:
             rows.append(
                 f"| {state} | {label} | {np.median(totals) * ms:.0f} ms | {min(totals) * ms:.0f} ms | "
@@ -222,17 +319,20 @@ def compare_main(args) -> int:
         gc.collect()
     lines = [
         f"Command: `.venv/bin/python -m bench.bench_snapshot_apply --compare DIR --repeat {args.repeat} --blocks "
-        f"{args.blocks} --pools {args.pools} --background {args.background} --step {args.step}` (DIR: `git archive "
+        f"{args.blocks} --pools {args.pools} --background {args.background} --step {args.step}"
+        + (" --summary-only" if args.summary_only else "")
+        + "` (DIR: `git archive "
         f"main`); machine: {platform.machine()}, Python {sys.version.split()[0]}, 2 shared cores. CPU time of this "
         f"thread for all chunks' receives and steps of one {args.blocks:,}-block snapshot, rounds interleaved.",
         "",
         "| KV state | code | CPU per snapshot, median | best | longest loop block |",
         "|---|---|---:|---:|---:|",
         *rows,
+        *ones,
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    write_result("snapshot_compare.md", text)
+    write_result("snapshot_compare_summary.md" if args.summary_only else "snapshot_compare.md", text)
     return 0
 
 
@@ -283,10 +383,13 @@ def main() -> int:
     parser.add_argument("--old-src", default="", help="with --growth: a checkout whose KvIndex is 'before'")
     parser.add_argument("--compare", default="", help="compare snapshot CPU with this checkout's code")
     parser.add_argument("--repeat", type=int, default=5, help="with --compare: rounds")
+    parser.add_argument("--summary-only", action="store_true", help="with --compare: KvSummary alone")
     parser.add_argument(
         "--kv-state", choices=("exact", "summary"), default="exact", help="KvIndex or KvSummary"
     )
     args = parser.parse_args()
+    if args.growth and args.kv_state == "summary":
+        return summary_growth_main(args)
     if args.growth:
         return growth_main(args)
     if args.compare:

@@ -28,8 +28,20 @@ from its slot, and the product with twice the buckets is twice the old one plus 
 so the first bucket gains the fingerprint's top bit and the fingerprint loses its lowest bit (the
 pool's `lost` bits, masked on every later probe too; a snapshot rebuilds at full precision).
 Tables are sized from the snapshot or from the pool's KV capacity (`expect`: load reports carry
-kv_blocks_total) so that doubling is the exception; past MAX_LOST doublings, blocks that find no
-room are dropped and counted (false negatives) until the next snapshot.
+kv_blocks_total) so that doubling is the exception (a snapshot never doubles its table); past
+MAX_LOST doublings, blocks that find no room are dropped and counted (false negatives) until the
+next snapshot. A doubling that deltas start runs a slice at a time (_begin_growth, _grow): the old
+rows become a hidden table, new entries go to the new one, each later write to the pool and each
+of the telemetry ingest's steps (grow_step) moves a slice of old rows, and reads look at both
+until the last slice (an entry not moved yet answers with its full fingerprint).
+
+Bulk placement (a snapshot, a build's step, a doubling's slice: _bulk) is a few vector passes over
+the whole batch, not a round per entry: each entry to the emptier of its rows, one per row a pass
+(_greedy; about 5% of a fresh table's find both rows full at a load of 0.75), then those moved in
+with one step of look-ahead (one of the four entries in their rows moves to its other row) or a
+random eviction, all at once a pass (_shift); the rare rest go to _place's cuckoo rounds. Where
+an entry lands never changes an answer: a probe matches its (first bucket, fingerprint) pair in
+whichever of its two rows it is.
 
 Longest cached prefix: chained hashes make membership mostly monotone along a prompt, so every
 pool is binary-searched at once (one vectorised probe of all still-searching pools per step,
@@ -82,6 +94,25 @@ VERIFY_TOP = 8
 WAVE = 4096
 WAVES = 16
 """Batches above WAVE keys are placed in WAVES waves (see _place)."""
+GROW_ROWS = 4096
+"""Rows of a growing table's old one a write to it moves at least (about 0.5 ms; see _grow)."""
+GROW_PACE = 4
+"""Old rows moved per block a write places, so that a growth ends long before the new table
+fills (it starts at a load of 0.4 and has room for another old table's worth)."""
+ZERO_ROWS = 1 << 18
+"""Rows (1 MiB) of a growth's new region a write or step zeroes at least (see _fresh)."""
+ASIDE = 65536
+"""Blocks a pool may set aside while its new region is zeroed (past them, the rest at once)."""
+GREEDY_PASSES = 8
+"""Passes of _greedy (one entry per row a pass; 1,000,000 blocks into a fresh table took 5)."""
+SHIFT_PASSES = 48
+"""Passes of _shift over the entries _greedy left (the rest go to _place's cuckoo rounds)."""
+BUILD_BATCH = 8192
+"""Blocks a build gathers from its steps before placing them (see add_blocks)."""
+CARRY_PASSES = 3
+"""_shift passes in a build's step (the rest wait for the next step: see _waiting)."""
+ALT_SIZES = 8
+"""Bucket counts whose alt-row table (_alt_rows, 256 KiB each) is kept."""
 KICK_ROUNDS = 500
 """Rounds of cuckoo evictions before entries still homeless are dropped (see _settle)."""
 PENDING = 65536
@@ -140,24 +171,6 @@ def _first_match(rows: np.ndarray, values: np.ndarray) -> np.ndarray:
     return pos
 
 
-def _ranks(rows: np.ndarray) -> np.ndarray:
-    """Each element's rank among the equal elements before it (rows < 2^32). A stable argsort in
-    two radix passes of 16 bits: numpy sorts 16-bit keys by radix, four times as fast as one
-    comparison sort of the int64s."""
-    n = rows.size
-    if not n:
-        return np.zeros(0, np.int64)
-    low = (rows & 0xFFFF).astype(np.uint16)
-    order = np.argsort(low, kind="stable")
-    high = (rows[order] >> 16).astype(np.uint16)
-    order = order[np.argsort(high, kind="stable")]
-    ordered = rows[order]
-    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-    rank = np.empty(n, np.int64)
-    rank[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
-    return rank
-
-
 @dataclass(frozen=True, slots=True)
 class SummaryStats:
     """Counters of what the summary skipped or lost (for metrics and tests)."""
@@ -177,30 +190,38 @@ class KvSummary:
     """Per-pool fingerprint tables behind KvIndex's interface (sources in, source -> prefix out)."""
 
     __slots__ = (
+        "_alt_cache",
+        "_aside",
         "_base",
         "_count",
+        "_cursor",
         "_doublings",
         "_dropped",
         "_feeder",
         "_floor",
         "_free",
+        "_fresh",
         "_garbage",
+        "_gather",
         "_hidden",
         "_log_keys",
         "_log_runs",
         "_lost",
         "_map",
         "_nb",
+        "_owner",
         "_pool_ids",
         "_pool_names",
         "_pool_of",
         "_pool_sources",
+        "_shadow",
         "_skipped",
         "_slots",
         "_source_pool",
         "_spare",
         "_staged",
         "_top",
+        "_waiting",
         "verify_top",
     )
 
@@ -271,6 +292,31 @@ class KvSummary:
         """Source being built -> (its build table's id, its pool's id)."""
         self._spare: list[int] = []
         """Build table ids free for the next begin_snapshot."""
+        self._waiting: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        """Build table id -> entries its steps left homeless (rows both full after a few _shift
+        passes), carried into its next step's passes and placed by commit_snapshot: a step's
+        passes over a few dozen entries are mostly fixed cost."""
+        self._shadow: dict[int, int] = {}
+        """Pool id -> the hidden id of its table before a growth in progress (see _begin_growth):
+        its rows not yet moved, read with the pool's new table, counted in the pool's _count."""
+        self._fresh: dict[int, tuple[int, int]] = {}
+        """Pool id -> (first row, rows zeroed so far) of the region its table's growth will move
+        into (mapped arena): zeroed a slice at a time first (a fresh region's pages cost a fault
+        each on first touch: 10 ms for the 21 MB of a 4,000,000-block table's), blocks
+        stored meanwhile set aside (_aside)."""
+        self._aside: dict[int, np.ndarray] = {}
+        """Pool id -> mixed hashes stored while its new region is zeroed (a table at MAX_LOAD
+        places an entry in cuckoo walks: 64 took 3 to 5 ms), read as held, placed in the new
+        table when the move starts."""
+        self._cursor: dict[int, int] = {}
+        """Pool id -> the first row of its old table not yet moved (rows before it are empty)."""
+        self._owner = np.zeros(0, np.int32)
+        """Scratch of _greedy and _shift, a cell per row of the largest table placed into (kept:
+        a fresh array's pages cost a fault each on first touch, most of a small step's time)."""
+        self._gather: dict[int, list[np.ndarray]] = {}
+        """Build table id -> slices added and not placed yet (see add_blocks)."""
+        self._alt_cache: dict[int, np.ndarray] = {}
+        """Bucket count -> alt(fingerprint) mod it for every fingerprint (see _alt_rows)."""
 
     # ---- sizing and the arena --------------------------------------------------------------------
     @staticmethod
@@ -306,7 +352,7 @@ class KvSummary:
             top += n
         self._slots, self._top, self._garbage = new, top, 0
 
-    def _alloc_mapped(self, buckets: int) -> int:
+    def _alloc_mapped(self, buckets: int, zero: bool = True) -> int:
         free = self._free
         base = next((b for b, n in free.items() if n >= buckets), None)  # first fit
         if base is not None:
@@ -319,10 +365,22 @@ class KvSummary:
             if base + buckets > len(self._slots):
                 raise MemoryError(f"KvSummary arena: {ARENA_SPACE} bytes of address space used up")
             self._top += buckets
-        self._slots[base : base + buckets] = 0
+        if zero:
+            self._slots[base : base + buckets] = 0
         return base
 
     def _release(self, p: int) -> None:
+        self._waiting.pop(p, None)
+        self._gather.pop(p, None)
+        self._aside.pop(p, None)
+        fresh = self._fresh.pop(p, None)
+        if fresh is not None:
+            self._give_back(fresh[0], 2 * int(self._nb[p]))
+        old = self._shadow.pop(p, None)
+        if old is not None:
+            del self._cursor[p]
+            self._release(old)
+            self._spare.append(old)
         rows = int(self._nb[p])
         if rows and self._map is not None:
             self._give_back(int(self._base[p]), rows)
@@ -438,24 +496,49 @@ class KvSummary:
         if source not in self._staged:
             self.begin_snapshot(source, 0)
         s = self._staged[source][0]
-        h = mix(_as_keys(keys))
-        if not h.size:
+        keys = _as_keys(keys)
+        if not keys.size:
             return
+        # Slices are gathered up to BUILD_BATCH blocks: a step's placement is mostly fixed cost
+        # (a hundred numpy calls), and the ingest's steps shrink to 256 blocks on a busy host.
+        parts = self._gather.setdefault(s, [])
+        parts.append(keys)
+        if sum(x.size for x in parts) < BUILD_BATCH:
+            return
+        self._build(s)
+
+    def _build(self, s: int) -> None:
+        """Places the slices gathered for build table s."""
+        parts = self._gather.pop(s, None)
+        if not parts:
+            return
+        h = mix(parts[0] if len(parts) == 1 else np.concatenate(parts))
         # A snapshot's blocks are distinct (a relay's set), so no probe for those already placed:
         # two blocks sharing a fingerprint and a row get an entry each, as in apply_snapshot.
         if h.size > 1:  # distinct within the slice (sorted; np.unique cost twice as much)
             h = np.sort(h)
             h = h[np.concatenate(([True], h[1:] != h[:-1]))]
-        while (
-            int(self._count[s]) + h.size > MAX_LOAD * SLOTS * int(self._nb[s])
-            and int(self._lost[s]) < MAX_LOST
+        waiting = self._waiting.get(s)
+        if int(self._count[s]) + (waiting[0].size if waiting else 0) + h.size > MAX_LOAD * SLOTS * int(
+            self._nb[s]
         ):
-            self._double(s)
+            self._settle_waiting(s)
+            while (
+                int(self._count[s]) + h.size > MAX_LOAD * SLOTS * int(self._nb[s])
+                and int(self._lost[s]) < MAX_LOST
+            ):
+                self._double(s)
         b1, b2, v = self._locate(s, h)
-        # Every slice the sorted way, not only the first: a build table only takes inserts, so
-        # each of its rows is filled from its first slot on (the cuckoo rounds of _place were
-        # most of a stepped snapshot's cost).
-        self._bulk(s, b1, b2, v)
+        # Vector passes over the slice (_bulk), not _place's cuckoo rounds per entry (which were
+        # most of a stepped snapshot's cost); the few left homeless wait for the next step.
+        self._bulk(s, b1, b2, v, carry=True)
+
+    def _settle_waiting(self, s: int) -> None:
+        """Places the entries a build's steps left homeless (before it doubles or is committed)."""
+        waiting = self._waiting.pop(s, None)
+        if waiting is not None:
+            self._count[s] -= waiting[0].size
+            self._bulk(s, *waiting)
 
     def remove_blocks(self, source: str, keys: np.ndarray) -> None:
         """Nothing: a source's blocks are its pool's, which keeps them while another source of the
@@ -468,6 +551,8 @@ class KvSummary:
         if staged is None:
             raise ValueError(f"no snapshot is being built under {source!r}")
         s, p = staged
+        self._build(s)
+        self._settle_waiting(s)
         self._fold()  # logged deltas were for the table being replaced
         if self._nb[p]:
             self._release(p)
@@ -507,8 +592,8 @@ class KvSummary:
             if lost:
                 fp = (fp >> np.uint64(lost)) << np.uint64(lost)
             fp[fp == 0] = np.uint64(1 << lost)
-            b2 = (self._alt(fp) % np.uint64(nb)).astype(np.int64) - b1
-            b2 %= nb
+            b2 = self._alt_rows(nb)[fp] - b1
+            b2[b2 < 0] += nb
         else:
             lost_any = self._lost[p]
             if lost_any.any():
@@ -522,6 +607,18 @@ class KvSummary:
             b2 %= nbs
         return b1, b2, (fp << np.uint64(1)).astype(np.uint16)
 
+    def _alt_rows(self, nb: int) -> np.ndarray:
+        """alt(fp) mod nb for every slot fingerprint fp (a row's two buckets add up to it mod nb):
+        a gather instead of a 64-bit multiply and modulo per entry. A few sizes are kept (a
+        fleet's tables mostly share a few)."""
+        rows = self._alt_cache.get(nb)
+        if rows is None:
+            if len(self._alt_cache) >= ALT_SIZES:
+                self._alt_cache.pop(next(iter(self._alt_cache)))
+            fp = np.arange(1 << FP_BITS, dtype=np.uint64)
+            rows = self._alt_cache[nb] = (self._alt(fp) % np.uint64(nb)).astype(np.int64)
+        return rows
+
     @staticmethod
     def _alt(fp: np.ndarray) -> np.ndarray:
         out: np.ndarray = (fp * _ALT_MUL) >> _S32
@@ -529,7 +626,31 @@ class KvSummary:
 
     # ---- table operations ----------------------------------------------------------------------
     def _held(self, p: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """Whether pool p[i] holds mixed hash h[i] (up to false positives)."""
+        """Whether pool p[i] holds mixed hash h[i] (up to false positives): in its table, or in
+        the rows of its old one not yet moved when it is growing."""
+        out = self._in_table(p, h)
+        for q, aside in self._aside.items():
+            mine = p == q
+            if mine.any():
+                out[mine] |= np.isin(h[mine], aside)
+        if self._shadow:
+            grows, old = self._old_of(p)
+            if grows.size:
+                out[grows] |= self._in_table(old, h[grows])
+        return out
+
+    def _old_of(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(indexes i of p whose pool is growing, the hidden id of each one's old table)."""
+        ids = np.fromiter(self._shadow, np.int64, len(self._shadow))
+        olds = np.fromiter(self._shadow.values(), np.int64, len(self._shadow))
+        grows = np.flatnonzero(np.isin(p, ids))
+        if not grows.size:
+            return grows, grows
+        order = np.argsort(ids)
+        return grows, olds[order][np.searchsorted(ids[order], p[grows])]
+
+    def _in_table(self, p: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """Whether table p[i] itself holds mixed hash h[i] (up to false positives)."""
         b1, b2, v = self._locate(p, h)
         base = self._base[p]
         slots = self._slots
@@ -539,7 +660,37 @@ class KvSummary:
         return out
 
     def _erase(self, p: np.ndarray, h: np.ndarray) -> None:
-        """Removes one entry per (p, h) pair where present (distinct pairs)."""
+        """Removes one entry per (p, h) pair where present (distinct pairs): from a growing pool's
+        old rows not yet moved where there, else from its table. (A pair whose fingerprint and
+        row match another block's entry in the old rows takes that one instead: the two read
+        the same before and after the growth, the entry's new form being a function of its old.)"""
+        for q in [q for q in self._aside if p.size and (p == q).any()]:
+            aside, mine = self._aside[q], np.flatnonzero(p == q)
+            there = np.isin(h[mine], aside)
+            if there.any():
+                # one entry per pair: a block set aside once (the fold's net transitions)
+                self._aside[q] = aside[~np.isin(aside, h[mine][there])]
+                self._count[q] -= aside.size - self._aside[q].size
+                keep = np.ones(p.size, bool)
+                keep[mine[there]] = False
+                p, h = p[keep], h[keep]
+        if self._shadow and p.size:
+            grows, old = self._old_of(p)
+            if grows.size:
+                there = self._in_table(old, h[grows])
+                at, old = grows[there], old[there]
+                if at.size:
+                    self._erase_in(old, h[at])
+                    for q, o in set(zip(p[at].tolist(), old.tolist(), strict=True)):
+                        self._count[q] += self._count[o]  # the pool counts its old rows' entries
+                        self._count[o] = 0
+                    keep = np.ones(p.size, bool)
+                    keep[at] = False
+                    p, h = p[keep], h[keep]
+        self._erase_in(p, h)
+
+    def _erase_in(self, p: np.ndarray, h: np.ndarray) -> None:
+        """Removes one entry per (p, h) pair from table p where present (distinct pairs)."""
         if not p.size:
             return
         b1, b2, v = self._locate(p, h)
@@ -583,33 +734,178 @@ class KvSummary:
             cut = slice(at, at + step)
             self._settle(p[cut], ga[cut], v[cut], gb[cut], vb[cut])
 
-    def _bulk(self, p: int, b1: np.ndarray, b2: np.ndarray, v: np.ndarray) -> None:
-        """Puts distinct entries into pool p's table without a round per entry, when its rows
-        are filled from their first slot on (a table that has only taken inserts: a fresh one,
-        or a snapshot's being built): each goes to one of its rows by a fingerprint bit (so rows
-        get even shares), takes the slot after the row's entries that its rank among that row's
-        new entries gives; those past a full row go to their other row the same way; the few
-        left go the generic way (cuckoo evictions)."""
+    def _bulk(self, p: int, b1: np.ndarray, b2: np.ndarray, v: np.ndarray, *, carry: bool = False) -> None:
+        """Puts distinct absent entries into pool p's table (any fill) in a bounded number of
+        vector passes over the whole batch, no round per entry (see _greedy and _shift); the
+        rare rest go the generic way (_place: cuckoo evictions). Where an entry lands does not
+        change what the table answers: a probe matches the (first bucket, fingerprint) pair
+        wherever of its two rows the entry is."""
         base, nb = int(self._base[p]), int(self._nb[p])
+        if not b1.size:
+            return
         region = self._slots[base : base + nb]
-        second = (v & np.uint16(2)) != 0
-        rows = np.where(second, b2, b1)
-        todo = np.arange(b1.size)
-        for attempt in range(2):
-            if attempt:  # the overflow, to its other row
-                second = ~second[todo]
-                rows = np.where(second, b2[todo], b1[todo])
-            # A row's entries so far (its used slots come first): 8 uint16 read as two words.
-            held = np.take(region, rows, axis=0) != 0
-            slot = np.count_nonzero(held, axis=1) + _ranks(rows)
-            ok = slot < SLOTS
-            region[rows[ok], slot[ok]] = v[todo[ok]] | second[ok].astype(np.uint16)
-            todo = todo[~ok]
-            if not todo.size:
+        index = np.int32 if nb < 1 << 31 else np.int64
+        a, b = b1.astype(index), b2.astype(index)
+        fresh = int(self._count[p]) == 0
+        # A step's slice into a filled table: one pass (few entries share a row), the rest go to
+        # _shift, which places into rows with room too: fewer passes of fixed cost.
+        passes = GREEDY_PASSES if fresh or not carry else 1
+        a, b, v = self._greedy(region, a, b, v, fresh=fresh, passes=passes)
+        if carry:  # a build's step: the entries earlier steps left join this step's few passes
+            waiting = self._waiting.pop(p, None)
+            if waiting is not None:
+                a, b, v = (np.concatenate((x, y)) for x, y in zip(waiting, (a, b, v), strict=True))
+        if a.size:
+            a, b, v = self._shift(region, a, b, v, CARRY_PASSES if carry else SHIFT_PASSES)
+        self._count[p] += b1.size - a.size
+        if carry:
+            if a.size:  # counted as entries (the table's load), placed by a later step
+                self._waiting[p] = (a, b, v)
+                self._count[p] += a.size
+            return
+        if a.size:
+            self._place(np.full(a.size, p, np.int64), a.astype(np.int64), b.astype(np.int64), v)
+
+    def _scratch(self, rows: int) -> np.ndarray:
+        """The `owner` scratch of at least `rows` cells (stale values: only cells written in a
+        pass are read in it)."""
+        if self._owner.size < rows:
+            self._owner = np.zeros(rows, np.int32)
+        return self._owner
+
+    def _greedy(
+        self, region: np.ndarray, a: np.ndarray, b: np.ndarray, v: np.ndarray, *, fresh: bool, passes: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Puts each entry (rows a and b of `region`, first-row slot value v) into the emptier of
+        its two rows (ties by a fingerprint bit, so a fresh table fills both ways), all at once:
+        one entry per row a pass (the `owner` scatter picks it), the others again next pass.
+        Returns the entries not placed in `passes` passes (those whose rows were both full:
+        about 5% of a fresh table's at a load of 0.75)."""
+        words = region.view(np.uint32).reshape(-1)  # a row's two slots as one word
+        flat = region.reshape(-1)
+        owner = self._scratch(words.size)
+        homeless: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        first = fresh
+        for _ in range(passes):
+            if not a.size:
                 break
-        self._count[p] += b1.size - todo.size
-        if todo.size:
-            self._place(np.full(todo.size, p, np.int64), b1[todo], b2[todo], v[todo])
+            me = np.arange(a.size, dtype=np.int32)
+            bit = (v & np.uint16(2)) != 0
+            if first:  # every row empty: no reads, the fingerprint bit chooses
+                first = False
+                row = np.where(bit, b, a)
+                owner[row] = me
+                won = owner[row] == me
+                at = np.flatnonzero(won)
+                words[row[at]] = v[at] | bit[at].view(np.uint8)
+                keep = np.flatnonzero(~won)
+            else:
+                wa, wb = words[a], words[b]
+                lo_a, lo_b = (wa & 0xFFFF) != 0, (wb & 0xFFFF) != 0
+                fa = lo_a.view(np.uint8) + (wa > 0xFFFF).view(np.uint8)
+                fb = lo_b.view(np.uint8) + (wb > 0xFFFF).view(np.uint8)
+                second = (fb < fa) | ((fb == fa) & bit)
+                row = np.where(second, b, a)
+                room = np.where(second, fb, fa) < SLOTS
+                full = np.flatnonzero(~room)
+                if full.size:
+                    homeless.append((a[full], b[full], v[full]))
+                owner[row[room]] = me[room]
+                won = room & (owner[row] == me)
+                at = np.flatnonzero(won)
+                slot = np.where(second[at], lo_b[at], lo_a[at])  # the row's free slot
+                flat[row[at].astype(np.int64) * SLOTS + slot] = v[at] | second[at].view(np.uint8)
+                room[at] = False
+                keep = np.flatnonzero(room)
+            a, b, v = a[keep], b[keep], v[keep]
+        homeless.append((a, b, v))
+        if len(homeless) == 1:
+            return a, b, v
+        return (
+            np.concatenate([x for x, _, _ in homeless]),
+            np.concatenate([y for _, y, _ in homeless]),
+            np.concatenate([z for _, _, z in homeless]),
+        )
+
+    def _shift(
+        self, region: np.ndarray, a: np.ndarray, b: np.ndarray, v: np.ndarray, passes: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Places entries whose two rows were full, all at once a pass, for SHIFT_PASSES passes:
+        an entry whose row has room now takes it; else one of the four entries in its rows whose
+        other row has room moves there and the entry takes its slot; else it evicts a random one
+        of them, which is then placed the same way (a random walk with one step of look-ahead).
+        A pass changes each row for one entry at most (`owner`: rows with room are targets,
+        full rows sources, so the two never meet). Returns the entries still homeless."""
+        nb = region.shape[0]
+        words = region.view(np.uint32).reshape(-1)
+        flat = region.reshape(-1)
+        owner = self._scratch(nb)
+        rng = np.random.default_rng(a.size)
+        wide = a.dtype.type
+        cols = np.array([0, 1, 0, 1], np.int64)
+        only = np.full(a.size, -1, np.int8)  # a kicked entry's row to kick from: 0 a, 1 b, -1 either
+        alt = self._alt_rows(nb)
+        for _ in range(passes):
+            m = a.size
+            if not m:
+                break
+            me = np.arange(m, dtype=np.int32)
+            wa, wb = words[a], words[b]
+            lo_a, lo_b = (wa & 0xFFFF) != 0, (wb & 0xFFFF) != 0
+            free_a = ~lo_a | (wa <= 0xFFFF)
+            free_b = ~lo_b | (wb <= 0xFFFF)
+            direct = free_a | free_b
+            second = ~free_a & free_b
+            # Full both: the four residents and their other rows (the first + second buckets of
+            # a fingerprint are alt(fingerprint) mod nb, whichever row it is in).
+            src = np.stack((a, a, b, b), axis=1)
+            cell = src.astype(np.int64) * SLOTS + cols
+            res = flat[cell]
+            other = alt[res >> np.uint16(1)] - src
+            other[other < 0] += nb
+            ow = words[other]
+            ok = (((ow & 0xFFFF) == 0) | (ow <= 0xFFFF)) & ~direct[:, None]
+            can = ok.any(axis=1)
+            pick = ok.argmax(axis=1)
+            kick = ~direct & ~can
+            # A kick evicts a random resident, not from the row the entry was just evicted from
+            # (it would evict its evicter back: a walk that goes round in circles).
+            ki = np.flatnonzero(kick)
+            pick[ki] = rng.integers(0, 4, ki.size)
+            back = only[ki] >= 0
+            pick[ki[back]] = only[ki[back]] * 2 + (pick[ki[back]] & 1)
+            # Claims: a direct entry its row (with room); a shift its target row (with room) and
+            # its source row (full); a kick its source row. An action acts if it owns them all.
+            target = np.where(direct, np.where(second, b, a), other[me, pick].astype(wide))
+            moves = ~kick
+            owner[target[moves]] = me[moves]
+            source = src[me, pick]
+            via = ~direct
+            owner[source[via]] = me[via]
+            win = np.where(direct, owner[target] == me, owner[source] == me)
+            win &= np.where(can & ~direct, owner[target] == me, True)
+            # direct: into the row's free slot
+            d = np.flatnonzero(win & direct)
+            lo = np.where(second[d], lo_b[d], lo_a[d])
+            flat[target[d].astype(np.int64) * SLOTS + lo] = v[d] | second[d].view(np.uint8)
+            # shift: the resident to its other row's free slot, the entry into its place
+            s = np.flatnonzero(win & can & ~direct)
+            rv = res[s, pick[s]]
+            tw = words[target[s]]
+            flat[target[s].astype(np.int64) * SLOTS + ((tw & 0xFFFF) != 0)] = rv ^ np.uint16(1)
+            flat[cell[s, pick[s]]] = v[s] | (source[s] != a[s]).view(np.uint8)
+            # kick: the entry into the slot, the resident homeless (its rows: where it was, other)
+            k = np.flatnonzero(win & kick)
+            kv = res[k, pick[k]]
+            flat[cell[k, pick[k]]] = v[k] | (source[k] != a[k]).view(np.uint8)
+            was, elsewhere = source[k], other[k, pick[k]].astype(wide)
+            in_second = (kv & np.uint16(1)) != 0
+            left = np.flatnonzero(~win)
+            a = np.concatenate((a[left], np.where(in_second, elsewhere, was)))
+            b = np.concatenate((b[left], np.where(in_second, was, elsewhere)))
+            v = np.concatenate((v[left], kv & np.uint16(0xFFFE)))
+            only = np.concatenate((only[left], in_second.view(np.int8) ^ np.int8(1)))
+        return a, b, v
 
     def _settle(self, p: np.ndarray, ga: np.ndarray, va: np.ndarray, gb: np.ndarray, vb: np.ndarray) -> None:
         """Places entries that may go to arena row ga (as value va) or gb (as vb): each into the
@@ -674,24 +970,104 @@ class KvSummary:
                 p, ga, gb, va, vb = p[left], ga[left], gb[left], va[left], vb[left]
 
     def _double(self, p: int) -> None:
-        """Rebuilds pool p's table at twice the buckets from its entries alone (see the module
-        docstring: one fingerprint bit becomes a bucket bit)."""
-        nb, base, lost = int(self._nb[p]), int(self._base[p]), int(self._lost[p])
-        region = self._slots[base : base + nb]
-        rows, cols = np.nonzero(region)
-        val = region[rows, cols].astype(np.uint64)
-        fp, alt = val >> np.uint64(1), (val & np.uint64(1)).astype(bool)
-        bucket = rows.astype(np.int64)
-        first = np.where(alt, (self._alt(fp) % np.uint64(nb)).astype(np.int64) - bucket, bucket) % nb
-        b1 = 2 * first + (fp >> np.uint64(FP_BITS - 1)).astype(np.int64)
-        fp = (fp << np.uint64(1)) & _FP_MASK
-        self._release(p)
-        self._base[p] = self._alloc(2 * nb)
+        """Doubles table p at once (a snapshot being built, `expect`): see _begin_growth."""
+        if p in self._shadow:
+            self._grow(p, 0)
+        if p in self._fresh:
+            self._prepare(p, 0)
+        else:
+            self._begin_growth(p)
+        self._grow(p, 0)
+
+    def _start_growth(self, p: int) -> None:
+        """Starts pool p's growth: its new region is zeroed a slice at a time first (mapped
+        arena; _prepare), then its entries move (_begin_growth)."""
+        if self._map is None:
+            self._begin_growth(p)
+            return
+        self._fresh[p] = (self._alloc_mapped(2 * int(self._nb[p]), zero=False), 0)
+
+    def _prepare(self, p: int, rows: int) -> None:
+        """Zeroes the next `rows` rows (all when 0) of pool p's new region; the last slice starts
+        the move."""
+        base, done = self._fresh[p]
+        total = 2 * int(self._nb[p])
+        end = total if rows <= 0 else min(total, done + rows)
+        self._slots[base + done : base + end] = 0
+        if end < total:
+            self._fresh[p] = (base, end)
+            return
+        del self._fresh[p]
+        self._begin_growth(p, base)
+        aside = self._aside.pop(p, None)
+        if aside is not None and aside.size:
+            self._count[p] -= aside.size  # counted again as they are placed
+            self._bulk(p, *self._locate(p, aside))
+
+    def _begin_growth(self, p: int, base: int | None = None) -> None:
+        """Starts doubling pool p's table: its rows become a hidden table of their own (the old
+        one), the pool gets a new table of twice the buckets, which new entries go to; `_grow`
+        moves the old rows' entries a slice at a time (see the module docstring: one fingerprint
+        bit becomes a bucket bit), reads look at both until the last slice. O(1) but for the
+        new region's pages."""
+        old = self._spare.pop() if self._spare else self._new_table("")
+        nb = int(self._nb[p])
+        self._base[old], self._nb[old], self._lost[old] = self._base[p], nb, self._lost[p]
+        self._count[old] = 0  # the pool counts the entries of both tables
+        self._base[p] = self._alloc(2 * nb) if base is None else base
         self._nb[p] = 2 * nb
-        self._lost[p] = lost + 1
-        b1, b2, v = self._finish(p, b1, fp)
-        self._bulk(p, b1, b2, v)  # a fresh region: sorted passes, not cuckoo rounds (4x less)
+        self._lost[p] += 1
+        self._shadow[p] = old
+        self._cursor[p] = 0
         self._doublings += 1
+
+    def _grow(self, p: int, rows: int) -> None:
+        """Moves the entries of the next `rows` rows (all when 0) of pool p's old table into its
+        new one, emptying them; the old table goes with its last row."""
+        old, at = self._shadow[p], self._cursor[p]
+        nb, base = int(self._nb[old]), int(self._base[old])
+        end = nb if rows <= 0 else min(nb, at + rows)
+        region = self._slots[base + at : base + end]
+        r, cols = np.nonzero(region)
+        val = region[r, cols].astype(np.uint64)
+        region[:] = 0
+        self._cursor[p] = end
+        if val.size:
+            fp, alt = val >> np.uint64(1), (val & np.uint64(1)).astype(bool)
+            bucket = r.astype(np.int64) + at
+            first = np.where(alt, self._alt_rows(nb)[fp] - bucket, bucket)
+            first[first < 0] += nb
+            b1 = 2 * first + (fp >> np.uint64(FP_BITS - 1)).astype(np.int64)
+            fp = (fp << np.uint64(1)) & _FP_MASK
+            b1, b2, v = self._finish(p, b1, fp)
+            self._count[p] -= val.size  # counted again as they are placed
+            self._bulk(p, b1, b2, v)
+        if end == nb:
+            del self._shadow[p], self._cursor[p]
+            self._release(old)
+            self._spare.append(old)
+
+    def growing(self) -> bool:
+        """Whether a table is growing (`grow_step` moves it on)."""
+        return bool(self._shadow or self._fresh)
+
+    def grow_step(self, rows: int) -> bool:
+        """Moves about `rows` rows (all when 0) of growing tables' old ones into their new ones
+        (the telemetry ingest's steps call it between other work); returns whether any is left."""
+        left = rows
+        if self._fresh:  # a region to zero first: a slice of it is this step
+            p = next(iter(self._fresh))
+            self._prepare(p, 0 if rows <= 0 else max(ZERO_ROWS, rows * 8))
+            return self.growing()
+        while self._shadow and (rows <= 0 or left > 0):
+            p = next(iter(self._shadow))
+            before = self._cursor[p]
+            self._grow(p, left if rows > 0 else 0)
+            if p in self._cursor:
+                left -= self._cursor[p] - before
+            else:
+                break  # one table's end a step: its region's release is part of the work
+        return self.growing()
 
     def _fill(self, p: int, keys: np.ndarray) -> None:
         """Replaces pool p's table with one holding `keys` (sized for them, full precision)."""
@@ -700,7 +1076,12 @@ class KvSummary:
             h = np.sort(h)
             h = h[np.concatenate(([True], h[1:] != h[:-1]))]
         want = max(self._buckets_for(int(h.size)), self._floor[p])
-        if int(self._nb[p]) == want and int(self._lost[p]) == 0:
+        if (
+            int(self._nb[p]) == want
+            and not int(self._lost[p])
+            and p not in self._shadow
+            and p not in self._fresh
+        ):
             base = int(self._base[p])
             self._slots[base : base + want] = 0
             self._count[p] = 0
@@ -810,13 +1191,36 @@ class KvSummary:
             return
         # No probe for a new block: a match is another block's entry (a set of fingerprints, which
         # skipped it, lost it when that other block went: a false negative). Double the pools these inserts would take past MAX_LOAD before placing them.
-        need = self._count + np.bincount(p, minlength=self._count.size)
+        written = np.bincount(p, minlength=self._count.size)
+        need = self._count + written
         over = np.flatnonzero(need > MAX_LOAD * SLOTS * self._nb)
         for q in over.tolist():
             while int(need[q]) > MAX_LOAD * SLOTS * int(self._nb[q]) and int(self._lost[q]) < MAX_LOST:
-                self._double(q)
+                if q in self._fresh:  # its new region is being zeroed: these are set aside
+                    aside = self._aside.get(q)
+                    if (0 if aside is None else aside.size) + int(written[q]) <= ASIDE and int(
+                        need[q]
+                    ) <= MAX_LOAD * SLOTS * 2 * int(self._nb[q]):
+                        break
+                    self._prepare(q, 0)  # a burst (or more than the new table takes): at once
+                    continue
+                if q in self._shadow:  # a second growth before the first ended: rare, at once
+                    self._grow(q, 0)
+                self._start_growth(q)
+        if self._fresh:  # tables at MAX_LOAD whose new region is being zeroed: set aside
+            aside = np.isin(p, np.fromiter(self._fresh, np.int64, len(self._fresh)))
+            for q in np.unique(p[aside]).tolist():
+                mine = h[p == q]
+                self._aside[q] = np.concatenate((self._aside.get(q, mine[:0]), mine))
+                self._count[q] += mine.size
+            p, h = p[~aside], h[~aside]
         b1, b2, v = self._locate(p, h)
         self._place(p, b1, b2, v)
+        # Growths move on with the writes to their pools (and the ingest's steps, grow_step).
+        for q in [q for q in self._fresh if written[q]]:
+            self._prepare(q, ZERO_ROWS + 8 * GROW_PACE * int(written[q]))
+        for q in [q for q in self._shadow if written[q] and q in self._cursor]:
+            self._grow(q, GROW_ROWS + GROW_PACE * int(written[q]))
 
     # ---- readers -------------------------------------------------------------------------------
     def sources(self) -> list[str]:
@@ -1015,11 +1419,16 @@ class _Probe:
         self._pools = pools
         self._h = h
         self._base = s._base[pools]
+        self._flat: np.ndarray | None = None
+        growing = [*s._shadow, *s._aside]
+        if growing and np.isin(pools, np.array(growing, np.int64)).any():
+            self._one = False
+            return  # a growing pool's probes read two tables (KvSummary._held)
         key = s._nb[pools] * 64 + s._lost[pools]
         first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
         self._one = first.size == 1
         if self._one:  # one size (the usual fleet): no grouping needed
-            self._flat: np.ndarray | None = np.zeros(pools.size, np.int64)
+            self._flat = np.zeros(pools.size, np.int64)
             reps = pools[:1]
         else:
             groups, where, inverse = np.unique(key, return_index=True, return_inverse=True)

@@ -513,8 +513,8 @@ class TelemetryIngest:
 
     # ---- bounded index work -----------------------------------------------------------------
     def has_work(self) -> bool:
-        """Whether index work is queued (`run` does it)."""
-        return bool(self._work)
+        """Whether index work is queued (`run` does it), a summary table's growth included."""
+        return bool(self._work) or (self._summary is not None and self._summary.growing())
 
     def run(self, budget: int) -> bool:
         """Does up to about `budget` blocks of queued index work (all of it when budget <= 0);
@@ -531,6 +531,10 @@ class TelemetryIngest:
                 work.popleft()
             if left > 0:
                 left = max(0, left - max(used, 1))
+        summary = self._summary
+        if summary is not None and left != 0 and summary.growing():
+            # A pool table doubling (deltas overfilled it) moves a slice of rows a step.
+            return summary.grow_step(max(left, 0)) or bool(work)
         return bool(work)
 
     def step(self) -> bool:

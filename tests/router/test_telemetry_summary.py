@@ -202,3 +202,26 @@ async def test_route_list_pools_and_the_status_page_read_the_summary():
     finally:
         await channel.close()
         await router.handle.server.stop(0)
+
+
+def test_the_ingests_steps_move_a_tables_growth_on():
+    """Deltas that overfill a pool's table start its growth; the ingest's steps (has_work, run
+    with a budget) move it on a slice at a time until it ends, every block held throughout."""
+    ingest, _table, summary = make(step_blocks=2048)
+    s = ingest.open(hello())
+    blocks = list(range(1, 20_001))
+    ingest.receive(s, chunk(blocks, last=True))
+    while ingest.run(2048):
+        pass
+    p = summary._pool_ids["p"]
+    room = int(0.8 * 2 * int(summary._nb[p])) - len(blocks)
+    extra = list(range(30_001, 30_001 + room + 1))
+    ingest.receive(s, delta(2, stored=extra))
+    assert summary.block_count(s.source) == len(blocks) + len(extra)  # the fold starts the growth
+    assert getattr(summary, "_shadow", None) and ingest.has_work()  # (the base code: no growth)
+    steps = 0
+    while ingest.run(256):
+        steps += 1
+        assert summary.pool_prefixes(blocks[:4]) == {"p": 4}
+    assert steps >= 5 and not summary.growing() and not ingest.has_work()
+    assert summary.pool_prefixes(extra[-3:]) == {"p": 3}

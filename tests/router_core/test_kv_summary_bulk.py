@@ -1,0 +1,163 @@
+"""KvSummary's bulk placement (snapshots, build steps, doublings): vector passes, same answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from globalrouter import kv_summary
+from globalrouter.kv_summary import KvSummary, mix
+
+
+def _keys(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 2**63, n, dtype=np.uint64)
+
+
+def _table_keys(s: KvSummary, p: int) -> np.ndarray:
+    """The (first bucket, slot value in the first bucket) of every entry of table p, sorted: what
+    the table answers (a probe matches that pair in whichever of its two rows the entry is)."""
+    base, nb = int(s._base[p]), int(s._nb[p])
+    region = s._slots[base : base + nb]
+    rows, cols = np.nonzero(region)
+    val = region[rows, cols]
+    fp = (val >> np.uint16(1)).astype(np.uint64)
+    alt = (s._alt(fp) % np.uint64(nb)).astype(np.int64)
+    first = np.where(val & 1, (alt - rows) % nb, rows)
+    return np.sort(first * 65536 + (val & np.uint16(0xFFFE)).astype(np.int64))
+
+
+def _wanted_keys(s: KvSummary, p: int, hashes: np.ndarray) -> np.ndarray:
+    """The same pairs computed from the blocks alone (no table)."""
+    h = np.unique(mix(hashes))
+    b1, _, v = s._locate(p, h)
+    return np.sort(b1 * 65536 + v.astype(np.int64))
+
+
+class _Rounds:
+    """Counts entries sent to _settle's cuckoo rounds (one Python-driven round per hop)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entries = 0
+        settle = KvSummary._settle
+
+        def counting(s, p, *rest):
+            self.entries += int(p.size)
+            return settle(s, p, *rest)
+
+        monkeypatch.setattr(KvSummary, "_settle", counting)
+
+
+def test_a_snapshot_is_placed_without_cuckoo_rounds(monkeypatch):
+    """A 300,000-block snapshot, whole or in the ingest's steps: every entry placed by the vector
+    passes, none by _settle's rounds (the base code sent about 9% of them there: half of a
+    1,000,000-block snapshot's 210 ms)."""
+    rounds = _Rounds(monkeypatch)
+    hashes = _keys(300_000, 1)
+    s = KvSummary()
+    s.apply_snapshot("a/r", hashes)
+    s.begin_snapshot("b/r/1#1", hashes.size, "b")
+    for at in range(0, hashes.size, 8192):
+        s.add_blocks("b/r/1#1", hashes[at : at + 8192])
+    s.commit_snapshot("b/r/1#1")
+    assert rounds.entries == 0
+    for pool in ("a", "b"):
+        assert s.pool_block_count(pool) == hashes.size
+        p = s._pool_ids[pool]
+        assert np.array_equal(_table_keys(s, p), _wanted_keys(s, p, hashes))
+    assert s.stats().dropped_blocks == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_placement_keeps_every_entry_and_the_answers(seed):
+    """Randomized: snapshots of random sizes into tables of random fill (a build's steps of random
+    sizes, a table sized from a floor far above its blocks, one sized for fewer blocks than it
+    gets, so that it doubles), then deltas: the table holds exactly one entry per block, each in
+    one of its two rows with the right flag (the multiset of (first bucket, fingerprint) pairs is
+    the blocks'), every block is held, and every probe's answer is that multiset's."""
+    rng = np.random.default_rng(seed)
+    s = KvSummary()
+    n = int(rng.integers(1, 60_000))
+    hashes = _keys(n, seed + 100)
+    source = f"p{seed}/r/1#1"
+    s.expect_pool(f"p{seed}", int(rng.integers(0, 3 * n)))
+    s.begin_snapshot(source, int(rng.integers(0, n + 1)), f"p{seed}")  # maybe too few: doubles
+    at = 0
+    while at < n:
+        step = int(rng.integers(1, 9000))
+        s.add_blocks(source, hashes[at : at + step])
+        at += step
+    s.commit_snapshot(source)
+    p = s._pool_ids[f"p{seed}"]
+    assert s.pool_block_count(f"p{seed}") == n
+    if not int(s._lost[p]):  # a doubled table's pairs lost a bit: checked by held() below
+        assert np.array_equal(_table_keys(s, p), _wanted_keys(s, p, hashes))
+    assert s._held(np.full(n, p), mix(hashes)).all()
+    more = _keys(int(rng.integers(1, 20_000)), seed + 200)
+    gone = hashes[: n // 3]
+    s.apply_delta(source, more.tolist(), gone.tolist())
+    live = np.concatenate((hashes[n // 3 :], more))
+    assert s.pool_block_count(f"p{seed}") == live.size
+    assert s._held(np.full(live.size, p), mix(live)).all()
+    if not int(s._lost[p]):
+        assert np.array_equal(_table_keys(s, p), _wanted_keys(s, p, live))
+    probes = mix(_keys(50_000, seed + 300))
+    b1, _, v = s._locate(p, probes)
+    inside = np.isin(b1 * 65536 + v.astype(np.int64), _table_keys(s, p))
+    assert np.array_equal(s._held(np.full(probes.size, p), probes), inside)
+
+
+def test_a_builds_homeless_entries_wait_and_are_placed_by_commit():
+    """A build's step leaves the entries its few _shift passes did not place for the next step:
+    they count as entries (the table's load), a doubling or the commit places them, and a
+    dropped build forgets them."""
+    hashes = _keys(200_000, 7)
+    s = KvSummary()
+    s.begin_snapshot("w/r/1#1", hashes.size, "w")
+    for at in range(0, hashes.size, 4096):
+        s.add_blocks("w/r/1#1", hashes[at : at + 4096])
+    build = s._staged["w/r/1#1"][0]
+    assert build in s._waiting  # a table at 0.75 leaves some for later
+    s.commit_snapshot("w/r/1#1")
+    assert not s._waiting
+    p = s._pool_ids["w"]
+    assert np.array_equal(_table_keys(s, p), _wanted_keys(s, p, hashes))
+    s.begin_snapshot("w/r/1#2", hashes.size, "w")
+    for at in range(0, hashes.size, 4096):
+        s.add_blocks("w/r/1#2", hashes[at : at + 4096])
+    s.drop_source("w/r/1#2")  # the stream ended mid-build
+    assert not s._waiting and not s._staged
+    assert s.pool_block_count("w") == hashes.size
+
+
+def test_the_shift_pass_limit_hands_the_rest_to_the_cuckoo_rounds(monkeypatch):
+    """With no _shift pass at all, what _greedy left goes to _place and is still placed."""
+    monkeypatch.setattr(kv_summary, "SHIFT_PASSES", 0)
+    rounds = _Rounds(monkeypatch)
+    hashes = _keys(50_000, 9)
+    s = KvSummary()
+    s.apply_snapshot("c/r", hashes)
+    assert rounds.entries > 0
+    p = s._pool_ids["c"]
+    assert np.array_equal(_table_keys(s, p), _wanted_keys(s, p, hashes))
+
+
+def test_a_builds_small_steps_are_gathered_before_they_are_placed(monkeypatch):
+    """Steps of 256 blocks (the ingest's smallest, on a busy host) are gathered up to
+    BUILD_BATCH blocks before a placement: a placement's cost is mostly fixed."""
+    calls: list[int] = []
+    bulk = KvSummary._bulk
+
+    def counting(s, p, b1, *rest, **kw):
+        calls.append(int(b1.size))
+        return bulk(s, p, b1, *rest, **kw)
+
+    monkeypatch.setattr(KvSummary, "_bulk", counting)
+    hashes = _keys(40_000, 11)
+    s = KvSummary()
+    s.begin_snapshot("g/r/1#1", hashes.size, "g")
+    for at in range(0, hashes.size, 256):
+        s.add_blocks("g/r/1#1", hashes[at : at + 256])
+    s.commit_snapshot("g/r/1#1")
+    assert len(calls) <= hashes.size // kv_summary.BUILD_BATCH + 2
+    p = s._pool_ids["g"]
+    assert np.array_equal(_table_keys(s, p), _wanted_keys(s, p, hashes))
