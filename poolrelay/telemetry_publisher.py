@@ -197,6 +197,8 @@ class Publisher:
         self.snapshots_sent = 0
         self.messages_dropped = 0
         self._deltas: deque[tuple[int, bytes]] = deque()
+        self._delta_bytes = 0
+        """Bytes of the queued deltas (whether a held-back write has a full batch already)."""
         self._latest: dict[str, bytes] = {}
         self._resync = True
         self._restart = False
@@ -235,10 +237,12 @@ class Publisher:
         if len(self._deltas) >= self.hub.config.queue_limit:
             self.messages_dropped += len(self._deltas) + 1
             self._deltas.clear()
+            self._delta_bytes = 0
             self._resync = True
             log.warning("telemetry queue overflow; a fresh snapshot follows", frontend=self.url)
         else:
             self._deltas.append((sequence, data))
+            self._delta_bytes += len(data)
         self._wake.set()
 
     def offer(self, kind: str, data: bytes) -> None:
@@ -289,7 +293,9 @@ class Publisher:
                 kind = next(iter(latest))
                 await self._write(call, latest.pop(kind))
             else:
-                await self._write(call, deltas.popleft()[1])
+                data = deltas.popleft()[1]
+                self._delta_bytes -= len(data)
+                await self._write(call, data)
             return
         parts = list(latest.values())  # a few reports: always fit
         latest.clear()
@@ -300,6 +306,7 @@ class Publisher:
                 break
             parts.append(data)
             size += len(data)
+            self._delta_bytes -= len(data)
             deltas.popleft()
         await call.write(parts[0] if len(parts) == 1 else batch_wire(parts))
         self.messages_sent += len(parts)
@@ -314,12 +321,8 @@ class Publisher:
         wait = self._last_write + self.batch_interval - self.hub.clock.monotonic()
         if wait <= 0 or len(self._latest) + len(self._deltas) >= MAX_BATCH:
             return 0.0
-        size = sum(len(p) for p in self._latest.values())
-        for _, data in self._deltas:  # at most queue_limit, and only while a write is held back
-            size += len(data)
-            if size >= BATCH_BYTES:
-                return 0.0
-        return wait
+        size = self._delta_bytes + sum(len(p) for p in self._latest.values())  # a few reports
+        return 0.0 if size >= BATCH_BYTES else wait
 
     async def _hold(self, wait: float, reader: asyncio.Future) -> None:
         """Waits `wait` seconds, or less when something is queued (a full batch may be due), a
@@ -336,6 +339,7 @@ class Publisher:
     async def _send_snapshot(self, call) -> None:
         self._resync = False
         self._deltas.clear()  # every queued delta is older than the snapshot
+        self._delta_bytes = 0
         snapshot_id, sequence, hashes = self.hub.snapshot()
         size = self.hub.config.chunk_size
         chunks = max(1, -(-len(hashes) // size))
@@ -352,7 +356,7 @@ class Publisher:
         self.snapshots_sent += 1
         # Deltas queued while the chunks went out continue from `sequence`.
         while self._deltas and self._deltas[0][0] <= sequence:
-            self._deltas.popleft()
+            self._delta_bytes -= len(self._deltas.popleft()[1])
 
     async def _read(self, call) -> None:
         async for resp in call:

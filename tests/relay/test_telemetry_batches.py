@@ -313,6 +313,12 @@ async def test_a_snapshot_a_full_batch_and_an_overflow_are_not_held_back():
         await wait_for(lambda: pub.queue_depth == 0, message="full batch")
         at, msg = stream.written[-1]
         assert at == start and len(msg.batch.messages) == MAX_BATCH
+        # So does a batch full in bytes (two such deltas do not fit one: the first goes alone).
+        big = _delta(1, 20_000)
+        pub.enqueue_delta(1, big)
+        pub.enqueue_delta(2, big)
+        await wait_for(lambda: pub.queue_depth == 1, message="a batch's bytes")
+        assert stream.written[-1] == (start, Req.FromString(big)) and pub._delta_bytes == len(big)
         # A queue that overflows while held still gets a fresh snapshot at once.
         for seq in range(1, 302):
             pub.enqueue_delta(seq, _delta(seq, 1))
