@@ -44,13 +44,14 @@ from meshkit.blocks import block_hashes
 from meshkit.channels import aio_channel
 from meshkit.clock import SystemClock
 from meshkit.logs import configure_logging
-from meshkit.timeconv import duration, timestamp
+from meshkit.timeconv import duration, seconds, timestamp
 from poolrelay.lease_stream import KeepAliveClient
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.retry import TELEMETRY_RECONNECT, reconnect_forever
 from poolrelay.telemetry_publisher import (
     BATCH_BYTES,
     MAX_BATCH,
+    MAX_BATCH_INTERVAL,
     PROTOCOL_VERSION,
     TelemetryConfig,
     TelemetryHub,
@@ -296,6 +297,9 @@ class SimRelay:
         self.batch = batch
         """Batch what is queued when the frontend accepts batches (False: never, as older relays)."""
         self.batching = False
+        self.batch_interval = 0.0
+        """Seconds between writes the frontend's ack asked for (as the relay's publisher honours it)."""
+        self.last_write: float | None = None
         self.relay_id = f"relay-{replica}"
         self.incarnation = incarnation
         self.stats = stats
@@ -368,6 +372,8 @@ class SimRelay:
             if kind == "hello_ack":
                 self.stats.hello_acks += 1
                 self.batching = self.batch and resp.hello_ack.accepts_batches
+                interval = seconds(resp.hello_ack.batch_interval) if self.batching else 0.0
+                self.batch_interval = min(max(interval, 0.0), MAX_BATCH_INTERVAL)
                 self.wake.set()
             elif kind == "snapshot_request":
                 self.stats.snapshot_requests += 1
@@ -390,6 +396,16 @@ class SimRelay:
         self.stats.snapshot_blocks += len(hashes)
         while self.queue and self.queue[0][0] <= sequence:
             self.queue.popleft()
+
+    def _write_delay(self) -> float:
+        """Seconds the next write waits for the frontend's write interval (as Publisher._write_delay)."""
+        if not self.batching or self.batch_interval <= 0 or self.last_write is None:
+            return 0.0
+        wait = self.last_write + self.batch_interval - time.monotonic()
+        if wait <= 0 or len(self.latest) + len(self.queue) >= MAX_BATCH:
+            return 0.0
+        size = sum(len(p) for p in self.latest.values()) + sum(len(m) for _, m in self.queue)
+        return 0.0 if size >= BATCH_BYTES else wait
 
     async def _write_batch(self, call) -> None:
         """The latest reports, then queued deltas, in one TelemetryBatch (as the relay's publisher)."""
@@ -417,6 +433,8 @@ class SimRelay:
         self.live = True
         self.resync = True
         self.batching = False
+        self.batch_interval = 0.0
+        self.last_write = None
         try:
             await call.write(hello)
             while True:
@@ -430,6 +448,18 @@ class SimRelay:
                         productive = True
                         self.stats.streaming += 1
                     continue
+                if (self.latest or self.queue) and (wait := self._write_delay()) > 0:
+                    if reader.done():
+                        break
+                    self.wake.clear()
+                    waiter = asyncio.ensure_future(self.wake.wait())
+                    timer = asyncio.ensure_future(asyncio.sleep(wait))
+                    await asyncio.wait([waiter, timer, reader], return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    timer.cancel()
+                    continue
+                if self.latest or self.queue:
+                    self.last_write = time.monotonic()
                 if self.batching and len(self.latest) + len(self.queue) > 1:
                     await self._write_batch(call)
                     continue

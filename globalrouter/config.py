@@ -51,6 +51,9 @@ class ProbeConfig:
         return bool(self.listen or self.http_listen)
 
 
+MAX_TELEMETRY_BATCH_INTERVAL = 5.0
+"""RouterConfig.telemetry_batch_interval's bound: deltas held longer would age the KV view past use."""
+
 KV_STATES = ("exact", "summary")
 """RouterConfig.kv_state's choices."""
 
@@ -107,6 +110,11 @@ class RouterConfig:
     max_telemetry_streams: int = 4096
     """Telemetry streams open at once (one per relay replica); one more is RESOURCE_EXHAUSTED.
     Sized for a fleet of 1,000 pools x 2 relays, with room for reconnects."""
+    telemetry_batch_interval: float = 0.0
+    """Seconds between a relay's writes on one telemetry stream that this frontend asks for in its
+    hello ack (TelemetryHelloAck.batch_interval): what is queued meanwhile arrives as one batch, so
+    the frontend pays one gRPC message per stream per interval; no delta waits longer than it. 0
+    (the default): relays write as soon as something is queued. At most 5."""
     max_snapshot_blocks: int = 4_194_304
     """Block hashes one telemetry snapshot may carry across its chunks (bounds a stream's memory)."""
     max_snapshot_blocks_per_relay: int = 8_388_608
@@ -151,3 +159,10 @@ class RouterConfig:
     budget_etcd: str = ""
     """etcd HOST:PORT[,HOST:PORT...] where the fleet's frontends keep the policy's budget counters,
     so budgets hold across them; empty: counted in this process only."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.telemetry_batch_interval <= MAX_TELEMETRY_BATCH_INTERVAL:
+            raise ValueError(
+                "telemetry_batch_interval (--telemetry-batch-interval) must be between 0 and "
+                f"{MAX_TELEMETRY_BATCH_INTERVAL:g} seconds; got {self.telemetry_batch_interval!r}"
+            )

@@ -15,7 +15,13 @@ from typing import NoReturn, TypeVar
 
 from globalrouter import policy, stall
 from globalrouter.aliases import AliasError, load_aliases
-from globalrouter.config import KV_STATES, OpenAILinkConfig, ProbeConfig, RouterConfig
+from globalrouter.config import (
+    KV_STATES,
+    MAX_TELEMETRY_BATCH_INTERVAL,
+    OpenAILinkConfig,
+    ProbeConfig,
+    RouterConfig,
+)
 from globalrouter.dispatch import PLACEMENTS, DispatchConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
@@ -118,6 +124,16 @@ def class_pools(value: str) -> dict[int, int]:
 def class_rates(value: str) -> dict[int, float]:
     """argparse type: CLASS=TOKENS_PER_S[,...] (priority classes 0-9, positive rates), "" for none."""
     return _class_map(value, "TOKENS_PER_S", float, lambda v: v > 0 and math.isfinite(v))
+
+
+def _batch_interval(value: str) -> float:
+    """argparse type of --telemetry-batch-interval: seconds from 0 to MAX_TELEMETRY_BATCH_INTERVAL."""
+    seconds = non_negative_number(value)
+    if seconds > MAX_TELEMETRY_BATCH_INTERVAL:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_TELEMETRY_BATCH_INTERVAL:g} seconds, got {value!r}"
+        )
+    return seconds
 
 
 def add_parser(subparsers) -> None:
@@ -409,6 +425,15 @@ def add_parser(subparsers) -> None:
         help="telemetry streams open at once",
     )
     p.add_argument(
+        "--telemetry-batch-interval",
+        type=_batch_interval,
+        default=_D.telemetry_batch_interval,
+        metavar="SECONDS",
+        help="write interval asked of every relay in its telemetry hello ack: at most one message per "
+        "stream per interval, what is queued meanwhile sent as one batch; 0 to "
+        f"{MAX_TELEMETRY_BATCH_INTERVAL:g} (default 0: relays write as soon as something is queued)",
+    )
+    p.add_argument(
         "--max-snapshot-blocks",
         type=int_at_least(1),
         default=_D.max_snapshot_blocks,
@@ -580,6 +605,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
         max_telemetry_streams=args.max_telemetry_streams,
+        telemetry_batch_interval=args.telemetry_batch_interval,
         max_snapshot_blocks=args.max_snapshot_blocks,
         max_snapshot_blocks_per_relay=args.max_snapshot_blocks_per_relay,
         max_snapshot_blocks_total=args.max_snapshot_blocks_total,

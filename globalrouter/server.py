@@ -294,7 +294,11 @@ def create_server(
         core, links, config, tokenizers, authorizer=authorizer, streams=streams, path=path, encoder=encoder
     )
     telemetry_servicer = TelemetryServicer(
-        ingest, config.frontend_id, authorizer=authorizer, max_streams=config.max_telemetry_streams
+        ingest,
+        config.frontend_id,
+        authorizer=authorizer,
+        max_streams=config.max_telemetry_streams,
+        batch_interval=config.telemetry_batch_interval,
     )
 
     def register(server: grpc.aio.Server) -> Sequence[str]:

@@ -22,7 +22,7 @@ from meshkit.errors import Reason, abort_with_reason
 from meshkit.limits import LimitExceeded, Slots, check_size
 from meshkit.logs import get_logger
 from meshkit.supervision import Supervisor
-from meshkit.timeconv import wall_seconds
+from meshkit.timeconv import duration, wall_seconds
 from meshkit.validation import MAX_ID_LENGTH, Violations, check_identifier
 from poolrelay.v1 import pool_events_pb2, telemetry_pb2, telemetry_pb2_grpc
 
@@ -853,10 +853,13 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         max_streams: int = 4096,
         slice_seconds: float = SLICE_SECONDS,
         accepts_batches: bool = True,
+        batch_interval: float = 0.0,
     ) -> None:
         self._ingest = ingest
         self.accepts_batches = accepts_batches
         """Said in every hello ack: relays then send what they queued as one TelemetryBatch."""
+        self.batch_interval = batch_interval
+        """Seconds between a relay's writes asked in the hello ack (with accepts_batches only; 0: none)."""
         self.pacer = IngestPacer(ingest.receive, slice_seconds)
         """Every stream's messages go through it: the loop's telemetry work is bounded per iteration."""
         self.frontend_id = frontend_id
@@ -931,6 +934,16 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         """Ends the call with the reason, and says so in the log (raises, like abort)."""
         log.warning("telemetry stream refused", code=code.name, reason=str(reason), error=message, **where)
         await abort_with_reason(context, code, reason, message, metadata)
+
+    def _hello_ack(self) -> telemetry_pb2.TelemetryHelloAck:
+        """The ack of every hello: batches accepted, and the write interval asked (only with them:
+        a relay that cannot batch could not honour it)."""
+        ack = telemetry_pb2.TelemetryHelloAck(
+            frontend_id=self.frontend_id, accepts_batches=self.accepts_batches
+        )
+        if self.accepts_batches and self.batch_interval > 0:
+            ack.batch_interval.CopyFrom(duration(self.batch_interval))
+        return ack
 
     async def PublishPoolTelemetry(self, request_iterator, context: grpc.aio.ServicerContext):  # type: ignore[override]  # writes with context.write instead of yielding
         try:
@@ -1014,13 +1027,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         stream.end = end
         try:
             self._kick()
-            await context.write(
-                Response(
-                    hello_ack=telemetry_pb2.TelemetryHelloAck(
-                        frontend_id=self.frontend_id, accepts_batches=self.accepts_batches
-                    )
-                )
-            )
+            await context.write(Response(hello_ack=self._hello_ack()))
             metrics = self._ingest._metrics
             while True:
                 msg = await context.read()

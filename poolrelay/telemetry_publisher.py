@@ -15,6 +15,9 @@ that a busy relay writes fewer, larger deltas to each frontend.
 To a frontend whose hello ack accepts batches, everything queued for the stream when it writes
 (the latest reports, then deltas) goes out as one TelemetryBatch, put together from the bytes
 already serialized (batch_wire): the frontend's cost is per gRPC message far more than per byte.
+When the ack also asks for a write interval (batch_interval), a stream writes at most one batch per
+interval: what is queued meanwhile waits (never longer than the interval) and goes as one, unless
+a full batch is queued already; the hello, snapshots and a stream's end are not delayed.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from meshkit.identity import IdentityError, Role
 from meshkit.limits import message_cap
 from meshkit.logs import get_logger
 from meshkit.supervision import Supervisor
-from meshkit.timeconv import duration, timestamp
+from meshkit.timeconv import duration, seconds, timestamp
 from meshkit.tls import is_loopback
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.retry import TELEMETRY_RECONNECT, describe_error, reconnect_forever
@@ -54,6 +57,9 @@ MAX_BATCH = 256
 BATCH_BYTES = message_cap(PUBLISH_METHOD) // 2
 """Bytes of inner messages one batch takes at most: well inside the frontend's message limit (a
 single message larger than this, a delta of a whole chunk's blocks, goes alone)."""
+MAX_BATCH_INTERVAL = 5.0
+"""Longest write interval a frontend's ack may ask for (a longer one is taken as this much): the
+frontend's own bound (--telemetry-batch-interval), so a wrong ack cannot stall a stream's deltas."""
 _BATCH_TAG = bytes([Req.BATCH_FIELD_NUMBER << 3 | 2])
 _MESSAGES_TAG = bytes([tm.TelemetryBatch.MESSAGES_FIELD_NUMBER << 3 | 2])
 
@@ -183,10 +189,16 @@ class Publisher:
         """TelemetryBatch writes (gRPC messages that carried several of messages_sent)."""
         self.batching = False
         """Whether this stream's frontend accepts batches (its hello ack said so)."""
+        self.batch_interval = 0.0
+        """Seconds between writes this stream's frontend asked for (its hello ack; 0: none)."""
+        self._last_write: float | None = None
+        """The hub clock's time of this stream's last write of queued messages (None: none yet)."""
         self.connects = 0
         self.snapshots_sent = 0
         self.messages_dropped = 0
         self._deltas: deque[tuple[int, bytes]] = deque()
+        self._delta_bytes = 0
+        """Bytes of the queued deltas (whether a held-back write has a full batch already)."""
         self._latest: dict[str, bytes] = {}
         self._resync = True
         self._restart = False
@@ -225,10 +237,12 @@ class Publisher:
         if len(self._deltas) >= self.hub.config.queue_limit:
             self.messages_dropped += len(self._deltas) + 1
             self._deltas.clear()
+            self._delta_bytes = 0
             self._resync = True
             log.warning("telemetry queue overflow; a fresh snapshot follows", frontend=self.url)
         else:
             self._deltas.append((sequence, data))
+            self._delta_bytes += len(data)
         self._wake.set()
 
     def offer(self, kind: str, data: bytes) -> None:
@@ -279,7 +293,9 @@ class Publisher:
                 kind = next(iter(latest))
                 await self._write(call, latest.pop(kind))
             else:
-                await self._write(call, deltas.popleft()[1])
+                data = deltas.popleft()[1]
+                self._delta_bytes -= len(data)
+                await self._write(call, data)
             return
         parts = list(latest.values())  # a few reports: always fit
         latest.clear()
@@ -290,15 +306,40 @@ class Publisher:
                 break
             parts.append(data)
             size += len(data)
+            self._delta_bytes -= len(data)
             deltas.popleft()
         await call.write(parts[0] if len(parts) == 1 else batch_wire(parts))
         self.messages_sent += len(parts)
         if len(parts) > 1:
             self.batches_sent += 1
 
+    def _write_delay(self) -> float:
+        """Seconds the next write of queued messages waits for the frontend's write interval: 0 when
+        none was asked, none was written yet, the interval has passed, or a full batch is queued."""
+        if not self.batching or self.batch_interval <= 0 or self._last_write is None:
+            return 0.0
+        wait = self._last_write + self.batch_interval - self.hub.clock.monotonic()
+        if wait <= 0 or len(self._latest) + len(self._deltas) >= MAX_BATCH:
+            return 0.0
+        size = self._delta_bytes + sum(len(p) for p in self._latest.values())  # a few reports
+        return 0.0 if size >= BATCH_BYTES else wait
+
+    async def _hold(self, wait: float, reader: asyncio.Future) -> None:
+        """Waits `wait` seconds, or less when something is queued (a full batch may be due), a
+        snapshot or a restart is asked for, or the frontend's side ends."""
+        self._wake.clear()
+        waiter = asyncio.ensure_future(self._wake.wait())
+        timer = asyncio.ensure_future(self.hub.clock.sleep(wait))
+        try:
+            await asyncio.wait([waiter, timer, reader], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            timer.cancel()
+
     async def _send_snapshot(self, call) -> None:
         self._resync = False
         self._deltas.clear()  # every queued delta is older than the snapshot
+        self._delta_bytes = 0
         snapshot_id, sequence, hashes = self.hub.snapshot()
         size = self.hub.config.chunk_size
         chunks = max(1, -(-len(hashes) // size))
@@ -315,13 +356,16 @@ class Publisher:
         self.snapshots_sent += 1
         # Deltas queued while the chunks went out continue from `sequence`.
         while self._deltas and self._deltas[0][0] <= sequence:
-            self._deltas.popleft()
+            self._delta_bytes -= len(self._deltas.popleft()[1])
 
     async def _read(self, call) -> None:
         async for resp in call:
             if resp.HasField("hello_ack"):
                 # An older frontend leaves accepts_batches false: it gets one message per write.
                 self.batching = resp.hello_ack.accepts_batches
+                # Asked only along with batches; bounded, so that a wrong ack cannot hold deltas back.
+                interval = seconds(resp.hello_ack.batch_interval) if self.batching else 0.0
+                self.batch_interval = min(max(interval, 0.0), MAX_BATCH_INTERVAL)
                 self._wake.set()
             elif resp.HasField("snapshot_request"):
                 log.info("frontend asked for a snapshot", frontend=self.url, why=resp.snapshot_request.reason)
@@ -346,6 +390,8 @@ class Publisher:
             )
         sent_before, snapshots_before = self.messages_sent, self.snapshots_sent
         self.batching = False  # until this stream's frontend says otherwise
+        self.batch_interval = 0.0
+        self._last_write = None
         call = self._publish(metadata=bearer_metadata(self.url))
         reader = asyncio.ensure_future(self._read(call))
         productive = False
@@ -363,7 +409,13 @@ class Publisher:
                         self.last_error = ""
                     continue
                 if self._latest or self._deltas:
+                    if (wait := self._write_delay()) > 0:
+                        if reader.done():
+                            break
+                        await self._hold(wait, reader)
+                        continue
                     had_deltas = bool(self._deltas)
+                    self._last_write = self.hub.clock.monotonic()
                     await self._write_queued(call)
                     if had_deltas and not self._deltas:
                         self.hub.stream_caught_up()

@@ -62,9 +62,11 @@ def test_histogram_quantiles_between_two_scrapes():
 
 
 @pytest.mark.timeout(60)
-def test_simulated_relays_are_accepted_by_a_real_frontend(tmp_path):
+@pytest.mark.parametrize("interval", [None, "1"], ids=["as-queued", "interval-1s"])
+def test_simulated_relays_are_accepted_by_a_real_frontend(tmp_path, interval):
     """3 pools x 2 relays register with a real discovery, stream to a real frontend, churn for 2 s,
-    and the frontend lists every pool with fresh KV and exactly its blocks, with no gap asked about."""
+    and the frontend lists every pool with fresh KV and exactly its blocks, with no gap asked about.
+    With --telemetry-batch-interval the simulated relays write at most once a second per stream."""
     nodes = tmp_path / "nodes.npz"
     rng = np.random.default_rng(5)
     hashes = rng.integers(1, 2**63, size=(40, scale_sim.NODE_BLOCKS), dtype=np.uint64)
@@ -72,7 +74,8 @@ def test_simulated_relays_are_accepted_by_a_real_frontend(tmp_path):
     stats = tmp_path / "sim.json"
     with local_mesh(tmp_path) as mesh:
         mesh.start_discovery()
-        router = mesh.start_router()
+        router = mesh.start_router(*(("--telemetry-batch-interval", interval) if interval else ()))
+        started = time.monotonic()
         _sim, counters = start_simulated_pools(
             mesh,
             router.address,
@@ -102,6 +105,12 @@ def test_simulated_relays_are_accepted_by_a_real_frontend(tmp_path):
         assert c["deltas"] > 0 and c["delta_events"] > 0
         assert c["snapshot_requests"] == 0 and c["stream_errors"] == 0, c["last_error"]
         assert router.metric("globalrouter_telemetry_snapshot_requests_total") == 0
+        if interval:
+            # A delta every 0.1 s and the reports every second, yet one write a second per stream
+            # after its snapshot (as queued, the churn alone would take 20 a stream).
+            streams, elapsed = POOLS * RELAYS, time.monotonic() - started
+            assert c["batches"] > 0
+            assert c["writes"] - c["snapshots"] <= streams * (elapsed + 1), (c, elapsed)
 
 
 def test_a_pool_is_ready_holding_nearly_all_its_blocks_as_the_summary_counts_them():

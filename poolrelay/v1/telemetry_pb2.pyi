@@ -124,12 +124,14 @@ class SnapshotRequest(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class TelemetryHelloAck(_message.Message):
-    __slots__ = ("frontend_id", "accepts_batches")
+    __slots__ = ("frontend_id", "accepts_batches", "batch_interval")
     FRONTEND_ID_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     frontend_id: str
     accepts_batches: bool
-    def __init__(self, frontend_id: _Optional[str] = ..., accepts_batches: _Optional[bool] = ...) -> None: ...
+    batch_interval: _duration_pb2.Duration
+    def __init__(self, frontend_id: _Optional[str] = ..., accepts_batches: _Optional[bool] = ..., batch_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class PublishPoolTelemetryResponse(_message.Message):
     __slots__ = ("hello_ack", "snapshot_request")

@@ -4,10 +4,12 @@ hello ack accepts batches, from the bytes already serialized."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
-from meshkit.clock import SystemClock
+from meshkit.clock import FakeClock, SystemClock
+from meshkit.timeconv import duration
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.telemetry_publisher import (
     BATCH_BYTES,
@@ -183,3 +185,155 @@ async def test_relay_sends_no_batch_to_a_frontend_whose_ack_does_not_accept_them
     recv, pub, _ = await _backlog_then_resume(accepts_batches=False)
     assert recv.batches == 0 and pub.batches_sent == 0
     assert recv.writes == pub.messages_sent - 1  # every message but the hello, one write each
+
+
+# -- the write interval a frontend's ack asks for (TelemetryHelloAck.batch_interval) ------------
+
+
+class _Stream:
+    """A telemetry call that records each write with the fake clock's time, and answers the hello
+    with `ack` (then nothing until cancelled)."""
+
+    def __init__(self, clock: FakeClock, ack: tm.TelemetryHelloAck) -> None:
+        self.clock = clock
+        self.ack = ack
+        self.written: list[tuple[float, Req]] = []
+        self._ended = asyncio.Event()
+
+    async def write(self, data: bytes) -> None:
+        self.written.append((self.clock.monotonic(), Req.FromString(data)))
+
+    def __aiter__(self):
+        return self._responses()
+
+    async def _responses(self):
+        yield tm.PublishPoolTelemetryResponse(hello_ack=self.ack)
+        await self._ended.wait()
+
+    def cancel(self) -> None:
+        self._ended.set()
+
+
+def _ack(interval: float | None) -> tm.TelemetryHelloAck:
+    ack = tm.TelemetryHelloAck(frontend_id="f", accepts_batches=True)
+    if interval is not None:
+        ack.batch_interval.CopyFrom(duration(interval))
+    return ack
+
+
+async def _streaming(
+    ack: tm.TelemetryHelloAck, queue_limit: int = 1024
+) -> tuple[Publisher, _Stream, FakeClock]:
+    """A publisher on a fake clock and a fake call, past its hello and first snapshot."""
+    clock = FakeClock()
+    config = TelemetryConfig(
+        pool_id="p", relay_id="r", incarnation=1, region="x", report_interval=30, queue_limit=queue_limit
+    )
+    hub = TelemetryHub(config, PoolBlocks(), clock)
+    pub = Publisher(hub, "http://127.0.0.1:1")
+    stream = _Stream(clock, ack)
+    pub._publish = lambda metadata=(): stream  # type: ignore[assignment]
+    hub.publishers[pub.url] = pub
+    pub.start()
+    await wait_for(lambda: pub.batching and pub.snapshots_sent == 1, message="ack read, snapshot sent")
+    return pub, stream, clock
+
+
+def _kinds(msg: Req) -> list[str]:
+    if msg.WhichOneof("payload") == "batch":
+        return [str(m.WhichOneof("payload")) for m in msg.batch.messages]
+    return [str(msg.WhichOneof("payload"))]
+
+
+async def test_a_stream_writes_one_batch_per_interval_when_its_frontend_asks():
+    pub, stream, clock = await _streaming(_ack(1.0))
+    try:
+        assert pub.batch_interval == 1.0
+        start = clock.monotonic()
+        written = len(stream.written)  # the hello and the snapshot
+        pub.enqueue_delta(1, _delta(1, 5))  # nothing written for a while: at once
+        await wait_for(lambda: len(stream.written) == written + 1, message="first delta")
+        assert stream.written[-1][0] == start
+        pub.enqueue_delta(2, _delta(2, 5))
+        pub.offer("load", _reports()[0])
+        pub.enqueue_delta(3, _delta(3, 5))
+        await wait_for(lambda: clock.parked_at(start + 1.0), message="the stream waits out its interval")
+        await clock.advance(0.5)
+        assert len(stream.written) == written + 1, "held until the interval has passed"
+        await clock.advance(0.5)
+        await wait_for(lambda: len(stream.written) == written + 2, message="the batch")
+        at, msg = stream.written[-1]
+        assert at == start + 1.0 and _kinds(msg) == ["load", "kv_delta", "kv_delta"]
+        assert pub.batches_sent == 1 and pub.queue_depth == 0
+    finally:
+        await pub.close()
+
+
+async def test_no_message_waits_longer_than_the_interval():
+    pub, stream, clock = await _streaming(_ack(1.0))
+    try:
+        written = len(stream.written)
+        queued_at: dict[int, float] = {}
+        for seq in range(1, 31):  # a delta every 0.1 s for 3 s
+            queued_at[seq] = clock.monotonic()
+            pub.enqueue_delta(seq, _delta(seq, 2))
+            await clock.settle(10)
+            await clock.advance(0.1)
+        await clock.advance(1.0)
+        await wait_for(lambda: pub.queue_depth == 0, message="all written")
+        sent_at: dict[int, float] = {}
+        for at, msg in stream.written[written:]:
+            inner = msg.batch.messages if msg.WhichOneof("payload") == "batch" else [msg]
+            for m in inner:
+                sent_at[m.kv_delta.sequence] = at
+        assert sorted(sent_at) == list(range(1, 31))
+        assert max(sent_at[s] - queued_at[s] for s in sent_at) <= 1.0 + 1e-6
+        writes = [at for at, _ in stream.written[written:]]
+        assert len(writes) <= 5  # the first at once, then one per second (not one per delta)
+        assert all(b - a >= 1.0 - 1e-6 for a, b in itertools.pairwise(writes))
+    finally:
+        await pub.close()
+
+
+async def test_a_snapshot_a_full_batch_and_an_overflow_are_not_held_back():
+    pub, stream, clock = await _streaming(_ack(2.0), queue_limit=300)
+    try:
+        start = clock.monotonic()
+        pub.enqueue_delta(1, _delta(1, 5))
+        await wait_for(lambda: pub.queue_depth == 0, message="first delta")
+        # A snapshot the frontend asks for goes at once (the delta held behind it is in it).
+        pub.enqueue_delta(2, _delta(2, 5))
+        await wait_for(lambda: clock.parked_at(start + 2.0), message="held")
+        pub.request_snapshot()
+        await wait_for(lambda: pub.snapshots_sent == 2, message="snapshot")
+        assert stream.written[-1][0] == start and _kinds(stream.written[-1][1]) == ["kv_snapshot"]
+        # A full batch goes at once.
+        for seq in range(1, MAX_BATCH + 1):
+            pub.enqueue_delta(seq, _delta(seq, 1))
+        await wait_for(lambda: pub.queue_depth == 0, message="full batch")
+        at, msg = stream.written[-1]
+        assert at == start and len(msg.batch.messages) == MAX_BATCH
+        # So does a batch full in bytes (two such deltas do not fit one: the first goes alone).
+        big = _delta(1, 20_000)
+        pub.enqueue_delta(1, big)
+        pub.enqueue_delta(2, big)
+        await wait_for(lambda: pub.queue_depth == 1, message="a batch's bytes")
+        assert stream.written[-1] == (start, Req.FromString(big)) and pub._delta_bytes == len(big)
+        # A queue that overflows while held still gets a fresh snapshot at once.
+        for seq in range(1, 302):
+            pub.enqueue_delta(seq, _delta(seq, 1))
+        await wait_for(lambda: pub.snapshots_sent == 3, message="snapshot after the overflow")
+        assert stream.written[-1][0] == start and pub.messages_dropped >= 301
+    finally:
+        await pub.close()
+
+
+@pytest.mark.parametrize(
+    ("asked", "taken"), [(None, 0.0), (0.0, 0.0), (-1.0, 0.0), (0.25, 0.25), (3600.0, 5.0)]
+)
+async def test_the_asked_interval_is_bounded(asked, taken):
+    pub, _stream, _clock = await _streaming(_ack(asked))
+    try:
+        assert pub.batch_interval == taken
+    finally:
+        await pub.close()

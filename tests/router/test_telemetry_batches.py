@@ -8,9 +8,14 @@ import asyncio
 import grpc
 import pytest
 
+from globalrouter import serve_cli
+from globalrouter.cli import build_parser
+from globalrouter.config import RouterConfig
 from globalrouter.selection import pool_overlaps
+from meshkit import settings
 from meshkit.blocks import block_hashes
 from meshkit.clock import SystemClock
+from meshkit.timeconv import seconds
 from meshkit.validation import bad_request_fields
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.telemetry_publisher import TelemetryConfig, TelemetryHub
@@ -191,3 +196,60 @@ async def test_the_relay_batches_to_a_real_frontend_and_its_state_arrives(router
     finally:
         await hub.close()
         await asyncio.sleep(0)
+
+
+# -- the write interval the frontend asks for (--telemetry-batch-interval) ----------------------
+
+
+async def test_the_ack_asks_for_the_write_interval_only_with_the_flag():
+    router, _stub, channel = await start_router(telemetry_batch_interval=0.5)
+    try:
+        relay = FakeRelay(f"127.0.0.1:{router.port}")
+        ack = (await relay.open("p1")).hello_ack
+        assert ack.accepts_batches and ack.HasField("batch_interval")
+        assert seconds(ack.batch_interval) == 0.5
+        await relay.close()
+        # Asked only along with batches: a relay that may not batch could not honour it.
+        router.telemetry.accepts_batches = False
+        relay = FakeRelay(f"127.0.0.1:{router.port}")
+        ack = (await relay.open("p2")).hello_ack
+        assert not ack.accepts_batches and not ack.HasField("batch_interval")
+        await relay.close()
+    finally:
+        await channel.close()
+        await router.handle.server.stop(0)
+
+
+async def test_without_the_flag_the_ack_asks_for_no_interval(router):
+    relay = FakeRelay(f"127.0.0.1:{router.port}")
+    ack = (await relay.open("p1")).hello_ack
+    assert ack.accepts_batches and not ack.HasField("batch_interval")
+    await relay.close()
+
+
+def _serve_args(*flags: str):
+    args = settings.parse_args(build_parser(), ["serve", "--discovery", "127.0.0.1:1", *flags], environ={})
+    args.security = RouterConfig().security  # what cli.main adds after parsing
+    return args
+
+
+@pytest.mark.parametrize("value", ["-0.1", "5.01", "inf", "nan", "soon"])
+def test_the_batch_interval_flag_is_checked(value, capsys):
+    with pytest.raises(SystemExit):
+        _serve_args("--telemetry-batch-interval", value)
+    assert "argument --telemetry-batch-interval:" in capsys.readouterr().err  # not merely unknown
+
+
+def test_the_batch_interval_flag_reaches_the_config_and_is_bounded_there_too():
+    assert serve_cli.router_config(_serve_args()).telemetry_batch_interval == 0.0
+    assert (
+        serve_cli.router_config(_serve_args("--telemetry-batch-interval", "1")).telemetry_batch_interval
+        == 1.0
+    )
+    assert (
+        serve_cli.router_config(_serve_args("--telemetry-batch-interval", "5")).telemetry_batch_interval
+        == 5.0
+    )
+    for bad in (-1.0, 5.5, float("nan")):
+        with pytest.raises(ValueError, match="telemetry_batch_interval"):
+            RouterConfig(telemetry_batch_interval=bad)
