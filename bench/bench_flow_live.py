@@ -40,8 +40,8 @@ from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.errors import detail_of, reason_of
 from meshkit.identity import hash_api_key, new_api_key
 from meshlaunch import MODEL, Mesh, free_port, process_group, wait_until
+from meshlaunch.etcd_cluster import EtcdCluster
 from meshlaunch.mesh import RouterProc, relay_argv, router_argv, sees_with_telemetry
-from tests.discovery.etcd_support import running_etcd
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "bench" / "results" / "bench_flow_live.md"
@@ -148,7 +148,9 @@ def budget_mesh(tmp: Path, spec: FloodSpec) -> Iterator[BudgetMesh]:
     (tmp / "api-keys").write_text("\n".join(lines) + "\n")
     policy = tmp / "policy.toml"
     policy.write_text(spec.policy())
-    with running_etcd() as etcd, process_group(tmp) as group:
+    with process_group(tmp) as group:
+        # one member, the budgets' store; its data in `tmp`, which the caller removes
+        etcd = EtcdCluster(group, size=1, data_root=tmp / "etcd").start().endpoints_flag
         m = Mesh(group)
         m.start_discovery()
         routers = []
