@@ -41,7 +41,7 @@ from meshkit.errors import detail_of, reason_of
 from meshkit.identity import hash_api_key, new_api_key
 from meshlaunch import MODEL, Mesh, free_port, process_group, wait_until
 from meshlaunch.etcd_cluster import EtcdCluster
-from meshlaunch.mesh import RouterProc, relay_argv, router_argv, sees_with_telemetry
+from meshlaunch.mesh import RouterProc, router_argv, sees_with_telemetry
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "bench" / "results" / "bench_flow_live.md"
@@ -166,21 +166,9 @@ def budget_mesh(tmp: Path, spec: FloodSpec) -> Iterator[BudgetMesh]:
             )
             routers.append(RouterProc(address, group.start("router", args), metrics_port))
         for pool_id, key in relay_keys.items():
-            pool = m.start_pool(pool_id, "eu", *POOL_FLAGS, relay=False)
             key_file = tmp / f"{pool_id}.apikey"
             key_file.write_text(key + "\n")
-            group.start(
-                f"relay-{pool_id}",
-                relay_argv(
-                    pool.address,
-                    m.discovery,
-                    pool_id,
-                    "eu",
-                    f"relay-{pool_id}",
-                    "--api-key-file",
-                    str(key_file),
-                ),
-            )
+            m.start_pool(pool_id, "eu", *POOL_FLAGS, relay_flags=("--api-key-file", str(key_file)))
         mesh = BudgetMesh(routers, keys)
         with contextlib.ExitStack() as channels:
             for router in routers:

@@ -8,7 +8,7 @@ import ssl
 import subprocess
 import tempfile
 import urllib.request
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,9 +190,16 @@ class Mesh:
         return self.discovery
 
     def start_pool(
-        self, pool_id: str, region: str = "r1", *extra: str, relay: bool = True, model: str = MODEL
+        self,
+        pool_id: str,
+        region: str = "r1",
+        *extra: str,
+        relay: bool = True,
+        model: str = MODEL,
+        relay_flags: Sequence[str] = (),
     ) -> PoolProcs:
-        """Starts a mocker pool of `model` (waits until it serves) and, unless `relay` is False, its relay."""
+        """Starts a mocker pool of `model` (waits until it serves) and, unless `relay` is False, its
+        relay (with `relay_flags` added, e.g. `--api-key-file`)."""
         if relay and not self.discovery:
             raise LaunchError(f"pool {pool_id}: start discovery before a relay that registers with it")
         address = f"127.0.0.1:{free_port()}"
@@ -215,6 +222,7 @@ class Mesh:
                     region,
                     f"relay-{pool_id}",
                     *self._tls(relay_cert_name(pool_id)),
+                    *relay_flags,
                 ),
             )
             if relay

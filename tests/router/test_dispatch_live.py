@@ -104,3 +104,32 @@ def test_a_frontend_with_late_binding_serves_and_keeps_a_prefix_on_its_holder(tm
         assert len(first["tokens"]) == 4
         outs = [generate_cli(router, [*prefix, 1, 2, 3, k], 4) for k in range(3)]
         assert all(len(o["tokens"]) == 4 for o in outs)
+
+
+# Pacing on the live request path: a paced class's request waits for its bucket and then gets its
+# pool, while a higher class's request is decided at once.
+async def test_a_paced_request_waits_for_its_bucket_and_a_higher_class_does_not():
+    core = core_with(("a", 0), ("b", 0))
+    clock = core.clock
+    assert isinstance(clock, FakeClock)
+    config = DispatchConfig(
+        start_within_seconds=1e6, pace_tokens_per_second={0: 100.0}, pace_burst_seconds=0.0
+    )
+    binder = LateBinder(core, config)
+    try:
+        # 32 prompt + 68 output tokens: the first puts class 0 1 s in debt
+        first = await asyncio.wait_for(binder.decide("m", list(range(32)), 68, priority=0), 5)
+        assert first.candidates
+        held = asyncio.create_task(binder.decide("m", list(range(32, 64)), 68, priority=0))
+        await asyncio.sleep(0.1)
+        assert not held.done() and binder.queue.queued() == 1
+        high = await asyncio.wait_for(binder.decide("m", list(range(64, 96)), 68, priority=1), 5)
+        assert high.candidates and not held.done()
+        clock.set(NOW + 0.5)
+        await asyncio.sleep(0.1)
+        assert not held.done()
+        clock.set(NOW + 1.0)  # out of debt: the binder's wake-up finds it
+        decision = await asyncio.wait_for(held, 5)
+        assert decision.candidates and binder.queue.queued() == 0
+    finally:
+        await binder.close()

@@ -36,7 +36,7 @@ from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshkit.errors import detail_of, reason_of
 from meshkit.identity import hash_api_key, new_api_key
 from meshlaunch import MODEL, Mesh, free_port, process_group, wait_until
-from meshlaunch.mesh import RouterProc, relay_argv, router_argv, sees_with_telemetry
+from meshlaunch.mesh import RouterProc, router_argv, sees_with_telemetry
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -167,21 +167,9 @@ def flow_mesh(tmp_path: Path, pools: int, *router_flags: str) -> Iterator[FlowMe
         )
         router = RouterProc(address, group.start("router", args), metrics_port)
         for pool_id, key in relay_keys.items():
-            pool = m.start_pool(pool_id, "eu", *POOL_FLAGS, relay=False)
             key_file = tmp_path / f"{pool_id}.apikey"
             key_file.write_text(key + "\n")
-            group.start(
-                f"relay-{pool_id}",
-                relay_argv(
-                    pool.address,
-                    m.discovery,
-                    pool_id,
-                    "eu",
-                    f"relay-{pool_id}",
-                    "--api-key-file",
-                    str(key_file),
-                ),
-            )
+            m.start_pool(pool_id, "eu", *POOL_FLAGS, relay_flags=("--api-key-file", str(key_file)))
         mesh = FlowMesh(router, http, keys)
 
         def routable() -> bool:
