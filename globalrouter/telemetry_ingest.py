@@ -582,6 +582,13 @@ class TelemetryIngest:
                 return used, False
         else:
             used = 0
+        if self._summary is not None:
+            # What the build's steps left for later is placed in steps too, not in the commit.
+            if budget > 0 and used >= budget:
+                return used, False
+            settled = self._summary.settle_build(job.source, budget - used if budget > 0 else 0)
+            if settled:
+                return used + settled, False
         self._swap_in(job)
         return used, True
 
