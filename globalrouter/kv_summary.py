@@ -545,7 +545,7 @@ class KvSummary:
         b1, b2, v = self._locate(s, h)
         base, nb = int(self._base[s]), int(self._nb[s])
         region = self._slots[base : base + nb]
-        index = np.int32 if nb < 1 << 30 else np.int64
+        index = np.int32 if nb < 1 << 31 else np.int64
         # One pass of _insert (not _bulk's passes: a step's slice into a big table has few entries
         # sharing a row); those it leaves wait, and _shift's passes run over them in bulk.
         a, b, v = self._insert(region, b1.astype(index), b2.astype(index), v)
