@@ -216,7 +216,11 @@ class IngestPacer:
     Pacing keeps the main port's calls (a health check too: gRPC's asyncio server takes every call
     through this loop) prompt; probes that must answer whatever the loop does go to the probe
     port instead (globalrouter.health_probe: its own threads, ready only while this loop ticks;
-    docs/operations.md, "Health under load")."""
+    docs/operations.md, "Health under load").
+
+    Measured on and off (BENCHMARKS.md, "The pacer measured again"): 2-11 us of CPU a message, and
+    in snapshot storms the first load ready sooner and a restart's slowest health check 2 to 5
+    times shorter; no consistent difference in the steady state."""
 
     def __init__(
         self,
