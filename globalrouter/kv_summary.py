@@ -35,12 +35,13 @@ rows become a hidden table, new entries go to the new one, each later write to t
 of the telemetry ingest's steps (grow_step) moves a slice of old rows, and reads look at both
 until the last slice (an entry not moved yet answers with its full fingerprint).
 
-Bulk placement (a snapshot, a doubling's slice: _bulk) is a few vector passes over the whole batch, not a round per entry: each entry to the emptier of its rows, one per row a pass
-(_greedy; about 5% of a fresh table's find both rows full at a load of 0.75), then those moved in
-with one step of look-ahead (one of the four entries in their rows moves to its other row) or a
-random eviction, all at once a pass (_shift); the rare rest go to _place's cuckoo rounds. Where
-an entry lands never changes an answer: a probe matches its (first bucket, fingerprint) pair in
-whichever of its two rows it is. A build's step (a slice of a snapshot into a big table) takes one
+Bulk placement (a snapshot, a doubling's slice: _bulk) is a few vector passes over the whole
+batch, not a round per entry: each entry to the emptier of its rows, one per row a pass (_greedy;
+about 5% of a fresh table's find both rows full at a load of 0.75), then those moved in with one
+step of look-ahead (one of the four entries in their rows moves to its other row) or a random
+eviction, all at once a pass (_shift); the rare rest go to _place's cuckoo rounds. Where an entry
+lands never changes an answer: a probe matches its (first bucket, fingerprint) pair in whichever
+of its two rows it is. A build's step (a slice of a snapshot into a big table) takes one
 leaner pass of that kind (_insert: few of its entries share a row), and the entries it leaves wait
 until there are enough of them for _shift's passes to be worth their fixed cost (SHIFT_AT).
 
@@ -62,7 +63,8 @@ tables vectorised (all pools at once) when the log holds PENDING blocks or befor
 The live frontend (`globalrouter serve --kv-state summary`) applies a snapshot in bounded steps:
 begin_snapshot gives it a table of its own (a hidden table id, never searched), add_blocks fills
 it a slice at a time, settle_build places what the slices left waiting a step at a time, and
-commit_snapshot makes it the pool's in one swap (until then the pool's old set answers). remove_blocks is a no-op: a leaving source's blocks are its pool's.
+commit_snapshot makes it the pool's in one swap (until then the pool's old set answers).
+remove_blocks is a no-op: a leaving source's blocks are its pool's.
 """
 
 from __future__ import annotations
@@ -844,7 +846,7 @@ class KvSummary:
         cell = np.where(side, b[at], a[at]).astype(np.int64) * SLOTS + (k[at] != 0)
         val = v[at] | side.view(np.uint8)
         flat = region.reshape(-1)
-        flat[cell] = val
+        flat[cell] = val  # a cell written twice holds one of the values (which one is unspecified)
         left = np.ones(a.size, bool)
         left[at[flat[cell] == val]] = False  # the others lost their cell to another entry
         keep = np.flatnonzero(left)
