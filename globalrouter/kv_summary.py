@@ -544,13 +544,15 @@ class KvSummary:
                 and int(self._lost[s]) < MAX_LOST
             ):
                 self._double(s)
-        b1, b2, v = self._locate(s, h)
         base, nb = int(self._base[s]), int(self._nb[s])
         region = self._slots[base : base + nb]
-        index = np.int32 if nb < 1 << 31 else np.int64
+        if nb < 1 << 31:
+            b1, b2, v = self._locate_narrow(s, h)
+        else:
+            b1, b2, v = self._locate(s, h)
         # One pass of _insert (not _bulk's passes: a step's slice into a big table has few entries
         # sharing a row); those it leaves wait, and _shift's passes run over them in bulk.
-        a, b, v = self._insert(region, b1.astype(index), b2.astype(index), v)
+        a, b, v = self._insert(region, b1, b2, v)
         self._count[s] += h.size  # waiting entries count too (the table's load)
         waiting = self._waiting.pop(s, None)
         if waiting is not None:
@@ -641,6 +643,22 @@ class KvSummary:
         fp = (x >> _FP_SHIFT) & _FP_MASK
         return self._finish(p, b1, fp)
 
+    def _locate_narrow(self, p: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """_locate for one table of fewer than 2^31 rows, in narrow types (int32 buckets, uint16
+        fingerprints): the same values at about half the cost (the uint64 temporaries and the two
+        copies to int32 were a seventh of a stepped snapshot's CPU)."""
+        nb, lost = int(self._nb[p]), int(self._lost[p])
+        n = np.uint64(nb)
+        x = (h >> _S32) * n + (((h & _M32) * n) >> _S32)
+        b1 = (x >> _S32).astype(np.int32)
+        fp = ((x >> _FP_SHIFT) & _FP_MASK).astype(np.uint16)
+        if lost:
+            fp = (fp >> np.uint16(lost)) << np.uint16(lost)
+        fp[fp == 0] = np.uint16(1 << lost)
+        b2 = self._alt_rows(nb)[fp] - b1
+        b2[b2 < 0] += nb
+        return b1, b2, fp << np.uint16(1)
+
     def _finish(
         self, p: np.ndarray | int, b1: np.ndarray, fp: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -675,7 +693,10 @@ class KvSummary:
             if len(self._alt_cache) >= ALT_SIZES:
                 self._alt_cache.pop(next(iter(self._alt_cache)))
             fp = np.arange(1 << FP_BITS, dtype=np.uint64)
-            rows = self._alt_cache[nb] = (self._alt(fp) % np.uint64(nb)).astype(np.int64)
+            # int32 where it fits: half the cache lines of a gather, and int32 buckets stay int32
+            rows = self._alt_cache[nb] = (self._alt(fp) % np.uint64(nb)).astype(
+                np.int32 if nb < 1 << 31 else np.int64
+            )
         return rows
 
     @staticmethod

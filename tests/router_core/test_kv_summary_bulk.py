@@ -259,3 +259,20 @@ def test_blocks_sharing_a_row_and_a_fingerprint_in_one_slice_get_an_entry_each()
     s.apply_delta("c/r/1#1", (), chosen[:1].tolist())  # one of a pair goes: the other is held
     assert s.pool_block_count("c") == chosen.size - 1
     assert s._held(np.full(chosen.size - 1, p), mix(chosen[1:])).all()
+
+
+@pytest.mark.parametrize("lost", [0, 1, 3])
+def test_the_builds_narrow_locate_gives_locates_values(lost):
+    """A build's step locates its slice in int32 buckets and uint16 fingerprints (_locate_narrow):
+    the same first bucket, second bucket and slot value as _locate, lost fingerprint bits too."""
+    s = KvSummary()
+    s.begin_snapshot("n/r/1#1", 3_000_000, "n")
+    build = s._staged["n/r/1#1"][0]
+    s._lost[build] = lost
+    h = mix(_keys(200_000, 31 + lost))
+    h[:3] = [0, 2**64 - 1, 2**63]  # the ends of the product's range
+    wide = s._locate(build, h)
+    narrow = s._locate_narrow(build, h)
+    assert narrow[0].dtype == np.int32 and narrow[2].dtype == np.uint16
+    for x, y in zip(wide, narrow, strict=True):
+        assert np.array_equal(x, y)
