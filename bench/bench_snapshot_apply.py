@@ -279,6 +279,8 @@ def compare_main(args) -> int:
         ):
             if state == "summary" and not hasattr(module.KvSummary, "growing"):
                 module.KvSummary.growing = lambda self: False  # DIR's has no stepped growth
+            if state == "summary" and not hasattr(module.KvSummary, "settle_build"):
+                module.KvSummary.settle_build = lambda self, source, budget: 0  # DIR's commit places all
             index = module.KvIndex() if state == "exact" else module.KvSummary()
             for k, h in enumerate(background):
                 index.apply_snapshot(f"bg-{k}/r", h)

@@ -35,13 +35,15 @@ rows become a hidden table, new entries go to the new one, each later write to t
 of the telemetry ingest's steps (grow_step) moves a slice of old rows, and reads look at both
 until the last slice (an entry not moved yet answers with its full fingerprint).
 
-Bulk placement (a snapshot, a build's step, a doubling's slice: _bulk) is a few vector passes over
-the whole batch, not a round per entry: each entry to the emptier of its rows, one per row a pass
-(_greedy; about 5% of a fresh table's find both rows full at a load of 0.75), then those moved in
-with one step of look-ahead (one of the four entries in their rows moves to its other row) or a
-random eviction, all at once a pass (_shift); the rare rest go to _place's cuckoo rounds. Where
-an entry lands never changes an answer: a probe matches its (first bucket, fingerprint) pair in
-whichever of its two rows it is.
+Bulk placement (a snapshot, a doubling's slice: _bulk) is a few vector passes over the whole
+batch, not a round per entry: each entry to the emptier of its rows, one per row a pass (_greedy;
+about 5% of a fresh table's find both rows full at a load of 0.75), then those moved in with one
+step of look-ahead (one of the four entries in their rows moves to its other row) or a random
+eviction, all at once a pass (_shift); the rare rest go to _place's cuckoo rounds. Where an entry
+lands never changes an answer: a probe matches its (first bucket, fingerprint) pair in whichever
+of its two rows it is. A build's step (a slice of a snapshot into a big table) takes one
+leaner pass of that kind (_insert: few of its entries share a row), and the entries it leaves wait
+until there are enough of them for _shift's passes to be worth their fixed cost (SHIFT_AT).
 
 Longest cached prefix: chained hashes make membership mostly monotone along a prompt, so every
 pool is binary-searched at once (one vectorised probe of all still-searching pools per step,
@@ -60,8 +62,9 @@ tables vectorised (all pools at once) when the log holds PENDING blocks or befor
 
 The live frontend (`globalrouter serve --kv-state summary`) applies a snapshot in bounded steps:
 begin_snapshot gives it a table of its own (a hidden table id, never searched), add_blocks fills
-it a slice at a time, commit_snapshot makes it the pool's in one swap (until then the pool's old
-set answers). remove_blocks is a no-op: a leaving source's blocks are its pool's.
+it a slice at a time, settle_build places what the slices left waiting a step at a time, and
+commit_snapshot makes it the pool's in one swap (until then the pool's old set answers).
+remove_blocks is a no-op: a leaving source's blocks are its pool's.
 """
 
 from __future__ import annotations
@@ -110,7 +113,12 @@ SHIFT_PASSES = 48
 BUILD_BATCH = 8192
 """Blocks a build gathers from its steps before placing them (see add_blocks)."""
 CARRY_PASSES = 3
-"""_shift passes in a build's step (the rest wait for the next step: see _waiting)."""
+"""_shift passes over a build's waiting entries when they are run (see SHIFT_AT)."""
+SHIFT_AT = 2048
+"""Entries a build's steps leave homeless (both rows full, or a row taken by another entry of the
+same pass) that wait before _shift's passes run over them: a pass is a few dozen numpy calls
+whatever its size, so running them every step over a few dozen entries was a third of a stepped
+snapshot's CPU."""
 ALT_SIZES = 8
 """Bucket counts whose alt-row table (_alt_rows, 256 KiB each) is kept."""
 KICK_ROUNDS = 500
@@ -131,6 +139,8 @@ _S32 = np.uint64(32)
 _FP_SHIFT = np.uint64(32 - FP_BITS)
 _FP_MASK = np.uint64((1 << FP_BITS) - 1)
 _ALT_MUL = np.uint64(0x9E37_79B9_7F4A_7C15)
+_ONE_FULL = np.uint32(0x10000)
+"""A build table's row word at or above it is full (see KvSummary._insert)."""
 _ROW_WORD = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[SLOTS]
 """A row's SLOTS comparison bytes read as one word (any slot equal <=> the word is not 0)."""
 
@@ -222,6 +232,7 @@ class KvSummary:
         "_staged",
         "_top",
         "_waiting",
+        "_walked",
         "verify_top",
     )
 
@@ -293,9 +304,13 @@ class KvSummary:
         self._spare: list[int] = []
         """Build table ids free for the next begin_snapshot."""
         self._waiting: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        """Build table id -> entries its steps left homeless (rows both full after a few _shift
-        passes), carried into its next step's passes and placed by commit_snapshot: a step's
-        passes over a few dozen entries are mostly fixed cost."""
+        """Build table id -> entries its steps left homeless (both rows full, or a cell another
+        entry of the pass took), counted as entries; _shift's passes run over them once SHIFT_AT
+        wait (a pass over a few dozen entries is mostly fixed cost), settle_build's steps place
+        the last ones, commit_snapshot any left."""
+        self._walked: dict[int, int] = {}
+        """Build table id -> _shift passes settle_build ran over its waiting entries (bounded: past
+        SHIFT_PASSES the commit places the rest, cuckoo rounds if need be)."""
         self._shadow: dict[int, int] = {}
         """Pool id -> the hidden id of its table before a growth in progress (see _begin_growth):
         its rows not yet moved, read with the pool's new table, counted in the pool's _count."""
@@ -371,6 +386,7 @@ class KvSummary:
 
     def _release(self, p: int) -> None:
         self._waiting.pop(p, None)
+        self._walked.pop(p, None)
         self._gather.pop(p, None)
         self._aside.pop(p, None)
         fresh = self._fresh.pop(p, None)
@@ -528,13 +544,58 @@ class KvSummary:
                 and int(self._lost[s]) < MAX_LOST
             ):
                 self._double(s)
-        b1, b2, v = self._locate(s, h)
-        # Vector passes over the slice (_bulk), not _place's cuckoo rounds per entry (which were
-        # most of a stepped snapshot's cost); the few left homeless wait for the next step.
-        self._bulk(s, b1, b2, v, carry=True)
+        base, nb = int(self._base[s]), int(self._nb[s])
+        region = self._slots[base : base + nb]
+        if nb < 1 << 31:
+            b1, b2, v = self._locate_narrow(s, h)
+        else:
+            b1, b2, v = self._locate(s, h)
+        # One pass of _insert (not _bulk's passes: a step's slice into a big table has few entries
+        # sharing a row); those it leaves wait, and _shift's passes run over them in bulk.
+        a, b, v = self._insert(region, b1, b2, v)
+        self._count[s] += h.size  # waiting entries count too (the table's load)
+        waiting = self._waiting.pop(s, None)
+        if waiting is not None:
+            a, b, v = (np.concatenate((x, y)) for x, y in zip(waiting, (a, b, v), strict=True))
+        if a.size >= SHIFT_AT:
+            a, b, v = self._shift(region, a, b, v, CARRY_PASSES)
+        if a.size:  # counted as entries (the table's load), placed by a later step or the commit
+            self._waiting[s] = (a, b, v)
+
+    def settle_build(self, source: str, budget: int) -> int:
+        """Places what the build under `source` has gathered or left waiting, about `budget`
+        entry-passes of work (all when budget <= 0), so that commit_snapshot has little left to
+        do; returns the work done, 0 when nothing is left (the ingest's steps call it before the
+        commit). Unknown sources have nothing left."""
+        staged = self._staged.get(source)
+        if staged is None:
+            return 0
+        s = staged[0]
+        if s in self._gather:
+            parts = self._gather[s]
+            done = sum(x.size for x in parts)
+            self._build(s)
+            return max(1, done)
+        walked = self._walked.get(s, 0)
+        if s not in self._waiting or walked >= SHIFT_PASSES:
+            return 0
+        waiting = self._waiting.pop(s)
+        base, nb = int(self._base[s]), int(self._nb[s])
+        size = waiting[0].size
+        # A pass costs about as much as SHIFT_AT entries' share of it whatever its size, so a step
+        # runs at least one and as many as its budget pays for (the walk of the last few homeless
+        # entries of a full table takes a few dozen).
+        passes = SHIFT_PASSES - walked if budget <= 0 else max(1, budget // (size + SHIFT_AT))
+        passes = min(passes, SHIFT_PASSES - walked)
+        a, b, v = self._shift(self._slots[base : base + nb], *waiting, passes, seed=walked + 1)
+        self._walked[s] = walked + passes
+        if a.size:
+            self._waiting[s] = (a, b, v)
+        return max(1, passes * (size + SHIFT_AT))
 
     def _settle_waiting(self, s: int) -> None:
         """Places the entries a build's steps left homeless (before it doubles or is committed)."""
+        self._walked.pop(s, None)
         waiting = self._waiting.pop(s, None)
         if waiting is not None:
             self._count[s] -= waiting[0].size
@@ -582,6 +643,22 @@ class KvSummary:
         fp = (x >> _FP_SHIFT) & _FP_MASK
         return self._finish(p, b1, fp)
 
+    def _locate_narrow(self, p: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """_locate for one table of fewer than 2^31 rows, in narrow types (int32 buckets, uint16
+        fingerprints): the same values at about half the cost (the uint64 temporaries and the two
+        copies to int32 were a seventh of a stepped snapshot's CPU)."""
+        nb, lost = int(self._nb[p]), int(self._lost[p])
+        n = np.uint64(nb)
+        x = (h >> _S32) * n + (((h & _M32) * n) >> _S32)
+        b1 = (x >> _S32).astype(np.int32)
+        fp = ((x >> _FP_SHIFT) & _FP_MASK).astype(np.uint16)
+        if lost:
+            fp = (fp >> np.uint16(lost)) << np.uint16(lost)
+        fp[fp == 0] = np.uint16(1 << lost)
+        b2 = self._alt_rows(nb)[fp] - b1
+        b2[b2 < 0] += nb
+        return b1, b2, fp << np.uint16(1)
+
     def _finish(
         self, p: np.ndarray | int, b1: np.ndarray, fp: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -616,7 +693,10 @@ class KvSummary:
             if len(self._alt_cache) >= ALT_SIZES:
                 self._alt_cache.pop(next(iter(self._alt_cache)))
             fp = np.arange(1 << FP_BITS, dtype=np.uint64)
-            rows = self._alt_cache[nb] = (self._alt(fp) % np.uint64(nb)).astype(np.int64)
+            # int32 where it fits: half the cache lines of a gather, and int32 buckets stay int32
+            rows = self._alt_cache[nb] = (self._alt(fp) % np.uint64(nb)).astype(
+                np.int32 if nb < 1 << 31 else np.int64
+            )
         return rows
 
     @staticmethod
@@ -734,7 +814,7 @@ class KvSummary:
             cut = slice(at, at + step)
             self._settle(p[cut], ga[cut], v[cut], gb[cut], vb[cut])
 
-    def _bulk(self, p: int, b1: np.ndarray, b2: np.ndarray, v: np.ndarray, *, carry: bool = False) -> None:
+    def _bulk(self, p: int, b1: np.ndarray, b2: np.ndarray, v: np.ndarray) -> None:
         """Puts distinct absent entries into pool p's table (any fill) in a bounded number of
         vector passes over the whole batch, no round per entry (see _greedy and _shift); the
         rare rest go the generic way (_place: cuckoo evictions). Where an entry lands does not
@@ -747,22 +827,10 @@ class KvSummary:
         index = np.int32 if nb < 1 << 31 else np.int64
         a, b = b1.astype(index), b2.astype(index)
         fresh = int(self._count[p]) == 0
-        # A step's slice into a filled table: one pass (few entries share a row), the rest go to
-        # _shift, which places into rows with room too: fewer passes of fixed cost.
-        passes = GREEDY_PASSES if fresh or not carry else 1
-        a, b, v = self._greedy(region, a, b, v, fresh=fresh, passes=passes)
-        if carry:  # a build's step: the entries earlier steps left join this step's few passes
-            waiting = self._waiting.pop(p, None)
-            if waiting is not None:
-                a, b, v = (np.concatenate((x, y)) for x, y in zip(waiting, (a, b, v), strict=True))
+        a, b, v = self._greedy(region, a, b, v, fresh=fresh, passes=GREEDY_PASSES)
         if a.size:
-            a, b, v = self._shift(region, a, b, v, CARRY_PASSES if carry else SHIFT_PASSES)
+            a, b, v = self._shift(region, a, b, v, SHIFT_PASSES)
         self._count[p] += b1.size - a.size
-        if carry:
-            if a.size:  # counted as entries (the table's load), placed by a later step
-                self._waiting[p] = (a, b, v)
-                self._count[p] += a.size
-            return
         if a.size:
             self._place(np.full(a.size, p, np.int64), a.astype(np.int64), b.astype(np.int64), v)
 
@@ -772,6 +840,38 @@ class KvSummary:
         if self._owner.size < rows:
             self._owner = np.zeros(rows, np.int32)
         return self._owner
+
+    @staticmethod
+    def _insert(
+        region: np.ndarray, a: np.ndarray, b: np.ndarray, v: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One pass of _greedy for a build table's step, leaner: each entry (rows a and b of
+        `region`, first-row slot value v; sorted by (a, v), as a sorted slice of mixed hashes is)
+        into the emptier of its two rows. A build table only takes inserts, so its rows fill from
+        their first slot: a row's word is 0 (empty), at most 0xFFFF (one entry) or more (full), and
+        its free slot is 1 iff it is not 0. Entries aiming at one cell all write it and read it
+        back: the one whose value stayed has it (no `owner` scatter, whose cell per row of the
+        table made two more cache misses an entry). Two entries could only write the same value
+        to the same cell with equal (a, v), and those are adjacent: all but the first of a run
+        wait. Returns the entries not placed (rows both full, or a cell another entry took)."""
+        words = region.view(np.uint32).reshape(-1)
+        ka = np.minimum(words[a], _ONE_FULL)
+        kb = np.minimum(words[b], _ONE_FULL)
+        second = (kb < ka) | ((kb == ka) & ((v & np.uint16(2)) != 0))
+        k = np.where(second, kb, ka)
+        room = k < _ONE_FULL
+        if a.size > 1:
+            room[1:] &= (a[1:] != a[:-1]) | (v[1:] != v[:-1])
+        at = np.flatnonzero(room)
+        side = second[at]
+        cell = np.where(side, b[at], a[at]).astype(np.int64) * SLOTS + (k[at] != 0)
+        val = v[at] | side.view(np.uint8)
+        flat = region.reshape(-1)
+        flat[cell] = val  # a cell written twice holds one of the values (which one is unspecified)
+        left = np.ones(a.size, bool)
+        left[at[flat[cell] == val]] = False  # the others lost their cell to another entry
+        keep = np.flatnonzero(left)
+        return a[keep], b[keep], v[keep]
 
     def _greedy(
         self, region: np.ndarray, a: np.ndarray, b: np.ndarray, v: np.ndarray, *, fresh: bool, passes: int
@@ -828,7 +928,7 @@ class KvSummary:
         )
 
     def _shift(
-        self, region: np.ndarray, a: np.ndarray, b: np.ndarray, v: np.ndarray, passes: int
+        self, region: np.ndarray, a: np.ndarray, b: np.ndarray, v: np.ndarray, passes: int, seed: int = 0
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Places entries whose two rows were full, all at once a pass, for SHIFT_PASSES passes:
         an entry whose row has room now takes it; else one of the four entries in its rows whose
@@ -840,7 +940,10 @@ class KvSummary:
         words = region.view(np.uint32).reshape(-1)
         flat = region.reshape(-1)
         owner = self._scratch(nb)
-        rng = np.random.default_rng(a.size)
+        # Seeded per call by the count, as before, plus the passes settle_build already ran over
+        # these entries: its calls of a pass or two over the same few entries must not replay the
+        # same kicks (a walk that goes round in circles).
+        rng = np.random.default_rng((a.size, seed) if seed else a.size)
         wide = a.dtype.type
         cols = np.array([0, 1, 0, 1], np.int64)
         only = np.full(a.size, -1, np.int8)  # a kicked entry's row to kick from: 0 a, 1 b, -1 either

@@ -145,19 +145,134 @@ def test_a_builds_small_steps_are_gathered_before_they_are_placed(monkeypatch):
     """Steps of 256 blocks (the ingest's smallest, on a busy host) are gathered up to
     BUILD_BATCH blocks before a placement: a placement's cost is mostly fixed."""
     calls: list[int] = []
-    bulk = KvSummary._bulk
+    insert = KvSummary._insert
 
-    def counting(s, p, b1, *rest, **kw):
-        calls.append(int(b1.size))
-        return bulk(s, p, b1, *rest, **kw)
+    def counting(region, a, *rest):
+        calls.append(int(a.size))
+        return insert(region, a, *rest)
 
-    monkeypatch.setattr(KvSummary, "_bulk", counting)
+    monkeypatch.setattr(KvSummary, "_insert", staticmethod(counting))
     hashes = _keys(40_000, 11)
     s = KvSummary()
     s.begin_snapshot("g/r/1#1", hashes.size, "g")
     for at in range(0, hashes.size, 256):
         s.add_blocks("g/r/1#1", hashes[at : at + 256])
     s.commit_snapshot("g/r/1#1")
-    assert len(calls) <= hashes.size // kv_summary.BUILD_BATCH + 2
+    assert 0 < len(calls) <= hashes.size // kv_summary.BUILD_BATCH + 2
     p = s._pool_ids["g"]
     assert np.array_equal(_table_keys(s, p), _wanted_keys(s, p, hashes))
+
+
+def _build_in_steps(s: KvSummary, source: str, pool: str, hashes: np.ndarray, step: int) -> list[int]:
+    """A build as the ingest's steps run it: slices, then settle_build until it says nothing is
+    left, then the commit; returns the work settle_build reported for each of its steps."""
+    s.begin_snapshot(source, hashes.size, pool)
+    for at in range(0, hashes.size, step):
+        s.add_blocks(source, hashes[at : at + step])
+    work: list[int] = []
+    while done := s.settle_build(source, step):
+        work.append(done)
+        assert len(work) < 1000
+    s.commit_snapshot(source)
+    return work
+
+
+def test_a_builds_waiting_entries_are_placed_in_bounded_steps_before_the_commit(monkeypatch):
+    """A 1,000,000-block build leaves entries waiting (rows full when its slice came) up to the
+    end; settle_build places them a few _shift passes a step (each step's work about its budget),
+    so the commit places none itself (the base code's commit ran all of _bulk's passes over them:
+    the longest step of a stepped snapshot)."""
+    hashes = _keys(1_000_000, 21)
+    s = KvSummary()
+    s.begin_snapshot("big/r/1#1", hashes.size, "big")
+    for at in range(0, hashes.size, 8192):
+        s.add_blocks("big/r/1#1", hashes[at : at + 8192])
+    build = s._staged["big/r/1#1"][0]
+    waiting = s._waiting[build][0].size
+    assert 0 < waiting < kv_summary.SHIFT_AT + 8192
+    work = []
+    while done := s.settle_build("big/r/1#1", 8192):
+        work.append(done)
+    assert 1 <= len(work) <= kv_summary.SHIFT_PASSES
+    assert max(work) <= 2 * 8192 + 2 * kv_summary.SHIFT_AT  # a pass at least, else about the budget
+    assert build not in s._waiting
+    placed_by_commit: list[int] = []
+    bulk = KvSummary._bulk
+
+    def counting(self, p, b1, *rest):
+        placed_by_commit.append(int(b1.size))
+        return bulk(self, p, b1, *rest)
+
+    monkeypatch.setattr(KvSummary, "_bulk", counting)
+    s.commit_snapshot("big/r/1#1")
+    assert placed_by_commit == []
+    p = s._pool_ids["big"]
+    assert s.pool_block_count("big") == hashes.size
+    assert np.array_equal(_table_keys(s, p), _wanted_keys(s, p, hashes))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_stepped_build_holds_what_a_whole_snapshot_does(seed):
+    """Randomized steps and budgets: a build through add_blocks and settle_build holds exactly the
+    (first bucket, fingerprint) pairs of the same blocks applied whole (what every probe reads)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400_000))
+    hashes = _keys(n, seed + 40)
+    stepped, whole = KvSummary(), KvSummary()
+    _build_in_steps(stepped, "s/r/1#1", "s", hashes, int(rng.integers(64, 20_000)))
+    whole.apply_snapshot("s/r", hashes)
+    p, q = stepped._pool_ids["s"], whole._pool_ids["s"]
+    assert stepped.pool_block_count("s") == whole.pool_block_count("s") == n
+    assert int(stepped._nb[p]) == int(whole._nb[q])
+    assert np.array_equal(_table_keys(stepped, p), _table_keys(whole, q))
+    assert not stepped._waiting and not stepped._walked
+
+
+def test_blocks_sharing_a_row_and_a_fingerprint_in_one_slice_get_an_entry_each():
+    """Two blocks whose (first bucket, fingerprint) pairs are equal write the same value: _insert
+    arbitrates a cell by reading back what stayed, so all but the first of such a run wait for
+    _shift's passes; none is lost, none takes another's entry."""
+    s = KvSummary()
+    s.begin_snapshot("c/r/1#1", 0, "c")  # the smallest table: 64 rows, pairs collide often
+    build = s._staged["c/r/1#1"][0]
+    keys = _keys(200_000, 5)
+    b1, b2, v = s._locate(build, mix(keys))
+    pair = b1 * 65536 + v.astype(np.int64)
+    order = np.argsort(pair, kind="stable")
+    same = np.flatnonzero(pair[order][1:] == pair[order][:-1])
+    twins: list[int] = []
+    rows: set[int] = set()
+    for i in same.tolist():  # 12 pairs of twins, no two pairs sharing a row: they all fit
+        x, y = int(order[i]), int(order[i + 1])
+        if not {int(b1[x]), int(b2[x])} & rows:
+            twins += [x, y]
+            rows |= {int(b1[x]), int(b2[x])}
+        if len(twins) == 24:
+            break
+    chosen = keys[np.array(twins)]
+    assert np.unique(pair[twins]).size == 12
+    s.add_blocks("c/r/1#1", chosen)
+    s.commit_snapshot("c/r/1#1")
+    p = s._pool_ids["c"]
+    assert s.pool_block_count("c") == chosen.size
+    assert np.array_equal(_table_keys(s, p), _wanted_keys(s, p, chosen))
+    s.apply_delta("c/r/1#1", (), chosen[:1].tolist())  # one of a pair goes: the other is held
+    assert s.pool_block_count("c") == chosen.size - 1
+    assert s._held(np.full(chosen.size - 1, p), mix(chosen[1:])).all()
+
+
+@pytest.mark.parametrize("lost", [0, 1, 3])
+def test_the_builds_narrow_locate_gives_locates_values(lost):
+    """A build's step locates its slice in int32 buckets and uint16 fingerprints (_locate_narrow):
+    the same first bucket, second bucket and slot value as _locate, lost fingerprint bits too."""
+    s = KvSummary()
+    s.begin_snapshot("n/r/1#1", 3_000_000, "n")
+    build = s._staged["n/r/1#1"][0]
+    s._lost[build] = lost
+    h = mix(_keys(200_000, 31 + lost))
+    h[:3] = [0, 2**64 - 1, 2**63]  # the ends of the product's range
+    wide = s._locate(build, h)
+    narrow = s._locate_narrow(build, h)
+    assert narrow[0].dtype == np.int32 and narrow[2].dtype == np.uint16
+    for x, y in zip(wide, narrow, strict=True):
+        assert np.array_equal(x, y)
