@@ -52,6 +52,9 @@ T = TypeVar("T")
 
 PLACEMENTS = ("rank", "match")
 """DispatchConfig.placement's values."""
+ORDERS = ("fifo", "deadline")
+"""`DispatchConfig.for_wait_slo`'s orders: queue order only, or the deadline order under the SLO
+(`DispatchConfig.late_after_seconds`)."""
 
 
 class ShedReason(enum.Enum):
@@ -128,21 +131,48 @@ class DispatchConfig:
     caching its longest prefix while that pool is expected to start it within
     `affinity_hold_seconds` of its arrival, and the rest (prompts no pool holds more of than
     another, and requests whose hold ran out) take the best-ranked free pool in queue order."""
+    late_after_seconds: float = 0.0
+    """The deadline order under a wait SLO (0: off, queue order only): a queued request that has
+    waited longer than this (the SLO's target) can no longer start within it, so within its
+    class it goes behind the queued requests that still can, until it has waited `late_limit`
+    times this long (then it takes its place in queue order again: none starves). A request
+    that misses the target counts once in the SLO's quantile however long it then waits, so
+    serving first those that can still meet it keeps fewer over it in a burst; the price is a
+    longer wait for the few that miss (bench_dispatch)."""
+    late_limit: float = 10.0
+    """With `late_after_seconds`: how many times that long a late request waits at most behind
+    the others (at least 1)."""
 
     @classmethod
-    def for_wait_slo(cls, target_seconds: float, placement: str = "rank") -> DispatchConfig:
+    def for_wait_slo(
+        cls, target_seconds: float, placement: str = "rank", order: str = "fifo"
+    ) -> DispatchConfig:
         """The settings measured best under a wait SLO of `target_seconds` (bench_dispatch).
         "rank": pools queue up to 0.85 of the target, a request holds out for its cached pool
         while it can start there within 1.7 times the target (the ranking's wait price keeps
         most far below it). "match": pools queue up to 0.2 of the target (a pool that frees
         picks among more requests) and a request holds out for the pool caching its prompt
         while it can start there within twice the target (bench_dispatch: the share goals at
-        1.1-1.2 x dynamo's p99; 1.5 x: p99 within 1.05-1.1 x, share 0.92-0.97)."""
+        1.1-1.2 x dynamo's p99; 1.5 x: p99 within 1.05-1.1 x, share 0.92-0.97).
+        `order` "deadline" adds the deadline order (`late_after_seconds` = the target) and, with
+        "rank", pools queue up to 0.2 of the target instead (the frontend, not the pools, holds a
+        burst, so the order decides who waits): bench_dispatch's SLO tracking."""
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        late_after = target_seconds if order == "deadline" else 0.0
         if placement == "match":
             return cls(
                 start_within_seconds=0.2 * target_seconds,
                 affinity_hold_seconds=2.0 * target_seconds,
                 placement=placement,
+                late_after_seconds=late_after,
+            )
+        if order == "deadline":
+            return cls(
+                start_within_seconds=0.2 * target_seconds,
+                affinity_hold_seconds=1.7 * target_seconds,
+                placement=placement,
+                late_after_seconds=late_after,
             )
         return cls(
             start_within_seconds=0.85 * target_seconds,
@@ -171,6 +201,12 @@ class DispatchConfig:
             out.append(
                 f"reserve_window_seconds must be a non-negative number of seconds, got {self.reserve_window_seconds!r}"
             )
+        if not (math.isfinite(self.late_after_seconds) and self.late_after_seconds >= 0):
+            out.append(
+                f"late_after_seconds must be a non-negative number of seconds, got {self.late_after_seconds!r}"
+            )
+        if not (math.isfinite(self.late_limit) and self.late_limit >= 1):
+            out.append(f"late_limit must be a number of at least 1, got {self.late_limit!r}")
         if self.placement not in PLACEMENTS:
             out.append(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         for cls, v in self.pace_tokens_per_second.items():
@@ -951,7 +987,8 @@ class DispatchQueue(Generic[T]):
         held class must not use up the scan for the classes queued after it)."""
         limit = self.config.scan_limit
         if self._pacer is None:
-            return queue[:limit]
+            window = queue[:limit]
+            return self._late_last(window, now) if self.config.late_after_seconds else window
         out: list[tuple[tuple[int, float, int], _Entry[T]]] = []
         i, n = 0, len(queue)
         while i < n and len(out) < limit:
@@ -962,7 +999,21 @@ class DispatchQueue(Generic[T]):
                 continue
             out.append(queue[i])
             i += 1
-        return out
+        return self._late_last(out, now) if self.config.late_after_seconds else out
+
+    def _late_last(
+        self, window: list[tuple[tuple[int, float, int], _Entry[T]]], now: float
+    ) -> list[tuple[tuple[int, float, int], _Entry[T]]]:
+        """The deadline order (`late_after_seconds`): within each class, the requests queued
+        longer than the target (and not yet `late_limit` times as long) after the others, each
+        part in queue order."""
+        cfg = self.config
+        late_from = now - cfg.late_after_seconds  # queued before this: late
+        back_from = now - cfg.late_limit * cfg.late_after_seconds  # before this: back in order
+        if not any(back_from <= e.queued_at < late_from for _, e in window):
+            return window
+        # a stable sort: class first (the window is sorted by class), then on time before late
+        return sorted(window, key=lambda x: (x[0][0], back_from <= x[1].queued_at < late_from))
 
     def _free_count(self, pools: Mapping[str, PoolState], now: float) -> int:
         return sum(1 for p in pools.values() if p.listed and self._can_start(p, now))
