@@ -85,4 +85,4 @@ def test_for_wait_slo_deadline_order_settings():
 )
 def test_bad_deadline_order_settings_are_refused_by_name(field: str, value: float):
     with pytest.raises(ValueError, match=field):
-        Harness([pool("a")], **{field: value})
+        Harness([pool("a")], None, **{field: value})
