@@ -22,7 +22,7 @@ from globalrouter.config import (
     ProbeConfig,
     RouterConfig,
 )
-from globalrouter.dispatch import PLACEMENTS, DispatchConfig
+from globalrouter.dispatch import ORDERS, PLACEMENTS, DispatchConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
 from globalrouter.server import serve
@@ -262,6 +262,16 @@ def add_parser(subparsers) -> None:
         help="late: rank, each queued request in order takes the pool the ranking puts first; match, "
         "pool-driven: free pools go to the queued requests with the longest prefix cached there "
         "(a higher share of the ideal hit rate at a higher wait p99; bench_dispatch) (default %(default)s)",
+    )
+    p.add_argument(
+        "--dispatch-order",
+        choices=ORDERS,
+        default="fifo",
+        help="late, with --wait-slo: fifo, queue order; deadline, a request queued longer than the "
+        "target goes behind those of its class that can still start within it (for at most 10 x the "
+        "target), and with the rank placement pools queue up to 0.2 x the target (the SLO's p99 "
+        "tracks its target more closely, a longer wait for the few that miss it; bench_dispatch) "
+        "(default %(default)s)",
     )
     p.add_argument(
         "--dispatch-pace",
@@ -673,8 +683,10 @@ def _dispatch_config(args: argparse.Namespace) -> DispatchConfig | None:
     if args.dispatch != "late":
         return None
     placement = args.dispatch_placement
+    if args.dispatch_order != "fifo" and not args.wait_slo:
+        raise ValueError(f"--dispatch-order {args.dispatch_order} needs --wait-slo (the order's target)")
     base = (
-        DispatchConfig.for_wait_slo(args.wait_slo, placement)
+        DispatchConfig.for_wait_slo(args.wait_slo, placement, args.dispatch_order)
         if args.wait_slo
         else DispatchConfig(placement=placement)
     )
