@@ -108,6 +108,9 @@ class SimResult:
     """Requests refused at arrival over their tenant's budget (`budgets`; in no other figure)."""
     refused_by_class: dict[int, int] = field(default_factory=dict)
     """Priority class -> requests refused over budget (with `budgets` and a `priority` function)."""
+    wait_p999: float = 0.0
+    """The 99.9th percentile of the waits (what the deadline order's late requests pay)."""
+    wait_max: float = 0.0
 
 
 class LruCache:
@@ -362,6 +365,8 @@ def simulate(
         shed_by_class=dict(sorted(late.shed_by_class.items())) if late is not None else {},
         refused=len(gate.refused_ids) if gate is not None else 0,
         refused_by_class=dict(sorted(gate.refused_by_class.items())) if gate is not None else {},
+        wait_p999=percentile(waits, 99.9),
+        wait_max=max(waits, default=0.0),
     )
 
 
