@@ -274,6 +274,13 @@ def add_parser(subparsers) -> None:
         "(default %(default)s)",
     )
     p.add_argument(
+        "--dispatch-slo-feedback",
+        action="store_true",
+        help="late, with --wait-slo: scale the pools' queue depth and the hold by the observed wait "
+        "p99 over a window of the last 512 decisions, up to 64x while it is under the target "
+        "(more share where the fixed settings leave the tail far under it; bench_dispatch)",
+    )
+    p.add_argument(
         "--dispatch-pace",
         type=class_rates,
         default="",
@@ -685,8 +692,10 @@ def _dispatch_config(args: argparse.Namespace) -> DispatchConfig | None:
     placement = args.dispatch_placement
     if args.dispatch_order != "fifo" and not args.wait_slo:
         raise ValueError(f"--dispatch-order {args.dispatch_order} needs --wait-slo (the order's target)")
+    if args.dispatch_slo_feedback and not args.wait_slo:
+        raise ValueError("--dispatch-slo-feedback needs --wait-slo (the feedback's target)")
     base = (
-        DispatchConfig.for_wait_slo(args.wait_slo, placement, args.dispatch_order)
+        DispatchConfig.for_wait_slo(args.wait_slo, placement, args.dispatch_order, args.dispatch_slo_feedback)
         if args.wait_slo
         else DispatchConfig(placement=placement)
     )
