@@ -48,9 +48,11 @@ LATE_NO_SLO = DispatchConfig(max_queue_seconds=3600.0)
 hold 5 s: a good point of a small grid on the conversation trace at R = 6,000)."""
 
 
-def late_for(target: float, placement: str = "rank", order: str = "fifo") -> DispatchConfig:
+def late_for(
+    target: float, placement: str = "rank", order: str = "fifo", feedback: bool = False
+) -> DispatchConfig:
     # the simulator never sheds: a deadline beyond any wait the traces produce
-    return replace(DispatchConfig.for_wait_slo(target, placement, order), max_queue_seconds=3600.0)
+    return replace(DispatchConfig.for_wait_slo(target, placement, order, feedback), max_queue_seconds=3600.0)
 
 
 def case(trace: list[TraceRequest], rate: int) -> tuple[float, dict[str, SimResult]]:
@@ -69,6 +71,9 @@ def case(trace: list[TraceRequest], rate: int) -> tuple[float, dict[str, SimResu
         "slo, late, deadline": simulate(
             trace, config, "default", slo, dispatch=late_for(target, "rank", "deadline")
         ),
+        "slo, late, deadline, feedback": simulate(
+            trace, config, "default", slo, dispatch=late_for(target, "rank", "deadline", feedback=True)
+        ),
     }
 
 
@@ -80,6 +85,7 @@ ROWS = (
     "slo, late",
     "slo, late, match",
     "slo, late, deadline",
+    "slo, late, deadline, feedback",
 )
 
 
@@ -402,6 +408,7 @@ def main() -> int:
     goals: list[tuple[str, int, float, float, float, float, float]] = []
     match_goals: list[tuple[str, int, float, float, float, float, float]] = []
     deadline_goals: list[tuple[str, int, float, float, float, float, float]] = []
+    feedback_goals: list[tuple[str, int, float, float, float, float, float]] = []
     for name, trace, rates, goal in (
         ("conversation", conv, CONV_RATES, 0.95),
         ("synthetic", syn, SYN_RATES, 0.97),
@@ -416,6 +423,7 @@ def main() -> int:
                 ("slo, late", goals),
                 ("slo, late, match", match_goals),
                 ("slo, late, deadline", deadline_goals),
+                ("slo, late, deadline, feedback", feedback_goals),
             ):
                 lt = c[key]
                 out.append(
@@ -431,7 +439,8 @@ def main() -> int:
         lt = simulate(conv, conv_config, "default", slo, dispatch=late_for(target))
         mt = simulate(conv, conv_config, "default", slo, dispatch=late_for(target, "match"))
         dl = simulate(conv, conv_config, "default", slo, dispatch=late_for(target, "rank", "deadline"))
-        tracking.append((f, target, early, lt, mt, dl))
+        fb = simulate(conv, conv_config, "default", slo, dispatch=late_for(target, "rank", "deadline", True))
+        tracking.append((f, target, early, lt, mt, dl, fb))
         print(
             f"slo {target}: early {early.wait_p99 / target:.3f}T late {lt.wait_p99 / target:.3f}T "
             f"match {mt.wait_p99 / target:.3f}T deadline {dl.wait_p99 / target:.3f}T",
@@ -444,8 +453,10 @@ def main() -> int:
         for f in (SLO_FACTORS[0], SLO_FACTORS[-1]):
             target = max(round(f * dyn_target, 3), 0.01)
             slo = SelectionConfig(wait_slo=WaitSlo(target))
-            for order in ("fifo", "deadline"):
-                r = simulate(trace, config, "default", slo, dispatch=late_for(target, "rank", order))
+            for order, feedback in (("fifo", False), ("deadline", False), ("deadline", True)):
+                r = simulate(
+                    trace, config, "default", slo, dispatch=late_for(target, "rank", order, feedback)
+                )
                 cells.append(f"{r.share_of_ideal:.4f} / {r.wait_p99 / target:.3f}")
         grid_tracking.append(f"| {name} | {rate:,} | {dyn_target:.3f} | " + " | ".join(cells) + " |")
         print(grid_tracking[-1], flush=True)
@@ -485,39 +496,43 @@ def main() -> int:
         "goes to a held request whose wait costs more than its prefix saves); *late, deadline* is "
         'the rank placement with the deadline order (`--dispatch-order deadline`, `DispatchConfig.for_wait_slo(T, "rank", '
         '"deadline")`: within a class a request queued longer than T goes behind those that can still '
-        "start within it, for at most 10 T; pools queue up to 0.2 T, hold 1.7 T).",
+        "start within it, for at most 10 T; pools queue up to 0.2 T, hold 1.7 T); *deadline, feedback* "
+        "adds the SLO feedback (`--dispatch-slo-feedback`: the queue depth and the hold scaled up to 64x "
+        "while the wait p99 over the last 512 decisions is under T).",
         "",
         "| trace | R | T (s) | dynamo | default | default, late | slo, early | slo, late | slo, late, match "
-        "| slo, late, deadline |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| slo, late, deadline | slo, late, deadline, feedback |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
         "**Goals (late binding under `--wait-slo T`): share ≥ 0.95 (conversation) / 0.97 (synthetic) "
         f"with p99 ≤ dynamo's: rank placement {met(goals)}; **match placement {met(match_goals)}. "
         f"The match placement reaches the share goal alone at {len(near)} of {len(match_goals)} loads; "
-        f"**the deadline order {met(deadline_goals)}.",
+        f"**the deadline order {met(deadline_goals)}; **with the feedback {met(feedback_goals)}.",
         "",
         "SLO tracking on the conversation trace (R = 6,000), p99 / target (deadline: also the "
         "p99.9 and the longest wait, s, against late's):",
         "",
         "| target (x dynamo's p99) | target (s) | early share / p99 / ratio | late share / p99 / ratio "
         "| late, match share / p99 / ratio | late, deadline share / p99 / ratio | deadline p99.9, max "
-        "(late's) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "(late's) | deadline, feedback share / p99 / ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
         *[
             f"| {f} | {t:.3f} | {e.share_of_ideal:.4f} / {e.wait_p99:.3f} / {e.wait_p99 / t:.3f} | "
             f"{lt.share_of_ideal:.4f} / {lt.wait_p99:.3f} / {lt.wait_p99 / t:.3f} | "
             f"{mt.share_of_ideal:.4f} / {mt.wait_p99:.3f} / {mt.wait_p99 / t:.3f} | "
             f"{dl.share_of_ideal:.4f} / {dl.wait_p99:.3f} / {dl.wait_p99 / t:.3f} | "
-            f"{dl.wait_p999:.2f}, {dl.wait_max:.2f} ({lt.wait_p999:.2f}, {lt.wait_max:.2f}) |"
-            for f, t, e, lt, mt, dl in tracking
+            f"{dl.wait_p999:.2f}, {dl.wait_max:.2f} ({lt.wait_p999:.2f}, {lt.wait_max:.2f}) | "
+            f"{fb.share_of_ideal:.4f} / {fb.wait_p99:.3f} / {fb.wait_p99 / t:.3f} |"
+            for f, t, e, lt, mt, dl, fb in tracking
         ],
         "",
         "SLO tracking across the grid (rank placement, late binding; share / p99 over target; T = dynamo's "
         "p99 at that load):",
         "",
-        "| trace | R | T (s) | 0.85 T, queue order | 0.85 T, deadline | 1.2 T, queue order | 1.2 T, deadline |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| trace | R | T (s) | 0.85 T, queue order | 0.85 T, deadline | 0.85 T, deadline, feedback "
+        "| 1.2 T, queue order | 1.2 T, deadline | 1.2 T, deadline, feedback |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *grid_tracking,
         "",
         f"Priority under a flood (conversation trace as class 1, R = {FLOOD_RATE:,}; class 0: "
