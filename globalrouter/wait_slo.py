@@ -12,8 +12,10 @@ Lagrange multiplier of the constraint "P(wait > T) <= 1 - quantile", found by du
 decisions themselves: every decision observes the wait the frontend estimates at the pool it
 ranked first, and the log of the price moves up by `step * quantile` when that estimate exceeds
 T and down by `step * (1 - quantile)` otherwise; at equilibrium T is exceeded on a
-`1 - quantile` share of decisions (where it can be kept at all). Nothing here knows about clocks
-or transport; the live frontend and the simulator share it.
+`1 - quantile` share of decisions (where it can be kept at all). With late binding,
+`SloController` also scales the dispatch queue's pool queue depth and hold by the wait quantile
+observed over a sliding window of decisions (`--dispatch-slo-feedback`). Nothing here knows about
+clocks or transport; the live frontend and the simulator share it.
 """
 
 from __future__ import annotations
