@@ -46,12 +46,16 @@ from typing import Generic, TypeVar
 
 from globalrouter.pool_state import PoolState
 from globalrouter.selection import Decision, RankedPool, Selector
+from globalrouter.wait_slo import SloController, SloFeedback
 from meshkit.clock import Clock
 
 T = TypeVar("T")
 
 PLACEMENTS = ("rank", "match")
 """DispatchConfig.placement's values."""
+ORDERS = ("fifo", "deadline")
+"""`DispatchConfig.for_wait_slo`'s orders: queue order only, or the deadline order under the SLO
+(`DispatchConfig.late_after_seconds`)."""
 
 
 class ShedReason(enum.Enum):
@@ -128,26 +132,50 @@ class DispatchConfig:
     caching its longest prefix while that pool is expected to start it within
     `affinity_hold_seconds` of its arrival, and the rest (prompts no pool holds more of than
     another, and requests whose hold ran out) take the best-ranked free pool in queue order."""
+    late_after_seconds: float = 0.0
+    """The deadline order under a wait SLO (0: off, queue order only): a queued request that has
+    waited longer than this (the SLO's target) can no longer start within it, so within its
+    class it goes behind the queued requests that still can, until it has waited `late_limit`
+    times this long (then it takes its place in queue order again: none starves). A request
+    that misses the target counts once in the SLO's quantile however long it then waits, so
+    serving first those that can still meet it keeps fewer over it in a burst; the price is a
+    longer wait for the few that miss (bench_dispatch)."""
+    late_limit: float = 10.0
+    """With `late_after_seconds`: how many times that long a late request waits at most behind
+    the others (at least 1)."""
+    slo_feedback: SloFeedback | None = None
+    """When set, `start_within_seconds` and `affinity_hold_seconds` are scaled by a factor that
+    follows the observed wait quantile over a sliding window of decisions (`SloController`):
+    smaller while the window's quantile is over the SLO's target, larger while under (None:
+    fixed)."""
 
     @classmethod
-    def for_wait_slo(cls, target_seconds: float, placement: str = "rank") -> DispatchConfig:
+    def for_wait_slo(
+        cls, target_seconds: float, placement: str = "rank", order: str = "fifo", feedback: bool = False
+    ) -> DispatchConfig:
         """The settings measured best under a wait SLO of `target_seconds` (bench_dispatch).
         "rank": pools queue up to 0.85 of the target, a request holds out for its cached pool
         while it can start there within 1.7 times the target (the ranking's wait price keeps
         most far below it). "match": pools queue up to 0.2 of the target (a pool that frees
         picks among more requests) and a request holds out for the pool caching its prompt
         while it can start there within twice the target (bench_dispatch: the share goals at
-        1.1-1.2 x dynamo's p99; 1.5 x: p99 within 1.05-1.1 x, share 0.92-0.97)."""
-        if placement == "match":
-            return cls(
-                start_within_seconds=0.2 * target_seconds,
-                affinity_hold_seconds=2.0 * target_seconds,
-                placement=placement,
-            )
+        1.1-1.2 x dynamo's p99; 1.5 x: p99 within 1.05-1.1 x, share 0.92-0.97).
+        `order` "deadline" adds the deadline order (`late_after_seconds` = the target) and, with
+        "rank", pools queue up to 0.2 of the target instead (the frontend, not the pools, holds a
+        burst, so the order decides who waits): bench_dispatch's SLO tracking. `feedback` scales
+        the queue depth and the hold by the observed wait quantile (`SloFeedback`'s defaults:
+        up to 64 times while the window's p99 is under the target, never below the settings
+        here): more share where the fixed settings leave the tail far under the target."""
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        late_after = target_seconds if order == "deadline" else 0.0
+        start_within = 0.85 if placement == "rank" and order == "fifo" else 0.2
         return cls(
-            start_within_seconds=0.85 * target_seconds,
-            affinity_hold_seconds=1.7 * target_seconds,
+            start_within_seconds=start_within * target_seconds,
+            affinity_hold_seconds=(2.0 if placement == "match" else 1.7) * target_seconds,
             placement=placement,
+            late_after_seconds=late_after,
+            slo_feedback=SloFeedback(target_seconds) if feedback else None,
         )
 
     def problems(self) -> list[str]:
@@ -171,6 +199,12 @@ class DispatchConfig:
             out.append(
                 f"reserve_window_seconds must be a non-negative number of seconds, got {self.reserve_window_seconds!r}"
             )
+        if not (math.isfinite(self.late_after_seconds) and self.late_after_seconds >= 0):
+            out.append(
+                f"late_after_seconds must be a non-negative number of seconds, got {self.late_after_seconds!r}"
+            )
+        if not (math.isfinite(self.late_limit) and self.late_limit >= 1):
+            out.append(f"late_limit must be a number of at least 1, got {self.late_limit!r}")
         if self.placement not in PLACEMENTS:
             out.append(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         for cls, v in self.pace_tokens_per_second.items():
@@ -182,6 +216,8 @@ class DispatchConfig:
             out.append(
                 f"pace_burst_seconds must be a non-negative number of seconds, got {self.pace_burst_seconds!r}"
             )
+        if self.slo_feedback is not None:
+            out.extend(f"slo_feedback: {p}" for p in self.slo_feedback.problems())
         if self.scan_limit < 1:
             out.append(f"scan_limit must be at least 1, got {self.scan_limit!r}")
         if not 0 < self.min_retry_after_seconds <= self.max_retry_after_seconds:
@@ -391,6 +427,11 @@ class DispatchQueue(Generic[T]):
         """Priority class -> pool id -> when a request of that class was last dispatched there
         (kept only with `reserve_window_seconds`; one entry per class and pool)."""
         """Requests displaced by enqueue since the last poll (the next poll reports them)."""
+        self.feedback = SloController(config.slo_feedback) if config.slo_feedback is not None else None
+        """The SLO's feedback on the queue depth and the hold (None: the config's, fixed)."""
+        self._start_within = config.start_within_seconds
+        self._hold_seconds = config.affinity_hold_seconds
+        """The queue depth and the hold in use (the config's, scaled by the feedback)."""
 
     # ---- state --------------------------------------------------------------------------
     def queued(self, model: str | None = None) -> int:
@@ -422,7 +463,7 @@ class DispatchQueue(Generic[T]):
 
     def _can_start(self, pool: PoolState, now: float) -> bool:
         # the epsilon: a wake-up computed for the instant a pool frees must find it free
-        return self._pool_backlog(pool, now).now(now) <= self.config.start_within_seconds + 1e-9
+        return self._pool_backlog(pool, now).now(now) <= self._start_within + 1e-9
 
     # ---- enqueue ------------------------------------------------------------------------
     def enqueue(self, request: DispatchRequest[T]) -> Outcome[T] | None:
@@ -633,7 +674,7 @@ class DispatchQueue(Generic[T]):
                 # the affinity hold (its backlog plus what earlier requests hold out for there)
                 pool = pools[best.pool_id]
                 ahead = self.backlog_seconds(pool, now) + claimed.get(best.pool_id, 0.0)
-                if now + ahead - e.queued_at <= self.config.affinity_hold_seconds:
+                if now + ahead - e.queued_at <= self._hold_seconds:
                     own = (best.uncached_tokens + dw * e.request.max_tokens) / self.selector.throughput(pool)
                     claimed[best.pool_id] = claimed.get(best.pool_id, 0.0) + own
                     continue
@@ -662,7 +703,6 @@ class DispatchQueue(Generic[T]):
         requests with the longest prefix cached there, then in queue order to the requests no
         pool favours and to those whose hold for their pool ran out, then to held requests
         whose wait costs more than their prefix saves."""
-        cfg = self.config
         dw = self.selector.config.decode_weight
         # pool id -> seconds of work that requests of this round hold out for there
         claimed: dict[str, float] = {}
@@ -702,7 +742,7 @@ class DispatchQueue(Generic[T]):
                     rest.append((e, decision))
                 elif home.pool_id in free:
                     # older than the hold: ahead of any longer prefix (nothing starves)
-                    aged = now - e.queued_at >= cfg.affinity_hold_seconds
+                    aged = now - e.queued_at >= self._hold_seconds
                     pairs.append((not aged, -distinct, n, e, home, decision))
                 elif self._hold(e, home, pools, claimed, now, dw):
                     held.append((distinct, e, home, decision))
@@ -790,7 +830,7 @@ class DispatchQueue(Generic[T]):
         work there."""
         pool = pools[home.pool_id]
         ahead = self.backlog_seconds(pool, now) + claimed.get(home.pool_id, 0.0)
-        if now + ahead - e.queued_at > self.config.affinity_hold_seconds:
+        if now + ahead - e.queued_at > self._hold_seconds:
             return False
         own = (home.uncached_tokens + dw * e.request.max_tokens) / self.selector.throughput(pool)
         claimed[home.pool_id] = claimed.get(home.pool_id, 0.0) + own
@@ -818,9 +858,17 @@ class DispatchQueue(Generic[T]):
         b = self._pool_backlog(pool, now)
         wait = b.now(now)
         price = self.selector.wait_price
-        if price is not None:
+        feedback = self.feedback
+        if price is not None or feedback is not None:
             # the wait the SLO is about: time queued here plus the estimated wait at the pool
-            price.observe(now - e.queued_at + wait)
+            observed = now - e.queued_at + wait
+            if price is not None:
+                price.observe(observed)
+            if feedback is not None:
+                feedback.observe(observed)
+                scale = feedback.scale
+                self._start_within = self.config.start_within_seconds * scale
+                self._hold_seconds = self.config.affinity_hold_seconds * scale
         rate = self.selector.throughput(pool)
         b.seconds = (
             wait + (ranked.uncached_tokens + self.selector.config.decode_weight * e.request.max_tokens) / rate
@@ -908,7 +956,7 @@ class DispatchQueue(Generic[T]):
         if not heap:
             return None
         soonest = heap[0][0]
-        start_within = self.config.start_within_seconds
+        start_within = self._start_within
         for b in self._backlog.values():
             t = b.at + b.seconds - start_within
             if now < t < soonest:
@@ -951,7 +999,8 @@ class DispatchQueue(Generic[T]):
         held class must not use up the scan for the classes queued after it)."""
         limit = self.config.scan_limit
         if self._pacer is None:
-            return queue[:limit]
+            window = queue[:limit]
+            return self._late_last(window, now) if self.config.late_after_seconds else window
         out: list[tuple[tuple[int, float, int], _Entry[T]]] = []
         i, n = 0, len(queue)
         while i < n and len(out) < limit:
@@ -962,7 +1011,21 @@ class DispatchQueue(Generic[T]):
                 continue
             out.append(queue[i])
             i += 1
-        return out
+        return self._late_last(out, now) if self.config.late_after_seconds else out
+
+    def _late_last(
+        self, window: list[tuple[tuple[int, float, int], _Entry[T]]], now: float
+    ) -> list[tuple[tuple[int, float, int], _Entry[T]]]:
+        """The deadline order (`late_after_seconds`): within each class, the requests queued
+        longer than the target (and not yet `late_limit` times as long) after the others, each
+        part in queue order."""
+        cfg = self.config
+        late_from = now - cfg.late_after_seconds  # queued before this: late
+        back_from = now - cfg.late_limit * cfg.late_after_seconds  # before this: back in order
+        if not any(back_from <= e.queued_at < late_from for _, e in window):
+            return window
+        # a stable sort: class first (the window is sorted by class), then on time before late
+        return sorted(window, key=lambda x: (x[0][0], back_from <= x[1].queued_at < late_from))
 
     def _free_count(self, pools: Mapping[str, PoolState], now: float) -> int:
         return sum(1 for p in pools.values() if p.listed and self._can_start(p, now))

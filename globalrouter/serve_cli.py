@@ -22,7 +22,7 @@ from globalrouter.config import (
     ProbeConfig,
     RouterConfig,
 )
-from globalrouter.dispatch import PLACEMENTS, DispatchConfig
+from globalrouter.dispatch import ORDERS, PLACEMENTS, DispatchConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
 from globalrouter.server import serve
@@ -262,6 +262,23 @@ def add_parser(subparsers) -> None:
         help="late: rank, each queued request in order takes the pool the ranking puts first; match, "
         "pool-driven: free pools go to the queued requests with the longest prefix cached there "
         "(a higher share of the ideal hit rate at a higher wait p99; bench_dispatch) (default %(default)s)",
+    )
+    p.add_argument(
+        "--dispatch-order",
+        choices=ORDERS,
+        default="fifo",
+        help="late, with --wait-slo: fifo, queue order; deadline, a request queued longer than the "
+        "target goes behind those of its class that can still start within it (for at most 10 x the "
+        "target), and with the rank placement pools queue up to 0.2 x the target (the SLO's p99 "
+        "tracks its target more closely, a longer wait for the few that miss it; bench_dispatch) "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--dispatch-slo-feedback",
+        action="store_true",
+        help="late, with --wait-slo: scale the pools' queue depth and the hold by the observed wait "
+        "p99 over a window of the last 512 decisions, up to 64x while it is under the target "
+        "(more share where the fixed settings leave the tail far under it; bench_dispatch)",
     )
     p.add_argument(
         "--dispatch-pace",
@@ -673,8 +690,12 @@ def _dispatch_config(args: argparse.Namespace) -> DispatchConfig | None:
     if args.dispatch != "late":
         return None
     placement = args.dispatch_placement
+    if args.dispatch_order != "fifo" and not args.wait_slo:
+        raise ValueError(f"--dispatch-order {args.dispatch_order} needs --wait-slo (the order's target)")
+    if args.dispatch_slo_feedback and not args.wait_slo:
+        raise ValueError("--dispatch-slo-feedback needs --wait-slo (the feedback's target)")
     base = (
-        DispatchConfig.for_wait_slo(args.wait_slo, placement)
+        DispatchConfig.for_wait_slo(args.wait_slo, placement, args.dispatch_order, args.dispatch_slo_feedback)
         if args.wait_slo
         else DispatchConfig(placement=placement)
     )

@@ -12,13 +12,17 @@ Lagrange multiplier of the constraint "P(wait > T) <= 1 - quantile", found by du
 decisions themselves: every decision observes the wait the frontend estimates at the pool it
 ranked first, and the log of the price moves up by `step * quantile` when that estimate exceeds
 T and down by `step * (1 - quantile)` otherwise; at equilibrium T is exceeded on a
-`1 - quantile` share of decisions (where it can be kept at all). Nothing here knows about clocks
-or transport; the live frontend and the simulator share it.
+`1 - quantile` share of decisions (where it can be kept at all). With late binding,
+`SloController` also scales the dispatch queue's pool queue depth and hold by the wait quantile
+observed over a sliding window of decisions (`--dispatch-slo-feedback`). Nothing here knows about
+clocks or transport; the live frontend and the simulator share it.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -98,3 +102,91 @@ class WaitPrice:
                 lg = self._log_min
         self._log = lg
         self.excess_weight = math.exp(lg)
+
+
+@dataclass(frozen=True, slots=True)
+class SloFeedback:
+    """Late binding under a wait SLO, held by feedback: the dispatch queue's per-pool queue depth
+    and affinity hold are scaled by a factor that follows the observed wait quantile over a
+    sliding window of the last decisions (`SloController`)."""
+
+    target_seconds: float
+    """The wait (arrival to start, the frontend's queue included) the quantile should meet."""
+    quantile: float = 0.99
+    """Which quantile of the waits (0 < q < 1)."""
+    window: int = 512
+    """Decisions whose observed waits are kept (the sliding window; bounds the memory)."""
+    step: float = 0.1
+    """Log-space step of the scale per decision, times how far (in log) the window's quantile is
+    from the target (at most one step per decision either way)."""
+    min_scale: float = 1.0
+    """Lowest scale of the configured queue depth and hold."""
+    max_scale: float = 64.0
+    """Highest scale of the configured queue depth and hold."""
+
+    def problems(self) -> list[str]:
+        """What is wrong with these values (empty when none), each naming the field."""
+        out = []
+        if not (math.isfinite(self.target_seconds) and self.target_seconds > 0):
+            out.append(f"target_seconds must be a positive number of seconds, got {self.target_seconds!r}")
+        if not 0 < self.quantile < 1:
+            out.append(f"quantile must be in (0, 1), got {self.quantile!r}")
+        if not 1 <= self.window <= 65_536:
+            out.append(f"window must be 1..65536 decisions, got {self.window!r}")
+        if not (math.isfinite(self.step) and self.step > 0):
+            out.append(f"step must be positive, got {self.step!r}")
+        if not (0 < self.min_scale <= 1 <= self.max_scale and math.isfinite(self.max_scale)):
+            out.append(
+                f"scales must satisfy 0 < min_scale <= 1 <= max_scale, got {self.min_scale!r}, {self.max_scale!r}"
+            )
+        return out
+
+
+class SloController:
+    """The scale of the dispatch queue's queue depth and hold, moved by each decision's observed
+    wait: down while the window's quantile is over the target, up while it is under."""
+
+    __slots__ = ("_log", "_log_max", "_log_min", "_order", "_recent", "feedback", "observations", "scale")
+
+    def __init__(self, feedback: SloFeedback) -> None:
+        problems = feedback.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.feedback = feedback
+        self._log = 0.0
+        self._log_min = math.log(feedback.min_scale)
+        self._log_max = math.log(feedback.max_scale)
+        self._recent: deque[float] = deque()
+        """The window's waits in the order observed (at most `feedback.window`)."""
+        self._order: list[float] = []
+        """The same waits sorted (for the quantile)."""
+        self.scale = 1.0
+        """The factor the next decision applies to the queue depth and the hold."""
+        self.observations = 0
+
+    def window_quantile(self) -> float:
+        """The quantile of the waits in the window (0 when empty)."""
+        order = self._order
+        if not order:
+            return 0.0
+        return order[min(len(order) - 1, int(self.feedback.quantile * len(order)))]
+
+    def window_size(self) -> int:
+        """Waits held (at most `feedback.window`)."""
+        return len(self._recent)
+
+    def observe(self, wait: float) -> None:
+        """One decision's wait (seconds from arrival to its expected start at the chosen pool)."""
+        fb = self.feedback
+        self.observations += 1
+        recent, order = self._recent, self._order
+        if len(recent) >= fb.window:
+            del order[bisect.bisect_left(order, recent.popleft())]
+        recent.append(wait)
+        bisect.insort(order, wait)
+        q = self.window_quantile()
+        # the error as a log ratio, at most one step a decision (a 0 quantile: far under)
+        err = math.log(fb.target_seconds / q) if q > 0 else 1.0
+        lg = self._log + fb.step * max(-1.0, min(1.0, err))
+        self._log = lg = max(self._log_min, min(self._log_max, lg))
+        self.scale = math.exp(lg)

@@ -88,8 +88,15 @@ async def test_a_model_nobody_serves_comes_back_as_a_decision_at_once():
 
 @pytest.mark.e2e
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("placement", ["rank", "match"])
-def test_a_frontend_with_late_binding_serves_and_keeps_a_prefix_on_its_holder(tmp_path, placement):
+@pytest.mark.parametrize(
+    ("placement", "extra"),
+    [
+        ("rank", ()),
+        ("match", ()),
+        ("rank", ("--wait-slo", "2", "--dispatch-order", "deadline", "--dispatch-slo-feedback")),
+    ],
+)
+def test_a_frontend_with_late_binding_serves_and_keeps_a_prefix_on_its_holder(tmp_path, placement, extra):
     prefix = [(11 * i + 5) % 30_000 for i in range(256)]
     with process_group(tmp_path) as group:
         m = Mesh(group)
@@ -97,7 +104,7 @@ def test_a_frontend_with_late_binding_serves_and_keeps_a_prefix_on_its_holder(tm
         m.start_pool("pool-a", "eu", "--workers", "2", "--speedup", "10")
         m.start_pool("pool-b", "eu", "--workers", "2", "--speedup", "10")
         router = m.start_router(
-            "--dispatch", "late", "--dispatch-max-queued", "64", "--dispatch-placement", placement
+            "--dispatch", "late", "--dispatch-max-queued", "64", "--dispatch-placement", placement, *extra
         )
         m.wait_routable(router, m.pools)
         first = generate_cli(router, [*prefix, 1, 2, 3], 4)
@@ -131,5 +138,21 @@ async def test_a_paced_request_waits_for_its_bucket_and_a_higher_class_does_not(
         clock.set(NOW + 1.0)  # out of debt: the binder's wake-up finds it
         decision = await asyncio.wait_for(held, 5)
         assert decision.candidates and binder.queue.queued() == 0
+    finally:
+        await binder.close()
+
+
+# The SLO's deadline order and feedback run on the live request path as in the simulator (the
+# same DispatchQueue): a decision is one observation of the feedback.
+async def test_the_live_path_runs_the_deadline_order_and_the_slo_feedback():
+    core = core_with(("a", 0), ("b", 0))
+    binder = LateBinder(core, DispatchConfig.for_wait_slo(1.0, "rank", "deadline", feedback=True))
+    try:
+        decision = await asyncio.wait_for(binder.decide("m", list(range(32)), 8), 5)
+        assert decision.candidates
+        feedback = binder.queue.feedback
+        # started at once on an idle pool: a wait of 0, under the target, so the scale rises
+        assert feedback is not None and feedback.observations == 1 and feedback.scale > 1.0
+        assert binder.queue.config.late_after_seconds == 1.0
     finally:
         await binder.close()

@@ -156,3 +156,56 @@ def test_serve_takes_the_dispatch_placement():
         0.4,
         4.0,
     )
+
+
+def test_serve_and_simulate_take_the_dispatch_order(tmp_path, capsys):
+    from globalrouter.cli import build_parser
+    from globalrouter.serve_cli import _dispatch_config
+
+    base = ["serve", "--discovery", "h:1", "--dispatch", "late", "--wait-slo", "2"]
+    config = _dispatch_config(build_parser().parse_args(base))
+    assert config is not None and config.late_after_seconds == 0.0  # fifo unless asked
+    config = _dispatch_config(build_parser().parse_args([*base, "--dispatch-order", "deadline"]))
+    assert config is not None
+    assert (config.late_after_seconds, config.start_within_seconds, config.affinity_hold_seconds) == (
+        2.0,
+        0.4,
+        3.4,
+    )
+    with pytest.raises(ValueError, match="--dispatch-order deadline needs --wait-slo"):
+        _dispatch_config(
+            build_parser().parse_args(
+                ["serve", "--discovery", "h:1", "--dispatch", "late", "--dispatch-order", "deadline"]
+            )
+        )
+    path = tmp_path / "t.jsonl"
+    write_trace(path, synthetic_trace(SyntheticTraceSpec(seed=5, requests=200)))
+    argv = ["simulate", "--trace", str(path), "--dispatch", "late", "--json", "--dispatch-order", "deadline"]
+    assert main([*argv, "--wait-slo", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policy"] == "default (late)" and out["requests"] == 200
+    assert main(argv) == 2
+    assert "--dispatch-order deadline needs --wait-slo" in capsys.readouterr().err
+
+
+def test_serve_and_simulate_take_the_slo_feedback(tmp_path, capsys):
+    from globalrouter.cli import build_parser
+    from globalrouter.serve_cli import _dispatch_config
+    from globalrouter.wait_slo import SloFeedback
+
+    base = ["serve", "--discovery", "h:1", "--dispatch", "late"]
+    config = _dispatch_config(build_parser().parse_args([*base, "--wait-slo", "2"]))
+    assert config is not None and config.slo_feedback is None  # off unless asked
+    config = _dispatch_config(
+        build_parser().parse_args([*base, "--wait-slo", "2", "--dispatch-slo-feedback"])
+    )
+    assert config is not None and config.slo_feedback == SloFeedback(2.0)
+    with pytest.raises(ValueError, match="--dispatch-slo-feedback needs --wait-slo"):
+        _dispatch_config(build_parser().parse_args([*base, "--dispatch-slo-feedback"]))
+    path = tmp_path / "t.jsonl"
+    write_trace(path, synthetic_trace(SyntheticTraceSpec(seed=5, requests=200)))
+    argv = ["simulate", "--trace", str(path), "--dispatch", "late", "--json", "--dispatch-slo-feedback"]
+    assert main([*argv, "--wait-slo", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["requests"] == 200
+    assert main(argv) == 2
+    assert "--dispatch-slo-feedback needs --wait-slo" in capsys.readouterr().err
