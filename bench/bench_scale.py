@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import platform
 import re
+import shutil
 import signal
 import statistics
 import sys
@@ -105,6 +106,14 @@ class Config:
     command: str
     out: str
     """Where SCALE.md goes ('' writes no file)."""
+    sim_nice: int = 0
+    """Niceness added to the simulated pools' processes, so that they take only the CPU the measured
+    frontend leaves (on this machine they share its cores; in a fleet the relays run elsewhere)."""
+    frontend_cpu: int | None = None
+    """A CPU kept for the frontend: the simulated pools run on the others (None: anywhere)."""
+    profile: bool = False
+    """py-spy records the frontend in the steady window, the mass redial and the restart (raw
+    collapsed stacks in the log directory; off by default: the sampler takes CPU of its own)."""
 
 
 # ---- small measuring helpers ------------------------------------------------------------------
@@ -238,6 +247,7 @@ class Sims:
                 str(stats),
                 "--register-first",
                 *(() if cfg.batch else ("--no-batch",)),
+                *sim_placement_flags(cfg),
             ]
             for k, v in extra.items():
                 argv += [f"--{k.replace('_', '-')}", str(v)]
@@ -257,9 +267,11 @@ class Sims:
             for code, count in data.get("breaks", {}).items():
                 total.setdefault("breaks", {})[code] = total.get("breaks", {}).get(code, 0) + count
             for k, v in data.items():
-                if isinstance(v, (int, float)) and k not in ("time", "pid", "blocks_per_pool"):
+                if isinstance(v, (int, float)) and k not in ("time", "pid", "blocks_per_pool", "nice"):
                     total[k] = total.get(k, 0) + v
             total["blocks_per_pool"] = data.get("blocks_per_pool", 0)
+            # What each worker runs at, as it reports it (the same for all: the last one's).
+            total["placement"] = {k: data.get(k) for k in ("nice", "autogroup", "cpus")}
             if data.get("last_error"):
                 total["errors"].append(data["last_error"])
         return total
@@ -270,6 +282,37 @@ class Sims:
     def stop(self) -> None:
         for p in self.procs:
             p.stop(5.0)
+
+
+def sim_cpus(cfg: Config) -> list[int]:
+    """The CPUs the simulated pools may use: all this process may, less the frontend's ([]: any)."""
+    if cfg.frontend_cpu is None:
+        return []
+    return sorted(os.sched_getaffinity(0) - {cfg.frontend_cpu})
+
+
+def sim_placement_flags(cfg: Config) -> list[str]:
+    """scale_sim flags lowering the simulators' priority and keeping them off the frontend's CPU."""
+    flags = ["--nice", str(cfg.sim_nice)] if cfg.sim_nice else []
+    if cpus := sim_cpus(cfg):
+        flags += ["--cpus", ",".join(map(str, cpus))]
+    return flags
+
+
+def profile(cfg: Config, group: ProcessGroup, pid: int, phase: str, seconds: float) -> Path | None:
+    """With --profile, starts py-spy recording process `pid` for `seconds` (without pausing it) into
+    `<log dir>/profile-<phase>.txt` (collapsed stacks, one `frames count` a line); the path, or None."""
+    if not cfg.profile:
+        return None
+    spy = shutil.which(
+        "py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    )
+    if spy is None:
+        raise LaunchError("--profile needs py-spy (pip install py-spy)")
+    out = cfg.log_dir / f"profile-{phase}.txt"
+    argv = [spy, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", "100", "--nonblocking"]
+    group.start(f"py-spy-{phase}", [*argv, "--format", "raw", "-o", str(out)])
+    return out
 
 
 def start_frontend(mesh: Mesh, cfg: Config, pools: int) -> tuple[str, Proc, int, list[str]]:
@@ -309,6 +352,9 @@ async def list_pools(address: str, limit: float) -> dict[str, router_pb2.PoolVie
                 break
     return out
 
+
+RATE_MET = 0.95
+"""Share of the target block-event rate the simulators must write for the load to count as given."""
 
 READY_SHARE = 0.999
 """A pool counts as ready holding this share of its blocks: under `--kv-state summary` a pool's
@@ -534,7 +580,7 @@ async def mass_redial(
     want = before.get("snapshots", 0) + pools * cfg.relays
     probe = HealthProbe(address, timeout=60).start()
     off_loop = ProcessHealthProbe(probe_address, timeout=60).start() if probe_address else None
-    t0 = time.monotonic()
+    t0, sc0 = time.monotonic(), sims.cpu()
     for p in sims.procs:
         p.signal(signal.SIGUSR1)
     resent: float | None = None
@@ -548,6 +594,7 @@ async def mass_redial(
         address, pools, blocks, max(1.0, cfg.ready_timeout - (time.monotonic() - t0)), alive
     )
     took = None if ready is None or resent is None else time.monotonic() - t0
+    sim_cores = (sims.cpu() - sc0) / (time.monotonic() - t0)
     health = await probe.stop()
     after = sims.stats()
     return {
@@ -558,6 +605,7 @@ async def mass_redial(
         "probe_health": None if off_loop is None else await off_loop.stop(),
         "cuts": after.get("breaks", {}).get("CUT", 0) - before.get("breaks", {}).get("CUT", 0),
         "snapshot_requests": after.get("snapshot_requests", 0) - before.get("snapshot_requests", 0),
+        "sim_cores": round(sim_cores, 3),
     }
 
 
@@ -630,6 +678,7 @@ async def run_fleet(
             time.monotonic(),
         )
         probe = HealthProbe(address).start()
+        profile(cfg, group, pid, f"steady-{pools}", cfg.steady)
         await asyncio.sleep(cfg.steady)
         health = await probe.stop()
         m1, s1, c1, sc1, t_1 = (
@@ -661,6 +710,10 @@ async def run_fleet(
             "ingested_batches_per_s": round(taken("globalrouter_telemetry_batches_total") / window),
             "frontend_cpu_us_per_message": round((c1 - c0) / ingested * 1e6, 1) if ingested else None,
             "sim_cores": round((sc1 - sc0) / window, 3),
+            "sim_placement": s1.get("placement"),
+            # Whether the simulators produced the load asked of them (they run at a lower priority,
+            # on what the frontend leaves): below RATE_MET the frontend was measured at less.
+            "rate_share": round(events / (pools * cfg.relays * cfg.rate), 3) if cfg.rate else None,
             "health": health,
             "loop_lag_metric": histogram_quantiles(m0, m1, "globalrouter_event_loop_lag_seconds"),
             "snapshot_requests": s1["snapshot_requests"] - s0["snapshot_requests"],
@@ -674,7 +727,8 @@ async def run_fleet(
             f"messages/s in {st['writes_per_s']} gRPC writes/s (frontend read {st['ingested_messages_per_s']} "
             f"messages/s in {st['ingested_batches_per_s']} batches/s, {st['frontend_cpu_us_per_message']} us CPU "
             f"a message), health p50/p99 "
-            f"{health['p50_ms']}/{health['p99_ms']} ms",
+            f"{health['p50_ms']}/{health['p99_ms']} ms; simulators {st['sim_cores']} cores at "
+            f"{st['sim_placement']}{'' if (st['rate_share'] or 1) >= RATE_MET else ' SHORT OF THE TARGET RATE'}",
             flush=True,
         )
 
@@ -695,6 +749,7 @@ async def run_fleet(
         # A mass redial (a network blip): every relay's stream ends at once and redials at once
         # with a fresh snapshot, the frontend up throughout.
         probe_address = flag_value(flags, "--probe-listen")
+        profile(cfg, group, pid, f"redial-{pools}", 40)
         out["redial"] = await mass_redial(address, sims, pools, blocks, cfg, proc.check_alive, probe_address)
         rd = out["redial"]
         print(
@@ -711,9 +766,12 @@ async def run_fleet(
         pid = proc.pid
         probe = HealthProbe(address, gap=0.02, timeout=60).start()
         off_loop = ProcessHealthProbe(probe_address, gap=0.02, timeout=60).start() if probe_address else None
-        c0 = cpu_seconds(pid)
+        c0, sc0 = cpu_seconds(pid), sims.cpu()
+        # A second in: py-spy cannot attach before the new interpreter is up.
+        asyncio.get_running_loop().call_later(1.0, profile, cfg, group, pid, f"restart-{pools}", 60)
         ready, n = await wait_ready(address, pools, blocks, cfg.ready_timeout, proc.check_alive)
         t_ready = time.monotonic() - t_kill
+        restart_sim_cores = (sims.cpu() - sc0) / t_ready
         storm = await probe.stop()
         off_storm = None if off_loop is None else await off_loop.stop()
         streams_back = sims.stats().get("streaming", 0)
@@ -727,6 +785,7 @@ async def run_fleet(
             if off_loop is None or off_loop.first_serving is None
             else round(off_loop.first_serving, 2),
             "frontend_cpu_s": round(cpu_seconds(pid) - c0, 1),
+            "sim_cores": round(restart_sim_cores, 3),
             "streams_back": streams_back,
             "relay_connects_total": (s2 := sims.stats()).get("connects", 0),
             "stream_breaks_total": s2.get("breaks", {}),
@@ -1643,6 +1702,25 @@ def parse(argv: list[str] | None) -> Config:
         "--no-batch", action="store_true", help="simulated relays send one message per write (no batches)"
     )
     p.add_argument(
+        "--sim-nice",
+        type=int,
+        default=19,
+        help="niceness of the simulated pools' processes, 0..19 (default 19: they take only the CPU the "
+        "measured frontend leaves, as relays on other hosts would)",
+    )
+    p.add_argument(
+        "--frontend-cpu",
+        type=int,
+        default=None,
+        metavar="K",
+        help="keep CPU K for the frontend: the simulated pools run on the other CPUs (default: anywhere)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy the frontend in the steady window, the mass redial and the restart (files in --log-dir)",
+    )
+    p.add_argument(
         "--render", default=None, help="rewrite SCALE.md and the plot from a run's JSON (--render=FILE)"
     )
     a = p.parse_args(argv)
@@ -1656,6 +1734,15 @@ def parse(argv: list[str] | None) -> Config:
         p.error(f"--blocks needs one value or one per pool count ({len(pools)}), got {len(blocks)}")
     if any(n <= 0 for n in pools + blocks) or a.relays <= 0 or a.rate < 0 or a.workers <= 0:
         p.error("--pools, --blocks, --relays and --workers must be > 0, --rate >= 0")
+    if not 0 <= a.sim_nice <= 19:
+        p.error(f"--sim-nice must be 0..19, got {a.sim_nice}")
+    if a.frontend_cpu is not None:
+        allowed = os.sched_getaffinity(0)
+        if a.frontend_cpu not in allowed or len(allowed) < 2:
+            p.error(
+                f"--frontend-cpu {a.frontend_cpu}: must be one of the CPUs this process may use, "
+                f"{sorted(allowed)}, with at least one other left for the simulators"
+            )
     skip = {s for s in a.skip.split(",") if s}
     if skip - {"fleet", "relay", "discovery"}:
         p.error(f"--skip takes fleet, relay, discovery; got {sorted(skip)}")
@@ -1693,6 +1780,9 @@ def parse(argv: list[str] | None) -> Config:
         batch=not a.no_batch,
         command=cmd.strip(),
         out=a.out if a.out is not None else ("" if quick else str(SCALE_MD)),
+        sim_nice=a.sim_nice,
+        frontend_cpu=a.frontend_cpu,
+        profile=a.profile,
     )
     return cfg
 
