@@ -149,11 +149,12 @@ def snapshot_chunk(snapshot_id: int, sequence: int, index: int, last: bool, hash
 
 def _splitmix(x: np.ndarray) -> np.ndarray:
     """64-bit hashes of distinct integers (distinct in, distinct out), for blocks of one pool's own."""
-    with np.errstate(over="ignore"):
-        z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+    # Array arithmetic wraps silently (only scalar arithmetic warns), so no np.errstate: entering
+    # one was 11% of a simulator's CPU (it runs for every pool's delta, 5,000 a second at 1,000 pools).
+    z = np.asarray(x).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 # ---- a simulated pool ------------------------------------------------------------------------
