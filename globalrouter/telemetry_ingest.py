@@ -353,6 +353,8 @@ class TelemetryIngest:
         step_blocks) after one under half of it."""
         self.stopping = False
         """Set on stop: leaving streams' blocks are not removed from an index about to go."""
+        self.snapshots_adopted = 0
+        """Snapshots not built: their stream joined the set its pool's summary already held."""
 
     def stop(self) -> None:
         """The process is stopping: queued index work is dropped and leaving streams queue none
@@ -621,6 +623,50 @@ class TelemetryIngest:
         for stored, removed in backlog:
             self._unhold(stream, len(stored) + len(removed))
             self._apply_delta(stream, stored, removed)
+        if self._summary is not None:
+            self._adopt_waiting(stream.pool_id)
+
+    def _adoptable(self, stream: StreamState) -> bool:
+        """Whether the stream's first snapshot need not be built: with the per-pool summary, a pool
+        has one set, which one of its streams feeds (the replicas of a pool's relay carry the same
+        set: the summary takes no other's deltas). A stream with no set of its own yet (a fresh
+        connection, so not the feeder, whose lost deltas a rebuild must make up for) joins the set
+        another live stream of its pool already holds instead of building it again: after a mass
+        redial or a restart every pool's set was built twice, the second build replacing the first
+        with the same blocks (half of the storm's index work on the serving loop)."""
+        if self._summary is None or stream.source:
+            return False
+        others = self._by_pool.get(stream.pool_id, {})
+        return any(o is not stream and not o.superseded and o.source for o in others.values())
+
+    def _adopt(self, stream: StreamState) -> None:
+        """The stream joins its pool's set as a source (see _adoptable): its snapshot is dropped
+        unbuilt, and deltas that waited behind a build of it go too (the summary follows the
+        pool's feeder, not this stream, while the feeder is live)."""
+        assert self._summary is not None
+        self._cancel_build(stream)
+        self._drop_snapshot(stream)
+        for stored, removed in stream.backlog:
+            self._unhold(stream, len(stored) + len(removed))
+        stream.backlog = []
+        source = f"{stream.pool_id}/{stream.relay_id}/{stream.incarnation}#{next(self._ids)}"
+        # An empty delta makes `source` a source of its pool (a member, the feeder only when the
+        # pool has none): what commit_snapshot does, without a table to build.
+        self._summary.apply_delta(source, (), ())
+        stream.source = source
+        stream.log = None
+        stream.kv_applied = True
+        pool = self._table.get(stream.pool_id)
+        pool.kv_sources.add(source)
+        pool.kv_at = self._clock.monotonic()
+        self.snapshots_adopted += 1
+
+    def _adopt_waiting(self, pool_id: str) -> None:
+        """A pool's set was just swapped in: its other streams' first snapshots still queued for a
+        build (both replicas' snapshots arrive together after a redial) are adopted instead."""
+        for other in list(self._by_pool.get(pool_id, {}).values()):
+            if other.building is not None and not other.superseded and self._adoptable(other):
+                self._adopt(other)
 
     def _drop(self, source: str, stream: StreamState) -> None:
         """Queues the source's removal (from its own block list when the stream kept one)."""
@@ -770,6 +816,10 @@ class TelemetryIngest:
             stream.snapshot_blocks += size
         stream.next_chunk += 1
         if not chunk.last:
+            return None
+        if self._adoptable(stream):
+            self._adopt(stream)
+            stream.next_sequence = stream.snapshot_sequence + 1
             return None
         # The whole snapshot arrived: it is built under a key of its own, a step at a time, and
         # replaces this stream's set in one swap once complete (until then the old set answers).
