@@ -291,6 +291,22 @@ def sim_cpus(cfg: Config) -> list[int]:
     return sorted(os.sched_getaffinity(0) - {cfg.frontend_cpu})
 
 
+def sim_placement_text(cfg: Config) -> str:
+    """How the simulators were placed beside the frontend, for SCALE.md."""
+    nice = (
+        f"at nice {cfg.sim_nice} (their sessions' autogroups too), so they take the CPU the frontend leaves"
+        if cfg.sim_nice
+        else "at the frontend's own priority (--sim-nice 0), so they compete with it for the cores"
+    )
+    cpus = sim_cpus(cfg)
+    where = (
+        f", on CPUs {', '.join(map(str, cpus))} (CPU {cfg.frontend_cpu} kept for the frontend)"
+        if cpus
+        else ""
+    )
+    return f"they ran {nice}{where}."
+
+
 def sim_placement_flags(cfg: Config) -> list[str]:
     """scale_sim flags lowering the simulators' priority and keeping them off the frontend's CPU."""
     flags = ["--nice", str(cfg.sim_nice)] if cfg.sim_nice else []
@@ -689,7 +705,10 @@ async def run_fleet(
             time.monotonic(),
         )
         window = t_1 - t_0
-        events = (s1["delta_events"] - s0["delta_events"]) / window
+        # Written into the streams, not just produced: a starved simulator queues what it cannot
+        # write (and drops it past its queue's bound), which the produced figure would hide.
+        events = (s1.get("written_events", 0) - s0.get("written_events", 0)) / window
+        produced = (s1["delta_events"] - s0["delta_events"]) / window
 
         def taken(name: str) -> float:  # what the frontend read (not what the relays wrote)
             return sum(v for k, v in samples(m1, name) if k == name) - sum(
@@ -703,6 +722,7 @@ async def run_fleet(
             "frontend_cores": round((c1 - c0) / window, 3),
             "rss_mb": round(rss_bytes(pid) / 2**20, 1),
             "events_per_s": round(events),
+            "produced_events_per_s": round(produced),
             "target_events_per_s": round(pools * cfg.relays * cfg.rate),
             "messages_per_s": round(msgs),
             "writes_per_s": round((s1.get("writes", 0) - s0.get("writes", 0)) / window),
@@ -1407,8 +1427,22 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     add(
         "\nThe simulated relays themselves used "
         + ", ".join(f"{f['steady']['sim_cores']:.2f} cores at {f['pools']:,} pools" for f in fleets)
-        + " in the same windows, on the same two cores."
+        + f" in the same windows, on the same {os.cpu_count()} cores: "
+        + sim_placement_text(cfg)
+        + " In a fleet the relays run on other hosts."
     )
+    short = [f for f in fleets if (f["steady"].get("rate_share") or 1.0) < RATE_MET]
+    if short:
+        add(
+            "\n**The simulators did not write the target rate** (so the frontend was measured at less): "
+            + ", ".join(
+                f"{f['steady']['rate_share']:.0%} of it at {f['pools']:,} pools "
+                f"({f['steady'].get('produced_events_per_s', 0):,} block events/s produced, "
+                f"{f['steady']['events_per_s']:,} written)"
+                for f in short
+            )
+            + "; the machine was busier than the simulators' priority allows for (its load average is below)."
+        )
     loads = [(f["pools"], f["steady"].get("machine_load_1min")) for f in fleets]
     if any(v is not None for _, v in loads):
         add(

@@ -268,6 +268,9 @@ class PoolStats:
     snapshot_requests: int = 0
     deltas: int = 0
     delta_events: int = 0
+    """Block events of the deltas queued for live streams (what the pools produced)."""
+    written_events: int = 0
+    """Of those, the ones written into their streams (a starved simulator writes fewer)."""
     reports: int = 0
     writes: int = 0
     """gRPC messages written after the hello (a batch counts once, snapshot chunks each)."""
@@ -308,7 +311,8 @@ class SimRelay:
         self.call_factory: grpc.aio.StreamStreamMultiCallable = self.channel.stream_stream(
             PUBLISH, request_serializer=None, response_deserializer=tm.PublishPoolTelemetryResponse.FromString
         )
-        self.queue: deque[tuple[int, bytes]] = deque()
+        self.queue: deque[tuple[int, bytes, int]] = deque()
+        """(sequence, serialized delta, its block events) not yet written."""
         self.latest: dict[str, bytes] = {}
         self.resync = True
         self.live = False
@@ -330,7 +334,7 @@ class SimRelay:
             )
         ).SerializeToString()
 
-    def enqueue(self, sequence: int, msg: bytes) -> None:
+    def enqueue(self, sequence: int, msg: bytes, events: int = 0) -> None:
         if self.resync or not self.live:
             return  # a snapshot is due and will include it
         if len(self.queue) >= QUEUE_LIMIT:
@@ -338,7 +342,7 @@ class SimRelay:
             self.queue.clear()
             self.resync = True
         else:
-            self.queue.append((sequence, msg))
+            self.queue.append((sequence, msg, events))
         self.wake.set()
 
     def cut(self) -> None:
@@ -405,7 +409,7 @@ class SimRelay:
         wait = self.last_write + self.batch_interval - time.monotonic()
         if wait <= 0 or len(self.latest) + len(self.queue) >= MAX_BATCH:
             return 0.0
-        size = sum(len(p) for p in self.latest.values()) + sum(len(m) for _, m in self.queue)
+        size = sum(len(p) for p in self.latest.values()) + sum(len(m) for _, m, _ in self.queue)
         return 0.0 if size >= BATCH_BYTES else wait
 
     async def _write_batch(self, call) -> None:
@@ -414,15 +418,17 @@ class SimRelay:
         self.stats.reports += len(parts)
         self.latest.clear()
         size = sum(len(p) for p in parts)
+        events = 0
         while self.queue and len(parts) < MAX_BATCH:
             msg = self.queue[0][1]
             if parts and size + len(msg) > BATCH_BYTES:
                 break
             parts.append(msg)
             size += len(msg)
-            self.queue.popleft()
+            events += self.queue.popleft()[2]
         await call.write(parts[0] if len(parts) == 1 else batch_wire(parts))
         self.stats.writes += 1
+        self.stats.written_events += events
         if len(parts) > 1:
             self.stats.batches += 1
 
@@ -471,9 +477,10 @@ class SimRelay:
                     self.stats.writes += 1
                     continue
                 if self.queue:
-                    _, msg = self.queue.popleft()
+                    _, msg, events = self.queue.popleft()
                     await call.write(msg)
                     self.stats.writes += 1
+                    self.stats.written_events += events
                     continue
                 if reader.done():
                     break
@@ -621,7 +628,7 @@ async def run_pools(args) -> None:
                     if relay.live and not relay.resync:
                         stats.deltas += 1
                         stats.delta_events += events
-                    relay.enqueue(pool.sequence, msg)
+                    relay.enqueue(pool.sequence, msg, events)
             await asyncio.sleep(max(0.0, t0 + n * tick - time.monotonic()))
 
     async def reports() -> None:

@@ -103,6 +103,12 @@ def test_simulated_relays_are_accepted_by_a_real_frontend(tmp_path, interval):
             )
 
         wait_until(settled, 30, interval=0.2, message="every simulated pool listed with its blocks")
+        # Every produced delta event is written once the churn stopped (counted at the write).
+        wait_until(
+            lambda: counters()["written_events"] == counters()["delta_events"],
+            10,
+            message="every produced delta event written",
+        )
         c = counters()
         assert c["registered"] == POOLS * RELAYS
         assert c["hello_acks"] == POOLS * RELAYS and c["streaming"] == POOLS * RELAYS
