@@ -369,6 +369,12 @@ async def list_pools(address: str, limit: float) -> dict[str, router_pb2.PoolVie
     return out
 
 
+SIM_NICE = 10
+"""The simulators' default niceness. Against the frontend's session (nice 0, weight 1,024) four
+simulator sessions at nice 10 weigh 4 x 110, so the frontend's one busy thread gets the core it
+wants; at 19 (weight 15 each) other work on a shared machine starved the simulators outright (no
+snapshot resent in 100 s after a mass redial, with three other nice-0 processes busy)."""
+
 RATE_MET = 0.95
 """Share of the target block-event rate the simulators must write for the load to count as given."""
 
@@ -1738,8 +1744,8 @@ def parse(argv: list[str] | None) -> Config:
     p.add_argument(
         "--sim-nice",
         type=int,
-        default=19,
-        help="niceness of the simulated pools' processes, 0..19 (default 19: they take only the CPU the "
+        default=SIM_NICE,
+        help=f"niceness of the simulated pools' processes, 0..19 (default {SIM_NICE}: they take the CPU the "
         "measured frontend leaves, as relays on other hosts would)",
     )
     p.add_argument(

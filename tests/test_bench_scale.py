@@ -191,13 +191,13 @@ def test_bad_placements_are_refused_by_name():
 
 def test_the_simulators_are_started_niced_and_off_the_frontends_cpu(tmp_path):
     cfg = bench_scale.parse(["--quick", "--log-dir", str(tmp_path)])
-    assert cfg.sim_nice == 19 and cfg.frontend_cpu is None
-    assert bench_scale.sim_placement_flags(cfg) == ["--nice", "19"]
+    assert cfg.sim_nice == bench_scale.SIM_NICE == 10 and cfg.frontend_cpu is None
+    assert bench_scale.sim_placement_flags(cfg) == ["--nice", "10"]
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) >= 2:
         pinned = bench_scale.parse(["--quick", "--log-dir", str(tmp_path), f"--frontend-cpu={cpus[0]}"])
         others = ",".join(map(str, cpus[1:]))
-        assert bench_scale.sim_placement_flags(pinned) == ["--nice", "19", "--cpus", others]
+        assert bench_scale.sim_placement_flags(pinned) == ["--nice", "10", "--cpus", others]
     flat = bench_scale.parse(["--quick", "--log-dir", str(tmp_path), "--sim-nice=0"])
     assert bench_scale.sim_placement_flags(flat) == []
     with pytest.raises(SystemExit):
