@@ -117,9 +117,9 @@ KICK_ROUNDS = 500
 """Rounds of cuckoo evictions before entries still homeless are dropped (see _settle)."""
 PENDING = 8192
 """Logged delta blocks that trigger a fold (reads fold first anyway). A fold is one turn of the
-serving loop, about linear in the blocks folded: at 65,536 it took 78 ms (186 ms at worst) at
-1,000 pools x 200 events/s, the steady state's longest turns; 8 ms (17 at worst) at 8,192, for
-no more CPU in total (bench/results/scale_fleet_settings.md)."""
+serving loop, about linear in the blocks folded: at 65,536 it took 62-90 ms (up to 205 ms) with
+1,000 pools' deltas of 40 blocks, the steady state's longest turns; 8 ms (up to 17) at 8,192, for
+4% more CPU in total (BENCHMARKS.md, "1,000 pools with the fleet settings")."""
 ARENA_SPACE = 1 << 38
 """Bytes of address space the arena maps (Linux: private, anonymous, not reserved; 256 GiB, a
 hundred times the 1,000-pool x 1,000,000-block fleet's tables, and a 500th of a process's address
