@@ -1474,7 +1474,8 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
             f"| {_f(rs.get('relay_connects_total'))} ({f['pools'] * f['relays']:,}) | {term} |"
         )
     add(
-        "\nHealth answers SERVING as soon as the frontend listens, long before it holds the pools' state; "
+        "\nHealth answers SERVING once the frontend is ready (its directory synced and every listed pool's KV "
+        "snapshot arrived from a relay, or `--ready-timeout` passed, 30 s by default); "
         "'every pool's KV back' is when ListPools shows every pool listed, with fresh KV and all its blocks "
         f"(given up after {cfg.ready_timeout:g} s). A relay redials at once after a stream that had sent its snapshot "
         "breaks and backs off after a failed dial; the dials counted include those that failed while the "
