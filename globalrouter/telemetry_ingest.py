@@ -46,6 +46,10 @@ STEP_SECONDS = 0.002
 time of the loop's thread): the blocks per step adapt to it (a block added costs 85 ns in a table
 that fits the caches and several times that in one of tens of millions of slots)."""
 MIN_STEP = 256
+ADOPT_WITHIN = 10.0
+"""Seconds within which another stream of the pool must have spoken for a new stream's first
+snapshot to join that stream's set instead of being built (TelemetryIngest._adoptable): relays
+write at least every report interval (1 s by default) or telemetry write interval (at most 5 s)."""
 SLICE_SECONDS = 0.004
 """Wall time one event-loop iteration may spend on telemetry messages before the rest wait for a
 later iteration (IngestPacer): with 2,000 streams every iteration used to apply a message of each
@@ -159,6 +163,8 @@ class StreamState:
     """Model -> LoRA adapters, from this stream's last readiness report."""
     draining: bool = False
     """This stream's last drain report."""
+    last_seen: float | None = None
+    """Clock time of the stream's last message (None: none since its hello)."""
     building: _Build | None = None
     """A whole snapshot being applied a step at a time (None: none)."""
     backlog: list[tuple[list[int], list[int]]] = field(default_factory=list)
@@ -636,8 +642,17 @@ class TelemetryIngest:
         with the same blocks (half of the storm's index work on the serving loop)."""
         if self._summary is None or stream.source:
             return False
-        others = self._by_pool.get(stream.pool_id, {})
-        return any(o is not stream and not o.superseded and o.source for o in others.values())
+        # The set joined must be kept current: by a stream that spoke lately (a silent one may be
+        # stuck; then the new stream's snapshot is built and the new stream feeds the set).
+        since = self._clock.monotonic() - ADOPT_WITHIN
+        return any(
+            o is not stream
+            and not o.superseded
+            and o.source
+            and o.last_seen is not None
+            and o.last_seen >= since
+            for o in self._by_pool.get(stream.pool_id, {}).values()
+        )
 
     def _adopt(self, stream: StreamState) -> None:
         """The stream joins its pool's set as a source (see _adoptable): its snapshot is dropped
@@ -710,6 +725,7 @@ class TelemetryIngest:
                 answer = self.receive(stream, inner) or answer
             return answer
         now = self._clock.monotonic()
+        stream.last_seen = now
         pool = self._table.get(stream.pool_id)
         kind = msg.WhichOneof("payload")
         if stream.kv_applied:

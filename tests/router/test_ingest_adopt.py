@@ -10,7 +10,7 @@ import pytest
 from globalrouter.kv_summary import KvSummary
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
-from globalrouter.telemetry_ingest import TelemetryIngest
+from globalrouter.telemetry_ingest import ADOPT_WITHIN, TelemetryIngest
 from meshkit.clock import FakeClock
 from tests.router.test_telemetry_budgets import chunk, delta, hello
 
@@ -118,3 +118,26 @@ def test_the_exact_index_builds_every_streams_set():
     drain(ingest)
     assert all(index.block_count(s.source) == len(SET) for s in streams)
     assert ingest.snapshots_adopted == 0
+
+
+def test_a_silent_streams_set_is_not_joined():
+    """The pool's other stream said nothing for longer than ADOPT_WITHIN (it may be stuck): the new
+    stream's snapshot is built and the new stream feeds the pool's set."""
+    table, summary = PoolTable(), CountingSummary()
+    clock = FakeClock()
+    ingest = TelemetryIngest(table, summary, clock, RouterMetrics(), step_blocks=256)
+    a = ingest.open(hello(relay="a"))
+    ingest.receive(a, chunk(SET, last=True))
+    drain(ingest)
+    clock.set(clock.monotonic() + ADOPT_WITHIN + 1)
+    b = ingest.open(hello(relay="b"))
+    ingest.receive(b, chunk(range(5001, 5101), last=True))
+    drain(ingest)
+    assert ingest.snapshots_adopted == 0 and summary.built == len(SET) + 100
+    assert summary.pool_block_count("p") == 100
+    ingest.receive(b, delta(2, stored=[9500]))
+    assert summary.pool_holds("p", 9500)
+    # a live stream's set is joined: c's snapshot arrives while b spoke just now
+    c = ingest.open(hello(relay="c"))
+    ingest.receive(c, chunk(range(5001, 5101), last=True))
+    assert ingest.snapshots_adopted == 1
