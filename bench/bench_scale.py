@@ -192,7 +192,13 @@ def histogram_quantiles(before: str, after: str, name: str) -> dict[str, Any] | 
                 return le
         return None
 
-    return {"p50_s": q(0.5), "p99_s": q(0.99), "mean_s": ssum / count if count else None, "count": count}
+    return {
+        "p50_s": q(0.5),
+        "p99_s": q(0.99),
+        "max_le_s": q(1.0),
+        "mean_s": ssum / count if count else None,
+        "count": count,
+    }
 
 
 # ---- processes ------------------------------------------------------------------------------
@@ -592,7 +598,14 @@ async def route_latencies(
 
 
 async def mass_redial(
-    address: str, sims: Sims, pools: int, blocks: int, cfg: Config, alive, probe_address: str | None = None
+    address: str,
+    sims: Sims,
+    pools: int,
+    blocks: int,
+    cfg: Config,
+    alive,
+    probe_address: str | None = None,
+    metrics_port: int | None = None,
 ) -> dict[str, Any]:
     """Every simulated relay's stream cut at once (SIGUSR1 to each simulator process): seconds until
     every relay sent its fresh snapshot, and until every pool is listed fresh with its blocks again,
@@ -602,6 +615,7 @@ async def mass_redial(
     want = before.get("snapshots", 0) + pools * cfg.relays
     probe = HealthProbe(address, timeout=60).start()
     off_loop = ProcessHealthProbe(probe_address, timeout=60).start() if probe_address else None
+    m0 = scrape(metrics_port) if metrics_port else ""
     t0, sc0 = time.monotonic(), sims.cpu()
     for p in sims.procs:
         p.signal(signal.SIGUSR1)
@@ -628,6 +642,12 @@ async def mass_redial(
         "cuts": after.get("breaks", {}).get("CUT", 0) - before.get("breaks", {}).get("CUT", 0),
         "snapshot_requests": after.get("snapshot_requests", 0) - before.get("snapshot_requests", 0),
         "sim_cores": round(sim_cores, 3),
+        # The serving loop's own lag over the storm (the frontend's histogram, between two scrapes).
+        "loop_lag_metric": histogram_quantiles(
+            m0, scrape(metrics_port), "globalrouter_event_loop_lag_seconds"
+        )
+        if metrics_port
+        else None,
     }
 
 
@@ -776,7 +796,9 @@ async def run_fleet(
         # with a fresh snapshot, the frontend up throughout.
         probe_address = flag_value(flags, "--probe-listen")
         profile(cfg, group, pid, f"redial-{pools}", 40)
-        out["redial"] = await mass_redial(address, sims, pools, blocks, cfg, proc.check_alive, probe_address)
+        out["redial"] = await mass_redial(
+            address, sims, pools, blocks, cfg, proc.check_alive, probe_address, metrics_port
+        )
         rd = out["redial"]
         print(
             f"  [{pools} pools] mass redial: every relay's snapshot resent after {rd['resent_s']} s, every pool "
@@ -812,6 +834,10 @@ async def run_fleet(
             else round(off_loop.first_serving, 2),
             "frontend_cpu_s": round(cpu_seconds(pid) - c0, 1),
             "sim_cores": round(restart_sim_cores, 3),
+            # The restarted process's loop lag from its start until every pool was back.
+            "loop_lag_metric": histogram_quantiles(
+                "", scrape(metrics_port), "globalrouter_event_loop_lag_seconds"
+            ),
             "streams_back": streams_back,
             "relay_connects_total": (s2 := sims.stats()).get("connects", 0),
             "stream_breaks_total": s2.get("breaks", {}),
@@ -1511,6 +1537,19 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
             "relay redials at once and sends a fresh snapshot. 'Resent' reads the simulators' counters, written "
             "once a second; 'KV back' is ListPools as above, and may count a pool whose other relay's set still "
             "answered.\n"
+        )
+    storms = [
+        (f["pools"], part, f[key]["loop_lag_metric"])
+        for f in fleets
+        for key, part in (("restart", "restart"), ("redial", "mass redial"))
+        if f.get(key, {}).get("loop_lag_metric")
+    ]
+    if storms:
+        add(
+            "`globalrouter_event_loop_lag_seconds` in the storms (the restarted process's from its start; the "
+            "redial's between two scrapes; bucket bounds, `max_le_s` the bucket of the worst sample): "
+            + "; ".join(f"{p:,} pools, {part}: {json.dumps(v)}" for p, part, v in storms)
+            + ".\n"
         )
     add("## Relay cost per frontend stream\n")
     add(
