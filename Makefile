@@ -74,9 +74,15 @@ bench: setup
 
 # One frontend against 10, 100 and 1,000 simulated pools (2 relays each), a relay feeding 1-50
 # frontends, discovery fan-out to 50 watchers on a 3-member etcd; writes SCALE.md and docs/scale.png.
-# Not in CI nor in `make bench`: about 10-15 minutes on 2 cores (`python -m bench.bench_scale --quick`: ~2).
+# Then the goal's load with the fleet settings (1,000 pools at 200 block events/s each, the per-pool
+# summary, a 1 s telemetry write interval): bench/results/scale_fleet.{md,json,png}.
+# The simulators run at nice 10 (--sim-nice). Not in CI nor in `make bench`: about 15-20 minutes on
+# 2 cores (`python -m bench.bench_scale --quick`: ~2).
+SCALE_FLEET = --pools 1000 --blocks 10000 --rate 200 --skip relay,discovery --no-etcd --steady 30 \
+	--frontend-flag=--kv-state --frontend-flag=summary --frontend-flag=--telemetry-batch-interval --frontend-flag=1
 scale: setup
 	timeout 1500 $(PY) -m bench.bench_scale
+	timeout 900 $(PY) -m bench.bench_scale $(SCALE_FLEET) --out bench/results/scale_fleet.md
 
 # A development CA, a SPIFFE certificate per mesh role and a client API key, in certs/.
 certs: setup

@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import platform
 import re
+import shutil
 import signal
 import statistics
 import sys
@@ -105,6 +106,14 @@ class Config:
     command: str
     out: str
     """Where SCALE.md goes ('' writes no file)."""
+    sim_nice: int = 0
+    """Niceness added to the simulated pools' processes, so that they take only the CPU the measured
+    frontend leaves (on this machine they share its cores; in a fleet the relays run elsewhere)."""
+    frontend_cpu: int | None = None
+    """A CPU kept for the frontend: the simulated pools run on the others (None: anywhere)."""
+    profile: bool = False
+    """py-spy records the frontend in the steady window, the mass redial and the restart (raw
+    collapsed stacks in the log directory; off by default: the sampler takes CPU of its own)."""
 
 
 # ---- small measuring helpers ------------------------------------------------------------------
@@ -183,7 +192,13 @@ def histogram_quantiles(before: str, after: str, name: str) -> dict[str, Any] | 
                 return le
         return None
 
-    return {"p50_s": q(0.5), "p99_s": q(0.99), "mean_s": ssum / count if count else None, "count": count}
+    return {
+        "p50_s": q(0.5),
+        "p99_s": q(0.99),
+        "max_le_s": q(1.0),
+        "mean_s": ssum / count if count else None,
+        "count": count,
+    }
 
 
 # ---- processes ------------------------------------------------------------------------------
@@ -238,6 +253,7 @@ class Sims:
                 str(stats),
                 "--register-first",
                 *(() if cfg.batch else ("--no-batch",)),
+                *sim_placement_flags(cfg),
             ]
             for k, v in extra.items():
                 argv += [f"--{k.replace('_', '-')}", str(v)]
@@ -257,9 +273,11 @@ class Sims:
             for code, count in data.get("breaks", {}).items():
                 total.setdefault("breaks", {})[code] = total.get("breaks", {}).get(code, 0) + count
             for k, v in data.items():
-                if isinstance(v, (int, float)) and k not in ("time", "pid", "blocks_per_pool"):
+                if isinstance(v, (int, float)) and k not in ("time", "pid", "blocks_per_pool", "nice"):
                     total[k] = total.get(k, 0) + v
             total["blocks_per_pool"] = data.get("blocks_per_pool", 0)
+            # What each worker runs at, as it reports it (the same for all: the last one's).
+            total["placement"] = {k: data.get(k) for k in ("nice", "autogroup", "cpus")}
             if data.get("last_error"):
                 total["errors"].append(data["last_error"])
         return total
@@ -270,6 +288,53 @@ class Sims:
     def stop(self) -> None:
         for p in self.procs:
             p.stop(5.0)
+
+
+def sim_cpus(cfg: Config) -> list[int]:
+    """The CPUs the simulated pools may use: all this process may, less the frontend's ([]: any)."""
+    if cfg.frontend_cpu is None:
+        return []
+    return sorted(os.sched_getaffinity(0) - {cfg.frontend_cpu})
+
+
+def sim_placement_text(cfg: Config) -> str:
+    """How the simulators were placed beside the frontend, for SCALE.md."""
+    nice = (
+        f"at nice {cfg.sim_nice} (their sessions' autogroups too), so they take the CPU the frontend leaves"
+        if cfg.sim_nice
+        else "at the frontend's own priority (--sim-nice 0), so they compete with it for the cores"
+    )
+    cpus = sim_cpus(cfg)
+    where = (
+        f", on CPUs {', '.join(map(str, cpus))} (CPU {cfg.frontend_cpu} kept for the frontend)"
+        if cpus
+        else ""
+    )
+    return f"they ran {nice}{where}."
+
+
+def sim_placement_flags(cfg: Config) -> list[str]:
+    """scale_sim flags lowering the simulators' priority and keeping them off the frontend's CPU."""
+    flags = ["--nice", str(cfg.sim_nice)] if cfg.sim_nice else []
+    if cpus := sim_cpus(cfg):
+        flags += ["--cpus", ",".join(map(str, cpus))]
+    return flags
+
+
+def profile(cfg: Config, group: ProcessGroup, pid: int, phase: str, seconds: float) -> Path | None:
+    """With --profile, starts py-spy recording process `pid` for `seconds` (without pausing it) into
+    `<log dir>/profile-<phase>.txt` (collapsed stacks, one `frames count` a line); the path, or None."""
+    if not cfg.profile:
+        return None
+    spy = shutil.which(
+        "py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    )
+    if spy is None:
+        raise LaunchError("--profile needs py-spy (pip install py-spy)")
+    out = cfg.log_dir / f"profile-{phase}.txt"
+    argv = [spy, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", "100", "--nonblocking"]
+    group.start(f"py-spy-{phase}", [*argv, "--format", "raw", "-o", str(out)])
+    return out
 
 
 def start_frontend(mesh: Mesh, cfg: Config, pools: int) -> tuple[str, Proc, int, list[str]]:
@@ -309,6 +374,15 @@ async def list_pools(address: str, limit: float) -> dict[str, router_pb2.PoolVie
                 break
     return out
 
+
+SIM_NICE = 10
+"""The simulators' default niceness. Against the frontend's session (nice 0, weight 1,024) four
+simulator sessions at nice 10 weigh 4 x 110, so the frontend's one busy thread gets the core it
+wants; at 19 (weight 15 each) other work on a shared machine starved the simulators outright (no
+snapshot resent in 100 s after a mass redial, with three other nice-0 processes busy)."""
+
+RATE_MET = 0.95
+"""Share of the target block-event rate the simulators must write for the load to count as given."""
 
 READY_SHARE = 0.999
 """A pool counts as ready holding this share of its blocks: under `--kv-state summary` a pool's
@@ -524,7 +598,14 @@ async def route_latencies(
 
 
 async def mass_redial(
-    address: str, sims: Sims, pools: int, blocks: int, cfg: Config, alive, probe_address: str | None = None
+    address: str,
+    sims: Sims,
+    pools: int,
+    blocks: int,
+    cfg: Config,
+    alive,
+    probe_address: str | None = None,
+    metrics_port: int | None = None,
 ) -> dict[str, Any]:
     """Every simulated relay's stream cut at once (SIGUSR1 to each simulator process): seconds until
     every relay sent its fresh snapshot, and until every pool is listed fresh with its blocks again,
@@ -534,7 +615,8 @@ async def mass_redial(
     want = before.get("snapshots", 0) + pools * cfg.relays
     probe = HealthProbe(address, timeout=60).start()
     off_loop = ProcessHealthProbe(probe_address, timeout=60).start() if probe_address else None
-    t0 = time.monotonic()
+    m0 = scrape(metrics_port) if metrics_port else ""
+    t0, sc0 = time.monotonic(), sims.cpu()
     for p in sims.procs:
         p.signal(signal.SIGUSR1)
     resent: float | None = None
@@ -548,6 +630,7 @@ async def mass_redial(
         address, pools, blocks, max(1.0, cfg.ready_timeout - (time.monotonic() - t0)), alive
     )
     took = None if ready is None or resent is None else time.monotonic() - t0
+    sim_cores = (sims.cpu() - sc0) / (time.monotonic() - t0)
     health = await probe.stop()
     after = sims.stats()
     return {
@@ -558,6 +641,13 @@ async def mass_redial(
         "probe_health": None if off_loop is None else await off_loop.stop(),
         "cuts": after.get("breaks", {}).get("CUT", 0) - before.get("breaks", {}).get("CUT", 0),
         "snapshot_requests": after.get("snapshot_requests", 0) - before.get("snapshot_requests", 0),
+        "sim_cores": round(sim_cores, 3),
+        # The serving loop's own lag over the storm (the frontend's histogram, between two scrapes).
+        "loop_lag_metric": histogram_quantiles(
+            m0, scrape(metrics_port), "globalrouter_event_loop_lag_seconds"
+        )
+        if metrics_port
+        else None,
     }
 
 
@@ -630,6 +720,7 @@ async def run_fleet(
             time.monotonic(),
         )
         probe = HealthProbe(address).start()
+        profile(cfg, group, pid, f"steady-{pools}", cfg.steady)
         await asyncio.sleep(cfg.steady)
         health = await probe.stop()
         m1, s1, c1, sc1, t_1 = (
@@ -640,7 +731,10 @@ async def run_fleet(
             time.monotonic(),
         )
         window = t_1 - t_0
-        events = (s1["delta_events"] - s0["delta_events"]) / window
+        # Written into the streams, not just produced: a starved simulator queues what it cannot
+        # write (and drops it past its queue's bound), which the produced figure would hide.
+        events = (s1.get("written_events", 0) - s0.get("written_events", 0)) / window
+        produced = (s1["delta_events"] - s0["delta_events"]) / window
 
         def taken(name: str) -> float:  # what the frontend read (not what the relays wrote)
             return sum(v for k, v in samples(m1, name) if k == name) - sum(
@@ -654,6 +748,7 @@ async def run_fleet(
             "frontend_cores": round((c1 - c0) / window, 3),
             "rss_mb": round(rss_bytes(pid) / 2**20, 1),
             "events_per_s": round(events),
+            "produced_events_per_s": round(produced),
             "target_events_per_s": round(pools * cfg.relays * cfg.rate),
             "messages_per_s": round(msgs),
             "writes_per_s": round((s1.get("writes", 0) - s0.get("writes", 0)) / window),
@@ -661,6 +756,10 @@ async def run_fleet(
             "ingested_batches_per_s": round(taken("globalrouter_telemetry_batches_total") / window),
             "frontend_cpu_us_per_message": round((c1 - c0) / ingested * 1e6, 1) if ingested else None,
             "sim_cores": round((sc1 - sc0) / window, 3),
+            "sim_placement": s1.get("placement"),
+            # Whether the simulators produced the load asked of them (they run at a lower priority,
+            # on what the frontend leaves): below RATE_MET the frontend was measured at less.
+            "rate_share": round(events / (pools * cfg.relays * cfg.rate), 3) if cfg.rate else None,
             "health": health,
             "loop_lag_metric": histogram_quantiles(m0, m1, "globalrouter_event_loop_lag_seconds"),
             "snapshot_requests": s1["snapshot_requests"] - s0["snapshot_requests"],
@@ -674,7 +773,8 @@ async def run_fleet(
             f"messages/s in {st['writes_per_s']} gRPC writes/s (frontend read {st['ingested_messages_per_s']} "
             f"messages/s in {st['ingested_batches_per_s']} batches/s, {st['frontend_cpu_us_per_message']} us CPU "
             f"a message), health p50/p99 "
-            f"{health['p50_ms']}/{health['p99_ms']} ms",
+            f"{health['p50_ms']}/{health['p99_ms']} ms; simulators {st['sim_cores']} cores at "
+            f"{st['sim_placement']}{'' if (st['rate_share'] or 1) >= RATE_MET else ' SHORT OF THE TARGET RATE'}",
             flush=True,
         )
 
@@ -695,7 +795,10 @@ async def run_fleet(
         # A mass redial (a network blip): every relay's stream ends at once and redials at once
         # with a fresh snapshot, the frontend up throughout.
         probe_address = flag_value(flags, "--probe-listen")
-        out["redial"] = await mass_redial(address, sims, pools, blocks, cfg, proc.check_alive, probe_address)
+        profile(cfg, group, pid, f"redial-{pools}", 40)
+        out["redial"] = await mass_redial(
+            address, sims, pools, blocks, cfg, proc.check_alive, probe_address, metrics_port
+        )
         rd = out["redial"]
         print(
             f"  [{pools} pools] mass redial: every relay's snapshot resent after {rd['resent_s']} s, every pool "
@@ -711,9 +814,12 @@ async def run_fleet(
         pid = proc.pid
         probe = HealthProbe(address, gap=0.02, timeout=60).start()
         off_loop = ProcessHealthProbe(probe_address, gap=0.02, timeout=60).start() if probe_address else None
-        c0 = cpu_seconds(pid)
+        c0, sc0 = cpu_seconds(pid), sims.cpu()
+        # A second in: py-spy cannot attach before the new interpreter is up.
+        asyncio.get_running_loop().call_later(1.0, profile, cfg, group, pid, f"restart-{pools}", 60)
         ready, n = await wait_ready(address, pools, blocks, cfg.ready_timeout, proc.check_alive)
         t_ready = time.monotonic() - t_kill
+        restart_sim_cores = (sims.cpu() - sc0) / t_ready
         storm = await probe.stop()
         off_storm = None if off_loop is None else await off_loop.stop()
         streams_back = sims.stats().get("streaming", 0)
@@ -727,6 +833,11 @@ async def run_fleet(
             if off_loop is None or off_loop.first_serving is None
             else round(off_loop.first_serving, 2),
             "frontend_cpu_s": round(cpu_seconds(pid) - c0, 1),
+            "sim_cores": round(restart_sim_cores, 3),
+            # The restarted process's loop lag from its start until every pool was back.
+            "loop_lag_metric": histogram_quantiles(
+                "", scrape(metrics_port), "globalrouter_event_loop_lag_seconds"
+            ),
             "streams_back": streams_back,
             "relay_connects_total": (s2 := sims.stats()).get("connects", 0),
             "stream_breaks_total": s2.get("breaks", {}),
@@ -1348,8 +1459,22 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     add(
         "\nThe simulated relays themselves used "
         + ", ".join(f"{f['steady']['sim_cores']:.2f} cores at {f['pools']:,} pools" for f in fleets)
-        + " in the same windows, on the same two cores."
+        + f" in the same windows, on the same {os.cpu_count()} cores: "
+        + sim_placement_text(cfg)
+        + " In a fleet the relays run on other hosts."
     )
+    short = [f for f in fleets if (f["steady"].get("rate_share") or 1.0) < RATE_MET]
+    if short:
+        add(
+            "\n**The simulators did not write the target rate** (so the frontend was measured at less): "
+            + ", ".join(
+                f"{f['steady']['rate_share']:.0%} of it at {f['pools']:,} pools "
+                f"({f['steady'].get('produced_events_per_s', 0):,} block events/s produced, "
+                f"{f['steady']['events_per_s']:,} written)"
+                for f in short
+            )
+            + "; the machine was busier than the simulators' priority allows for (its load average is below)."
+        )
     loads = [(f["pools"], f["steady"].get("machine_load_1min")) for f in fleets]
     if any(v is not None for _, v in loads):
         add(
@@ -1375,7 +1500,8 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
             f"| {_f(rs.get('relay_connects_total'))} ({f['pools'] * f['relays']:,}) | {term} |"
         )
     add(
-        "\nHealth answers SERVING as soon as the frontend listens, long before it holds the pools' state; "
+        "\nHealth answers SERVING once the frontend is ready (its directory synced and every listed pool's KV "
+        "snapshot arrived from a relay, or `--ready-timeout` passed, 30 s by default); "
         "'every pool's KV back' is when ListPools shows every pool listed, with fresh KV and all its blocks "
         f"(given up after {cfg.ready_timeout:g} s). A relay redials at once after a stream that had sent its snapshot "
         "breaks and backs off after a failed dial; the dials counted include those that failed while the "
@@ -1411,6 +1537,19 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
             "relay redials at once and sends a fresh snapshot. 'Resent' reads the simulators' counters, written "
             "once a second; 'KV back' is ListPools as above, and may count a pool whose other relay's set still "
             "answered.\n"
+        )
+    storms = [
+        (f["pools"], part, f[key]["loop_lag_metric"])
+        for f in fleets
+        for key, part in (("restart", "restart"), ("redial", "mass redial"))
+        if f.get(key, {}).get("loop_lag_metric")
+    ]
+    if storms:
+        add(
+            "`globalrouter_event_loop_lag_seconds` in the storms (the restarted process's from its start; the "
+            "redial's between two scrapes; bucket bounds, `max_le_s` the bucket of the worst sample): "
+            + "; ".join(f"{p:,} pools, {part}: {json.dumps(v)}" for p, part, v in storms)
+            + ".\n"
         )
     add("## Relay cost per frontend stream\n")
     add(
@@ -1643,6 +1782,25 @@ def parse(argv: list[str] | None) -> Config:
         "--no-batch", action="store_true", help="simulated relays send one message per write (no batches)"
     )
     p.add_argument(
+        "--sim-nice",
+        type=int,
+        default=SIM_NICE,
+        help=f"niceness of the simulated pools' processes, 0..19 (default {SIM_NICE}: they take the CPU the "
+        "measured frontend leaves, as relays on other hosts would)",
+    )
+    p.add_argument(
+        "--frontend-cpu",
+        type=int,
+        default=None,
+        metavar="K",
+        help="keep CPU K for the frontend: the simulated pools run on the other CPUs (default: anywhere)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy the frontend in the steady window, the mass redial and the restart (files in --log-dir)",
+    )
+    p.add_argument(
         "--render", default=None, help="rewrite SCALE.md and the plot from a run's JSON (--render=FILE)"
     )
     a = p.parse_args(argv)
@@ -1656,6 +1814,15 @@ def parse(argv: list[str] | None) -> Config:
         p.error(f"--blocks needs one value or one per pool count ({len(pools)}), got {len(blocks)}")
     if any(n <= 0 for n in pools + blocks) or a.relays <= 0 or a.rate < 0 or a.workers <= 0:
         p.error("--pools, --blocks, --relays and --workers must be > 0, --rate >= 0")
+    if not 0 <= a.sim_nice <= 19:
+        p.error(f"--sim-nice must be 0..19, got {a.sim_nice}")
+    if a.frontend_cpu is not None:
+        allowed = os.sched_getaffinity(0)
+        if a.frontend_cpu not in allowed or len(allowed) < 2:
+            p.error(
+                f"--frontend-cpu {a.frontend_cpu}: must be one of the CPUs this process may use, "
+                f"{sorted(allowed)}, with at least one other left for the simulators"
+            )
     skip = {s for s in a.skip.split(",") if s}
     if skip - {"fleet", "relay", "discovery"}:
         p.error(f"--skip takes fleet, relay, discovery; got {sorted(skip)}")
@@ -1693,6 +1860,9 @@ def parse(argv: list[str] | None) -> Config:
         batch=not a.no_batch,
         command=cmd.strip(),
         out=a.out if a.out is not None else ("" if quick else str(SCALE_MD)),
+        sim_nice=a.sim_nice,
+        frontend_cpu=a.frontend_cpu,
+        profile=a.profile,
     )
     return cfg
 

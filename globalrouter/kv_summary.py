@@ -123,8 +123,11 @@ ALT_SIZES = 8
 """Bucket counts whose alt-row table (_alt_rows, 256 KiB each) is kept."""
 KICK_ROUNDS = 500
 """Rounds of cuckoo evictions before entries still homeless are dropped (see _settle)."""
-PENDING = 65536
-"""Logged delta blocks that trigger a fold (reads fold first anyway)."""
+PENDING = 8192
+"""Logged delta blocks that trigger a fold (reads fold first anyway). A fold is one turn of the
+serving loop, about linear in the blocks folded: at 65,536 it took 62-90 ms (up to 205 ms) with
+1,000 pools' deltas of 40 blocks, the steady state's longest turns; 8 ms (up to 17) at 8,192, for
+4% more CPU in total (BENCHMARKS.md, "1,000 pools with the fleet settings")."""
 ARENA_SPACE = 1 << 38
 """Bytes of address space the arena maps (Linux: private, anonymous, not reserved; 256 GiB, a
 hundred times the 1,000-pool x 1,000,000-block fleet's tables, and a 500th of a process's address

@@ -46,6 +46,10 @@ STEP_SECONDS = 0.002
 time of the loop's thread): the blocks per step adapt to it (a block added costs 85 ns in a table
 that fits the caches and several times that in one of tens of millions of slots)."""
 MIN_STEP = 256
+ADOPT_WITHIN = 10.0
+"""Seconds within which another stream of the pool must have spoken for a new stream's first
+snapshot to join that stream's set instead of being built (TelemetryIngest._adoptable): relays
+write at least every report interval (1 s by default) or telemetry write interval (at most 5 s)."""
 SLICE_SECONDS = 0.004
 """Wall time one event-loop iteration may spend on telemetry messages before the rest wait for a
 later iteration (IngestPacer): with 2,000 streams every iteration used to apply a message of each
@@ -159,6 +163,8 @@ class StreamState:
     """Model -> LoRA adapters, from this stream's last readiness report."""
     draining: bool = False
     """This stream's last drain report."""
+    last_seen: float | None = None
+    """Clock time of the stream's last message (None: none since its hello)."""
     building: _Build | None = None
     """A whole snapshot being applied a step at a time (None: none)."""
     backlog: list[tuple[list[int], list[int]]] = field(default_factory=list)
@@ -357,6 +363,8 @@ class TelemetryIngest:
         step_blocks) after one under half of it."""
         self.stopping = False
         """Set on stop: leaving streams' blocks are not removed from an index about to go."""
+        self.snapshots_adopted = 0
+        """Snapshots not built: their stream joined the set its pool's summary already held."""
 
     def stop(self) -> None:
         """The process is stopping: queued index work is dropped and leaving streams queue none
@@ -632,6 +640,59 @@ class TelemetryIngest:
         for stored, removed in backlog:
             self._unhold(stream, len(stored) + len(removed))
             self._apply_delta(stream, stored, removed)
+        if self._summary is not None:
+            self._adopt_waiting(stream.pool_id)
+
+    def _adoptable(self, stream: StreamState) -> bool:
+        """Whether the stream's first snapshot need not be built: with the per-pool summary, a pool
+        has one set, which one of its streams feeds (the replicas of a pool's relay carry the same
+        set: the summary takes no other's deltas). A stream with no set of its own yet (a fresh
+        connection, so not the feeder, whose lost deltas a rebuild must make up for) joins the set
+        another live stream of its pool already holds instead of building it again: after a mass
+        redial or a restart every pool's set was built twice, the second build replacing the first
+        with the same blocks (half of the storm's index work on the serving loop)."""
+        if self._summary is None or stream.source:
+            return False
+        # The set joined must be kept current: by a stream that spoke lately (a silent one may be
+        # stuck; then the new stream's snapshot is built and the new stream feeds the set).
+        since = self._clock.monotonic() - ADOPT_WITHIN
+        return any(
+            o is not stream
+            and not o.superseded
+            and o.source
+            and o.last_seen is not None
+            and o.last_seen >= since
+            for o in self._by_pool.get(stream.pool_id, {}).values()
+        )
+
+    def _adopt(self, stream: StreamState) -> None:
+        """The stream joins its pool's set as a source (see _adoptable): its snapshot is dropped
+        unbuilt, and deltas that waited behind a build of it go too (the summary follows the
+        pool's feeder, not this stream, while the feeder is live)."""
+        assert self._summary is not None
+        self._cancel_build(stream)
+        self._drop_snapshot(stream)
+        for stored, removed in stream.backlog:
+            self._unhold(stream, len(stored) + len(removed))
+        stream.backlog = []
+        source = f"{stream.pool_id}/{stream.relay_id}/{stream.incarnation}#{next(self._ids)}"
+        # An empty delta makes `source` a source of its pool (a member, the feeder only when the
+        # pool has none): what commit_snapshot does, without a table to build.
+        self._summary.apply_delta(source, (), ())
+        stream.source = source
+        stream.log = None
+        stream.kv_applied = True
+        pool = self._table.get(stream.pool_id)
+        pool.kv_sources.add(source)
+        pool.kv_at = self._clock.monotonic()
+        self.snapshots_adopted += 1
+
+    def _adopt_waiting(self, pool_id: str) -> None:
+        """A pool's set was just swapped in: its other streams' first snapshots still queued for a
+        build (both replicas' snapshots arrive together after a redial) are adopted instead."""
+        for other in list(self._by_pool.get(pool_id, {}).values()):
+            if other.building is not None and not other.superseded and self._adoptable(other):
+                self._adopt(other)
 
     def _drop(self, source: str, stream: StreamState) -> None:
         """Queues the source's removal (from its own block list when the stream kept one)."""
@@ -675,6 +736,7 @@ class TelemetryIngest:
                 answer = self.receive(stream, inner) or answer
             return answer
         now = self._clock.monotonic()
+        stream.last_seen = now
         pool = self._table.get(stream.pool_id)
         kind = msg.WhichOneof("payload")
         if stream.kv_applied:
@@ -781,6 +843,10 @@ class TelemetryIngest:
             stream.snapshot_blocks += size
         stream.next_chunk += 1
         if not chunk.last:
+            return None
+        if self._adoptable(stream):
+            self._adopt(stream)
+            stream.next_sequence = stream.snapshot_sequence + 1
             return None
         # The whole snapshot arrived: it is built under a key of its own, a step at a time, and
         # replaces this stream's set in one swap once complete (until then the old set answers).

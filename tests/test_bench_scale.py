@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -58,6 +63,7 @@ def test_histogram_quantiles_between_two_scrapes():
     )
     q = bench_scale.histogram_quantiles(before, after, "x")
     assert q is not None and q["p50_s"] == 0.001 and q["p99_s"] == 0.01 and q["count"] == 100
+    assert q["max_le_s"] == float("inf")  # one sample past the last finite bucket
     assert bench_scale.histogram_quantiles(before, after, "absent") is None
 
 
@@ -98,6 +104,12 @@ def test_simulated_relays_are_accepted_by_a_real_frontend(tmp_path, interval):
             )
 
         wait_until(settled, 30, interval=0.2, message="every simulated pool listed with its blocks")
+        # Every produced delta event is written once the churn stopped (counted at the write).
+        wait_until(
+            lambda: counters()["written_events"] == counters()["delta_events"],
+            10,
+            message="every produced delta event written",
+        )
         c = counters()
         assert c["registered"] == POOLS * RELAYS
         assert c["hello_acks"] == POOLS * RELAYS and c["streaming"] == POOLS * RELAYS
@@ -137,3 +149,57 @@ def test_the_probe_port_is_found_in_the_frontend_flags_and_shown_when_measured()
     assert bench_scale.probe_cells(measured) == "1.2 / 3.5 / 12.0 ms"
     assert bench_scale.probe_cells({"probe_health": None}) == "not measured"
     assert bench_scale.probe_line({}) == ""
+
+
+_PLACED = """
+import json, sys
+from bench.scale_sim import lower_priority, placement
+lower_priority(int(sys.argv[1]), frozenset(int(c) for c in sys.argv[2].split(",") if c))
+print(json.dumps(placement()))
+"""
+
+
+def test_a_simulator_takes_a_lower_priority_for_its_whole_session(tmp_path):
+    """Started in a session of its own (as meshlaunch starts it), a simulator's nice must hold
+    against the frontend's session too: under autogroup scheduling the process's nice alone
+    changed nothing (the sessions shared the CPU equally)."""
+    cpu = min(os.sched_getaffinity(0))
+    run = subprocess.run(
+        [sys.executable, "-c", _PLACED, "7", str(cpu)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(Path(bench_scale.__file__).resolve().parent.parent)},
+        check=True,
+    )
+    got = json.loads(run.stdout)
+    assert got["nice"] == os.nice(0) + 7 or got["nice"] == 19
+    assert got["cpus"] == [cpu]
+    if Path("/proc/self/autogroup").exists():
+        assert got["autogroup"].endswith(f"nice {got['nice']}")
+
+
+def test_bad_placements_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"--nice must be 0\.\.19"):
+        scale_sim.lower_priority(20, frozenset())
+    with pytest.raises(ValueError, match="--cpus takes comma-separated CPU numbers, got 'x'"):
+        scale_sim.parse_cpus("0,x")
+    with pytest.raises(ValueError, match="not all available"):
+        scale_sim.lower_priority(0, frozenset({10_000}))
+    assert scale_sim.parse_cpus(" 1, 0,") == frozenset({0, 1})
+
+
+def test_the_simulators_are_started_niced_and_off_the_frontends_cpu(tmp_path):
+    cfg = bench_scale.parse(["--quick", "--log-dir", str(tmp_path)])
+    assert cfg.sim_nice == bench_scale.SIM_NICE == 10 and cfg.frontend_cpu is None
+    assert bench_scale.sim_placement_flags(cfg) == ["--nice", "10"]
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:
+        pinned = bench_scale.parse(["--quick", "--log-dir", str(tmp_path), f"--frontend-cpu={cpus[0]}"])
+        others = ",".join(map(str, cpus[1:]))
+        assert bench_scale.sim_placement_flags(pinned) == ["--nice", "10", "--cpus", others]
+    flat = bench_scale.parse(["--quick", "--log-dir", str(tmp_path), "--sim-nice=0"])
+    assert bench_scale.sim_placement_flags(flat) == []
+    with pytest.raises(SystemExit):
+        bench_scale.parse(["--quick", "--log-dir", str(tmp_path), "--sim-nice=20"])

@@ -378,7 +378,8 @@ def test_stopping_drops_queued_index_work_and_leaving_streams_queue_none(kv_stat
     """On stop the index goes with the process: a half-built snapshot, a queued removal and the
     streams that end afterwards leave no work (the worker would otherwise spend the grace on it)."""
     ingest, _table, _index = make(kv_state, step_blocks=100)
-    done, half, whole = (ingest.open(hello(relay=r)) for r in ("done", "half", "whole"))
+    # Pools of their own: a summary pool's second stream would join the first's set, not build one.
+    done, half, whole = (ingest.open(hello(pool=r, relay=r)) for r in ("done", "half", "whole"))
     ingest.receive(done, chunk(range(1, 1001), last=True))
     while ingest.run(100):
         pass

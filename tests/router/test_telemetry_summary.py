@@ -66,14 +66,17 @@ def test_a_snapshot_is_built_aside_and_the_old_set_answers_until_the_swap():
 
 
 def test_relays_of_one_pool_share_its_set_as_the_design_says():
-    """The last snapshot of any relay replaces the pool's set and its relay feeds it; the other's
-    deltas are skipped; when the feeder leaves the other relay feeds the same set; the set goes
-    with the pool's last stream."""
+    """A new stream's first snapshot joins the set the pool holds (test_ingest_adopt); a later
+    snapshot of any relay replaces the pool's set and its relay feeds it; the other's deltas are
+    skipped; when the feeder leaves the other relay feeds the same set; the set goes with the
+    pool's last stream."""
     ingest, table, summary = make()
     a = ingest.open(hello(relay="a"))
     ingest.receive(a, chunk(range(1, 101), last=True, sequence=1))
     b = ingest.open(hello(relay="b"))
-    ingest.receive(b, chunk(range(1, 51), last=True, sequence=1))  # b's snapshot came last
+    ingest.receive(b, chunk(range(1, 51), last=True, sequence=1))  # joins a's set: not built
+    assert summary.prefix_overlaps(list(range(1, 101))) == {a.source: 100, b.source: 100}
+    ingest.receive(b, chunk(range(1, 51), last=True, sequence=1, snapshot_id=2))  # b's came last
     pool = table.pools["p"]
     assert pool.kv_sources == {a.source, b.source}
     assert summary.prefix_overlaps(list(range(1, 101))) == {a.source: 50, b.source: 50}
