@@ -1389,9 +1389,12 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     add("# Scale: one global frontend against a fleet of simulated pools\n")
     add(
         f"Every figure here was printed by `{cfg.command}` on {result['machine']} ({result['date']}); "
-        "`make scale` runs the default configuration and rewrites this file and "
-        f"[`{PLOT.relative_to(ROOT)}`]({PLOT.relative_to(ROOT)}). The machine is shared, so absolute figures move "
-        "between runs; the shape does not.\n"
+        "`make scale` runs the default configuration and rewrites SCALE.md and "
+        f"[`{PLOT.relative_to(ROOT)}`]({PLOT.relative_to(ROOT)}), then the goal's load with the settings for a "
+        "fleet (1,000 pools at 200 block events/s, `--kv-state summary`, `--telemetry-batch-interval 1`; "
+        'docs/operations.md, "Settings for a fleet"), written in the same form to '
+        "[`bench/results/scale_fleet.md`](bench/results/scale_fleet.md). The machine is shared, so absolute "
+        "figures move between runs; the shape does not.\n"
     )
     add("## What runs\n")
     add(
@@ -1962,9 +1965,14 @@ async def amain(cfg: Config) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    render = [a for a in (argv if argv is not None else sys.argv[1:]) if a.startswith("--render=")]
+    args = list(argv if argv is not None else sys.argv[1:])
+    # Both spellings, "--render=FILE" and "--render FILE": the second used to fall through to a
+    # whole new run (argparse took it, nothing read it).
+    render = [a.split("=", 1)[1] for a in args if a.startswith("--render=")] + [
+        args[i + 1] for i, a in enumerate(args[:-1]) if a == "--render"
+    ]
     if render:  # SCALE.md and the plot again from a run's JSON (its figures, nothing measured)
-        result = json.loads(Path(render[0].split("=", 1)[1]).read_text())
+        result = json.loads(Path(render[0]).read_text())
         saved = result["config"]
         cfg = Config(**{**saved, "log_dir": Path(saved["log_dir"])})
         result["model"] = capacity_model(

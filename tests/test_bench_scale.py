@@ -203,3 +203,24 @@ def test_the_simulators_are_started_niced_and_off_the_frontends_cpu(tmp_path):
     assert bench_scale.sim_placement_flags(flat) == []
     with pytest.raises(SystemExit):
         bench_scale.parse(["--quick", "--log-dir", str(tmp_path), "--sim-nice=20"])
+
+
+@pytest.mark.parametrize("spelling", ["--render=FILE", "--render FILE"])
+def test_render_rewrites_the_markdown_from_a_runs_json_without_measuring(tmp_path, monkeypatch, spelling):
+    """`--render FILE` (either spelling) rewrites the report from the JSON and measures nothing:
+    the spaced spelling used to start a whole new run."""
+    result = json.loads((Path(bench_scale.__file__).parent / "results" / "scale_fleet.json").read_text())
+    out = tmp_path / "scale.md"
+    result["config"]["out"] = str(out)
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps(result))
+
+    def no_run(cfg):
+        raise AssertionError("a render must not run the harness")
+
+    monkeypatch.setattr(bench_scale, "amain", no_run)
+    flag, _, value = spelling.replace("FILE", str(saved)).partition(" ")
+    assert bench_scale.main([flag, value] if value else [flag]) == 0
+    text = out.read_text()
+    assert text.startswith("# Scale: one global frontend against a fleet of simulated pools")
+    assert f"{result['fleets'][0]['pools']:,} x" in text
