@@ -121,6 +121,28 @@ def class_pools(value: str) -> dict[int, int]:
     return _class_map(value, "POOLS", int, lambda v: 0 <= v <= 100_000)
 
 
+def add_dispatch_slo_flags(p: argparse.ArgumentParser) -> None:
+    """--dispatch-order and --dispatch-slo-feedback, the late binding's SLO settings: one definition
+    for `serve` and `simulate`."""
+    p.add_argument(
+        "--dispatch-order",
+        choices=ORDERS,
+        default="fifo",
+        help="late, with --wait-slo: fifo, queue order; deadline, a request queued longer than the "
+        "target goes behind those of its class that can still start within it (for at most 10 x the "
+        "target), and with the rank placement pools queue up to 0.2 x the target (the SLO's p99 "
+        "tracks its target more closely, a longer wait for the few that miss it; bench_dispatch) "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--dispatch-slo-feedback",
+        action="store_true",
+        help="late, with --wait-slo: scale the pools' queue depth and the hold by the observed wait "
+        "p99 over a window of the last 512 decisions, up to 64x while it is under the target "
+        "(more share where the fixed settings leave the tail far under it; bench_dispatch)",
+    )
+
+
 def class_rates(value: str) -> dict[int, float]:
     """argparse type: CLASS=TOKENS_PER_S[,...] (priority classes 0-9, positive rates), "" for none."""
     return _class_map(value, "TOKENS_PER_S", float, lambda v: v > 0 and math.isfinite(v))
@@ -263,23 +285,7 @@ def add_parser(subparsers) -> None:
         "pool-driven: free pools go to the queued requests with the longest prefix cached there "
         "(a higher share of the ideal hit rate at a higher wait p99; bench_dispatch) (default %(default)s)",
     )
-    p.add_argument(
-        "--dispatch-order",
-        choices=ORDERS,
-        default="fifo",
-        help="late, with --wait-slo: fifo, queue order; deadline, a request queued longer than the "
-        "target goes behind those of its class that can still start within it (for at most 10 x the "
-        "target), and with the rank placement pools queue up to 0.2 x the target (the SLO's p99 "
-        "tracks its target more closely, a longer wait for the few that miss it; bench_dispatch) "
-        "(default %(default)s)",
-    )
-    p.add_argument(
-        "--dispatch-slo-feedback",
-        action="store_true",
-        help="late, with --wait-slo: scale the pools' queue depth and the hold by the observed wait "
-        "p99 over a window of the last 512 decisions, up to 64x while it is under the target "
-        "(more share where the fixed settings leave the tail far under it; bench_dispatch)",
-    )
+    add_dispatch_slo_flags(p)
     p.add_argument(
         "--dispatch-pace",
         type=class_rates,

@@ -30,7 +30,6 @@ import numpy as np
 from globalrouter import policy as tenant_policy
 from globalrouter.budgets import BudgetExceeded, MemoryStore, TenantBudgets
 from globalrouter.dispatch import (
-    ORDERS,
     PLACEMENTS,
     DispatchConfig,
     Dispatched,
@@ -43,7 +42,7 @@ from globalrouter.kv_summary import KvSummary
 from globalrouter.policies import POLICIES, FrontendView, Policy, make_policy
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
 from globalrouter.selection import SelectionConfig, Selector
-from globalrouter.serve_cli import class_rates
+from globalrouter.serve_cli import add_dispatch_slo_flags, class_rates
 from globalrouter.trace import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
 from globalrouter.wait_slo import WaitSlo
 from meshkit.cli import fraction, int_at_least, non_negative_number, positive_number
@@ -595,23 +594,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "pool-driven: free pools go to the queued requests with the longest prefix cached there "
         "(default rank)",
     )
-    p.add_argument(
-        "--dispatch-order",
-        choices=ORDERS,
-        default="fifo",
-        help="late, with --wait-slo: fifo, queue order; deadline, a request queued longer than the "
-        "target goes behind those of its class that can still start within it (for at most 10 x the "
-        "target), and with the rank placement pools queue up to 0.2 x the target (the SLO's p99 "
-        "tracks its target more closely, a longer wait for the few that miss it; bench_dispatch) "
-        "(default %(default)s)",
-    )
-    p.add_argument(
-        "--dispatch-slo-feedback",
-        action="store_true",
-        help="late, with --wait-slo: scale the pools' queue depth and the hold by the observed wait "
-        "p99 over a window of the last 512 decisions, up to 64x while it is under the target "
-        "(more share where the fixed settings leave the tail far under it; bench_dispatch)",
-    )
+    add_dispatch_slo_flags(p)
     p.add_argument(
         "--dispatch-pace",
         type=class_rates,
