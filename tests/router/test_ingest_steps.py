@@ -11,6 +11,7 @@ from globalrouter.pool_directory import PoolTable
 from globalrouter.telemetry_ingest import MIN_STEP, TelemetryIngest
 from meshkit.clock import FakeClock
 from poolrelay.v1 import telemetry_pb2 as tm
+from tests.router.test_telemetry_budgets import hello
 
 
 def test_a_preempted_process_keeps_its_step_size(monkeypatch):
@@ -27,16 +28,7 @@ def test_a_preempted_process_keeps_its_step_size(monkeypatch):
     monkeypatch.setattr(telemetry_ingest.time, "perf_counter", preempted)
     monkeypatch.setattr(telemetry_ingest.time, "monotonic", preempted)
     ingest = TelemetryIngest(PoolTable(), KvIndex(), FakeClock(), RouterMetrics(), step_blocks=8192)
-    stream = ingest.open(
-        tm.TelemetryHello(
-            pool_id="p",
-            relay_id="a",
-            incarnation=1,
-            protocol_version=1,
-            block_size=16,
-            hash_scheme=tm.HASH_SCHEME_XXH3_64_CHAINED_U32LE,
-        )
-    )
+    stream = ingest.open(hello())
     hashes = np.arange(1, 200_001, dtype=np.uint64).tolist()
     msg = tm.PublishPoolTelemetryRequest(
         kv_snapshot=tm.KvSnapshot(snapshot_id=1, sequence=1, chunk_index=0, last=True, block_hashes=hashes)
@@ -59,16 +51,7 @@ def test_a_summary_snapshot_s_last_placements_are_steps_of_their_own(monkeypatch
 
     summary = KvSummary()
     ingest = TelemetryIngest(PoolTable(), summary, FakeClock(), RouterMetrics(), step_blocks=8192)
-    stream = ingest.open(
-        tm.TelemetryHello(
-            pool_id="p",
-            relay_id="a",
-            incarnation=1,
-            protocol_version=1,
-            block_size=16,
-            hash_scheme=tm.HASH_SCHEME_XXH3_64_CHAINED_U32LE,
-        )
-    )
+    stream = ingest.open(hello())
     hashes = np.random.default_rng(3).integers(1, 2**63, 600_000, dtype=np.uint64)
     for i, at in enumerate(range(0, hashes.size, 16_384)):
         chunk = hashes[at : at + 16_384].tolist()
