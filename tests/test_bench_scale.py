@@ -224,3 +224,63 @@ def test_render_rewrites_the_markdown_from_a_runs_json_without_measuring(tmp_pat
     text = out.read_text()
     assert text.startswith("# Scale: one global frontend against a fleet of simulated pools")
     assert f"{result['fleets'][0]['pools']:,} x" in text
+
+
+@pytest.mark.timeout(90)
+def test_leases_kept_apart_outlive_a_stalled_simulator(tmp_path):
+    """A `pools` worker with --leases-apart leaves its relays' leases to a `leases` process: stopped
+    outright (SIGSTOP, as a starved worker streaming hundreds of snapshots) for three lease
+    durations, its pools stay listed (no lease lapses) and its streams carry on when it resumes."""
+    import signal
+
+    from meshlaunch.mesh import LEASE
+
+    nodes = tmp_path / "nodes.npz"
+    rng = np.random.default_rng(6)
+    hashes = rng.integers(1, 2**63, size=(40, scale_sim.NODE_BLOCKS), dtype=np.uint64)
+    np.savez(nodes, hashes=hashes, uses=np.ones(len(hashes)))
+    stats, lease_stats = tmp_path / "sim.json", tmp_path / "leases.json"
+    env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    sizes = ("--count", str(POOLS), "--relays", str(RELAYS), "--blocks", str(BLOCKS))
+    with local_mesh(tmp_path) as mesh:
+        mesh.start_discovery()
+        router = mesh.start_router()
+        mesh.group.start(
+            "leases",
+            [
+                *(sys.executable, "-m", "bench.scale_sim", "leases", "--discovery", mesh.discovery, *sizes),
+                *("--incarnation", "77", "--stats", str(lease_stats), "--seconds", "80"),
+            ],
+            env=env,
+        )
+        sim, counters = start_simulated_pools(
+            mesh,
+            router.address,
+            nodes,
+            stats,
+            *sizes,
+            *("--rate", "20", "--seconds", "80", "--register-first"),
+            *("--leases-apart", str(lease_stats), "--incarnation", "77"),
+        )
+        pool_ids = [f"scale-{i:04d}" for i in range(POOLS)]
+
+        def all_ready() -> bool:
+            views = router.pools()
+            return bench_scale.ready_count(views, POOLS, BLOCKS) == POOLS and all(
+                views[p].telemetry_streams == RELAYS for p in pool_ids
+            )
+
+        wait_until(all_ready, 30, interval=0.2, message="every pool listed with its blocks")
+        assert counters()["registered"] == 0  # the worker registered nothing itself
+        assert json.loads(lease_stats.read_text())["registered"] == POOLS * RELAYS
+        sim.signal(signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 3 * float(LEASE)
+            while time.monotonic() < deadline:
+                views = router.pools()
+                assert all(p in views and views[p].listed for p in pool_ids), "a lease lapsed"
+                time.sleep(0.5)
+        finally:
+            sim.signal(signal.SIGCONT)
+        wait_until(all_ready, 30, interval=0.2, message="the streams carried on")
+        assert json.loads(lease_stats.read_text())["register_errors"] == 0
