@@ -49,6 +49,7 @@ from poolrelay.lease_stream import KeepAliveClient
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.retry import TELEMETRY_RECONNECT, reconnect_forever
 from poolrelay.telemetry_publisher import (
+    _REFUSALS,
     BATCH_BYTES,
     MAX_BATCH,
     MAX_BATCH_INTERVAL,
@@ -67,6 +68,8 @@ NODE_BLOCKS = TRACE_BLOCK_SIZE // BLOCK_SIZE
 """KV blocks per trace block id (512 tokens / 16)."""
 CHUNK = 16_384
 """Block hashes per snapshot chunk, as the relay's default."""
+REFUSED = frozenset(code.name for code in _REFUSALS)
+"""Status codes (by name) with which a frontend refuses a stream: the relay backs off, as after a failed dial."""
 QUEUE_LIMIT = 1024
 """Deltas a stream queues before it drops them and sends a fresh snapshot, as the relay's default."""
 PUBLISH = "/poolrelay.v1.TelemetryService/PublishPoolTelemetry"
@@ -499,6 +502,10 @@ class SimRelay:
             with contextlib.suppress(Exception):
                 code = (await asyncio.wait_for(call.code(), 1.0)).name
             self.stats.breaks[code] = self.stats.breaks.get(code, 0) + 1
+            if code in REFUSED:
+                # Refused (e.g. RESOURCE_EXHAUSTED over the frontend's snapshot budget), not a broken
+                # link: the relay's publisher backs off before it redials, and so does this relay.
+                raise
         finally:
             self.live = False
             self.queue.clear()

@@ -15,6 +15,7 @@ import pytest
 from bench import bench_scale, scale_sim
 from meshlaunch import local_mesh, wait_until
 from poolrelay.v1 import telemetry_pb2 as tm
+from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
 from tests.support import start_simulated_pools
 
 POOLS = 3
@@ -284,3 +285,49 @@ def test_leases_kept_apart_outlive_a_stalled_simulator(tmp_path):
             sim.signal(signal.SIGCONT)
         wait_until(all_ready, 30, interval=0.2, message="the streams carried on")
         assert json.loads(lease_stats.read_text())["register_errors"] == 0
+
+
+class _RefuseAfterSnapshot(tm_grpc.TelemetryServiceServicer):
+    """A frontend's TelemetryService that takes a stream's whole snapshot, then refuses the stream
+    (RESOURCE_EXHAUSTED, as a frontend over its snapshot budget ends it)."""
+
+    async def PublishPoolTelemetry(self, request_iterator, context):
+        import asyncio
+
+        import grpc
+
+        yield tm.PublishPoolTelemetryResponse(hello_ack=tm.TelemetryHelloAck(frontend_id="refuser"))
+        async for req in request_iterator:
+            if req.WhichOneof("payload") == "kv_snapshot" and req.kv_snapshot.last:
+                await asyncio.sleep(0.5)  # the relay has finished writing it: a stream that worked
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, "over this frontend's snapshot budget"
+                )
+
+
+@pytest.mark.timeout(30)
+async def test_a_simulated_relay_refused_after_its_snapshot_backs_off_like_the_relay():
+    """A stream the frontend refuses after the snapshot went out fails the session (so the relay
+    waits out its back-off, as poolrelay's publisher does on a refusal) instead of redialling at once
+    and resending a whole snapshot into the same refusal."""
+    import grpc
+
+    server = grpc.aio.server()
+    tm_grpc.add_TelemetryServiceServicer_to_server(_RefuseAfterSnapshot(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        rng = np.random.default_rng(7)
+        nodes = rng.integers(1, 2**63, size=(8, scale_sim.NODE_BLOCKS), dtype=np.uint64)
+        pool = scale_sim.SimPool(0, nodes, np.ones(len(nodes)), 2, 50, 1)
+        stats = scale_sim.PoolStats()
+        relay = scale_sim.SimRelay(pool, 0, f"http://127.0.0.1:{port}", 1, stats)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await relay._session(relay.hello(1.0))
+        finally:
+            await relay.channel.close()
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert stats.snapshots == 1 and stats.breaks == {"RESOURCE_EXHAUSTED": 1}
+    finally:
+        await server.stop(None)
