@@ -1453,10 +1453,14 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     )
     add(
         f"- Simulated pools (`bench/scale_sim.py pools`, {cfg.workers} worker processes, asyncio), {cfg.relays} relay "
-        "replicas each. Every replica registers over KeepAlivePools with poolrelay's own client and speaks the "
+        "replicas each. Every replica registers over KeepAlivePools with poolrelay's own client (from a process "
+        "of each worker's own, `bench/scale_sim.py leases`, at the harness's priority: a worker streaming 500 "
+        "relays' snapshots on one loop at a low priority missed renewals past the 15 s lease on a busy machine) "
+        "and speaks the "
         "relay's telemetry protocol on its own connection: hello, a snapshot in 16,384-block chunks, numbered "
         "deltas, load / readiness / drain / heartbeat every second, a fresh snapshot on SnapshotRequest, and a "
-        "redial with the relay's back-off (`poolrelay.retry.TELEMETRY_RECONNECT`) when the stream breaks."
+        "redial with the relay's back-off (`poolrelay.retry.TELEMETRY_RECONNECT`) when the stream breaks or the "
+        "frontend refuses it."
     )
     add(
         f"- KV traffic: {cfg.rate:g} block events/s per pool (stores and evictions, half each) in deltas every "
