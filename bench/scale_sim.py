@@ -11,6 +11,10 @@ back-off when the stream breaks. Messages are encoded once per pool and written 
 frontend whose hello ack accepts batches, what is queued at a write goes as one TelemetryBatch, as
 the relay sends it (`--no-batch`: one message per write, as relays before batches).
 
+`leases`: the discovery leases of a `pools` process's relays (same pools, relays and incarnation),
+renewed by a process of their own so that a starved `pools` process does not let them lapse
+(`pools --leases-apart STATS` then keeps none itself and waits on that process's counters).
+
 `sinks`: N minimal TelemetryService servers that only count. `relay`: poolrelay's own TelemetryHub
 and PoolBlocks fed with worker events, streaming to the given frontends.
 
@@ -1031,8 +1035,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     configure_logging("scale-sim", "warning")
-    if args.cmd == "leases" and not args.incarnation:
-        args.incarnation = int(time.time() * 1000)
+    if args.cmd == "leases":
+        for name, least in (("count", 1), ("relays", 1), ("blocks", 1), ("incarnation", 0)):
+            if getattr(args, name) < least:
+                parser.error(f"--{name} must be at least {least}, got {getattr(args, name)}")
+        args.incarnation = args.incarnation or int(time.time() * 1000)
     run = {"pools": run_pools, "sinks": run_sinks, "relay": run_relay, "leases": run_leases}[args.cmd]
     asyncio.run(run(args))
     return 0

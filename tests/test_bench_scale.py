@@ -331,3 +331,13 @@ async def test_a_simulated_relay_refused_after_its_snapshot_backs_off_like_the_r
         assert stats.snapshots == 1 and stats.breaks == {"RESOURCE_EXHAUSTED": 1}
     finally:
         await server.stop(None)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--count", "0"), ("--relays", "0"), ("--blocks", "0"), ("--incarnation", "-1")]
+)
+def test_a_leases_process_refuses_bad_sizes_by_name(flag, value, capsys):
+    argv = ["leases", "--discovery", "127.0.0.1:1", "--count", "2", "--blocks", "10", "--stats", "/dev/null"]
+    with pytest.raises(SystemExit):
+        scale_sim.main([*argv, flag, value])
+    assert f"{flag} must be at least" in capsys.readouterr().err
