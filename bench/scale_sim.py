@@ -1030,16 +1030,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         sp.add_argument("--cpus", default="", help="comma-separated CPU numbers to run on (default: any)")
     args = parser.parse_args(argv)
-    try:
-        lower_priority(args.nice, parse_cpus(args.cpus))
-    except ValueError as exc:
-        parser.error(str(exc))
-    configure_logging("scale-sim", "warning")
+    # Checked before logging is configured: a refused command line changes nothing in this process.
     if args.cmd == "leases":
         for name, least in (("count", 1), ("relays", 1), ("blocks", 1), ("incarnation", 0)):
             if getattr(args, name) < least:
                 parser.error(f"--{name} must be at least {least}, got {getattr(args, name)}")
         args.incarnation = args.incarnation or int(time.time() * 1000)
+    try:
+        lower_priority(args.nice, parse_cpus(args.cpus))
+    except ValueError as exc:
+        parser.error(str(exc))
+    configure_logging("scale-sim", "warning")
     run = {"pools": run_pools, "sinks": run_sinks, "relay": run_relay, "leases": run_leases}[args.cmd]
     asyncio.run(run(args))
     return 0
