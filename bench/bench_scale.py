@@ -220,6 +220,8 @@ class Sims:
         workers = max(1, min(cfg.workers, pools))
         self.files: list[Path] = []
         self.procs: list[Proc] = []
+        self.lease_files: list[Path] = []
+        self.lease_procs: list[Proc] = []
         per = -(-pools // workers)
         for w in range(workers):
             first, count = w * per, min(per, pools - w * per)
@@ -228,6 +230,36 @@ class Sims:
             stats = cfg.log_dir / f"sim-{tag}-{w}.json"
             stats.unlink(missing_ok=True)
             self.files.append(stats)
+            # The worker's relays' leases are kept by a process of their own at the harness's priority:
+            # a worker streaming 500 relays' snapshots at a low priority on a shared machine was starved
+            # past the 15 s lease (6,000 renewals a worker missed their 10 s reply at 1,000 pools x
+            # 100,000 blocks), and discovery dropped the pools mid-storm, which real relays would not see.
+            leases = cfg.log_dir / f"sim-{tag}-{w}-leases.json"
+            leases.unlink(missing_ok=True)
+            self.lease_files.append(leases)
+            incarnation = str(int(time.time() * 1000) + w)
+            lease_argv = [
+                sys.executable,
+                "-m",
+                "bench.scale_sim",
+                "leases",
+                "--discovery",
+                discovery,
+                "--first",
+                str(first),
+                "--count",
+                str(count),
+                "--relays",
+                str(cfg.relays),
+                "--blocks",
+                str(blocks),
+                "--incarnation",
+                incarnation,
+                "--stats",
+                str(leases),
+                *(("--cpus", ",".join(map(str, cpus))) if (cpus := sim_cpus(cfg)) else ()),
+            ]
+            self.lease_procs.append(group.start(f"leases-{tag}-{w}", lease_argv))
             argv = [
                 sys.executable,
                 "-m",
@@ -252,6 +284,10 @@ class Sims:
                 "--stats",
                 str(stats),
                 "--register-first",
+                "--leases-apart",
+                str(leases),
+                "--incarnation",
+                incarnation,
                 *(() if cfg.batch else ("--no-batch",)),
                 *sim_placement_flags(cfg),
             ]
@@ -280,13 +316,25 @@ class Sims:
             total["placement"] = {k: data.get(k) for k in ("nice", "autogroup", "cpus")}
             if data.get("last_error"):
                 total["errors"].append(data["last_error"])
+        # The lease processes' counters (registered, register_errors) count as the workers' own.
+        for f in self.lease_files:
+            for p in self.lease_procs:
+                p.check_alive()
+            try:
+                data = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            for k in ("registered", "register_errors"):
+                total[k] = total.get(k, 0) + int(data.get(k, 0))
+            if data.get("last_error"):
+                total["errors"].append(data["last_error"])
         return total
 
     def cpu(self) -> float:
         return sum(cpu_seconds(p.pid) for p in self.procs if p.alive())
 
     def stop(self) -> None:
-        for p in self.procs:
+        for p in self.procs + self.lease_procs:
             p.stop(5.0)
 
 
@@ -1405,10 +1453,14 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     )
     add(
         f"- Simulated pools (`bench/scale_sim.py pools`, {cfg.workers} worker processes, asyncio), {cfg.relays} relay "
-        "replicas each. Every replica registers over KeepAlivePools with poolrelay's own client and speaks the "
+        "replicas each. Every replica registers over KeepAlivePools with poolrelay's own client (from a process "
+        "of each worker's own, `bench/scale_sim.py leases`, at the harness's priority: a worker streaming 500 "
+        "relays' snapshots on one loop at a low priority missed renewals past the 15 s lease on a busy machine) "
+        "and speaks the "
         "relay's telemetry protocol on its own connection: hello, a snapshot in 16,384-block chunks, numbered "
         "deltas, load / readiness / drain / heartbeat every second, a fresh snapshot on SnapshotRequest, and a "
-        "redial with the relay's back-off (`poolrelay.retry.TELEMETRY_RECONNECT`) when the stream breaks."
+        "redial with the relay's back-off (`poolrelay.retry.TELEMETRY_RECONNECT`) when the stream breaks or the "
+        "frontend refuses it."
     )
     add(
         f"- KV traffic: {cfg.rate:g} block events/s per pool (stores and evictions, half each) in deltas every "

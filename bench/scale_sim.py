@@ -11,6 +11,10 @@ back-off when the stream breaks. Messages are encoded once per pool and written 
 frontend whose hello ack accepts batches, what is queued at a write goes as one TelemetryBatch, as
 the relay sends it (`--no-batch`: one message per write, as relays before batches).
 
+`leases`: the discovery leases of a `pools` process's relays (same pools, relays and incarnation),
+renewed by a process of their own so that a starved `pools` process does not let them lapse
+(`pools --leases-apart STATS` then keeps none itself and waits on that process's counters).
+
 `sinks`: N minimal TelemetryService servers that only count. `relay`: poolrelay's own TelemetryHub
 and PoolBlocks fed with worker events, streaming to the given frontends.
 
@@ -49,6 +53,7 @@ from poolrelay.lease_stream import KeepAliveClient
 from poolrelay.pool_blocks import PoolBlocks
 from poolrelay.retry import TELEMETRY_RECONNECT, reconnect_forever
 from poolrelay.telemetry_publisher import (
+    _REFUSALS,
     BATCH_BYTES,
     MAX_BATCH,
     MAX_BATCH_INTERVAL,
@@ -67,6 +72,8 @@ NODE_BLOCKS = TRACE_BLOCK_SIZE // BLOCK_SIZE
 """KV blocks per trace block id (512 tokens / 16)."""
 CHUNK = 16_384
 """Block hashes per snapshot chunk, as the relay's default."""
+REFUSED = frozenset(code.name for code in _REFUSALS)
+"""Status codes (by name) with which a frontend refuses a stream: the relay backs off, as after a failed dial."""
 QUEUE_LIMIT = 1024
 """Deltas a stream queues before it drops them and sends a fresh snapshot, as the relay's default."""
 PUBLISH = "/poolrelay.v1.TelemetryService/PublishPoolTelemetry"
@@ -499,6 +506,10 @@ class SimRelay:
             with contextlib.suppress(Exception):
                 code = (await asyncio.wait_for(call.code(), 1.0)).name
             self.stats.breaks[code] = self.stats.breaks.get(code, 0) + 1
+            if code in REFUSED:
+                # Refused (e.g. RESOURCE_EXHAUSTED over the frontend's snapshot budget), not a broken
+                # link: the relay's publisher backs off before it redials, and so does this relay.
+                raise
         finally:
             self.live = False
             self.queue.clear()
@@ -511,26 +522,48 @@ class SimRelay:
             call.cancel()
 
 
+@dataclass(frozen=True)
+class LeaseSpec:
+    """What one relay replica registers with discovery: its pool, its relay id and its incarnation."""
+
+    index: int
+    relay_id: str
+    incarnation: int
+    blocks: int
+
+    @property
+    def pool_id(self) -> str:
+        return f"scale-{self.index:04d}"
+
+
+def lease_specs(first: int, count: int, relays: int, incarnation: int, blocks: int) -> list[LeaseSpec]:
+    """The leases of pools first .. first + count - 1, `relays` replicas each (as the pools process names them)."""
+    return [
+        LeaseSpec(i, f"relay-{r}", incarnation, blocks)
+        for i in range(first, first + count)
+        for r in range(relays)
+    ]
+
+
 async def keep_registered(
-    relays: list[SimRelay], discovery: str, stats: PoolStats, stop: asyncio.Event
+    leases: list[LeaseSpec], discovery: str, stats: PoolStats, stop: asyncio.Event
 ) -> None:
     """Registers and renews every relay's lease over KeepAlivePools (one stream per relay, as relays do),
     at the heartbeat discovery dictates; a failed call is retried a second later."""
     channel = aio_channel(discovery)
     stub = dpb_grpc.DiscoveryServiceStub(channel)
 
-    async def one(relay: SimRelay) -> None:
+    async def one(lease: LeaseSpec) -> None:
         client = KeepAliveClient(stub, unary_timeout=10.0)
-        pool = relay.pool
         req = dpb.RegisterPoolRequest(
-            pool_id=pool.pool_id,
+            pool_id=lease.pool_id,
             model=MODEL,
-            region=f"r{pool.index % 4}",
-            frontends=[f"http://127.0.0.1:{10_000 + pool.index}"],
-            relay_id=relay.relay_id,
-            incarnation=relay.incarnation,
+            region=f"r{lease.index % 4}",
+            frontends=[f"http://127.0.0.1:{10_000 + lease.index}"],
+            relay_id=lease.relay_id,
+            incarnation=lease.incarnation,
             capacity=dpb.PoolCapacity(
-                max_running_requests=64, kv_cache_blocks=2 * pool.size, prefill_tokens_per_second=20_000
+                max_running_requests=64, kv_cache_blocks=2 * lease.blocks, prefill_tokens_per_second=20_000
             ),
             frontend_protocol=dpb.FRONTEND_PROTOCOL_MESH_GRPC,
         )
@@ -544,21 +577,59 @@ async def keep_registered(
                 wait = reply.heartbeat_interval.ToTimedelta().total_seconds() or 1.0
             except Exception as exc:
                 stats.register_errors += 1
-                stats.last_error = f"register {pool.pool_id}/{relay.relay_id}: {exc!r}"[:300]
+                stats.last_error = f"register {lease.pool_id}/{lease.relay_id}: {exc!r}"[:300]
                 wait = 1.0
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait)
         await client.close()
 
     # Spread the first registrations over a second, as relays that start apart would.
-    async def staggered(i: int, relay: SimRelay) -> None:
+    async def staggered(lease: LeaseSpec) -> None:
         await asyncio.sleep(random.random())
-        await one(relay)
+        await one(lease)
 
     try:
-        await asyncio.gather(*(staggered(i, r) for i, r in enumerate(relays)))
+        await asyncio.gather(*(staggered(lease) for lease in leases))
     finally:
         await channel.close()
+
+
+async def run_leases(args) -> None:
+    """The `leases` process: the discovery leases of a `pools` process's relays, kept apart from it.
+
+    A `pools` process streams hundreds of relays' snapshots on one loop at a low priority; on a
+    shared machine it can be starved for longer than a lease lasts (15 s), and leases lapsing
+    make the frontend drop the pools mid-storm, which a real relay (one process per pool, its
+    lease beside one stream) would not see. This process runs at the priority it is started with."""
+    stats = PoolStats()
+    leases = lease_specs(args.first, args.count, args.relays, args.incarnation, args.blocks)
+    stats.relays = len(leases)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+
+    async def write_stats() -> None:
+        while True:
+            _write_json(args.stats, {**asdict(stats), **placement(), "time": time.time(), "pid": os.getpid()})
+            if stop.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
+    keeper = asyncio.ensure_future(keep_registered(leases, args.discovery, stats, stop))
+    writer = asyncio.ensure_future(write_stats())
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), args.seconds)
+    stop.set()
+    await keeper
+    await writer
+
+
+def registered_apart(path: str) -> int:
+    """Leases a `leases` process reports registered in its stats file (0 before it wrote one)."""
+    try:
+        return int(json.loads(Path(path).read_text()).get("registered", 0))
+    except (OSError, ValueError):
+        return 0
 
 
 async def run_pools(args) -> None:
@@ -575,7 +646,7 @@ async def run_pools(args) -> None:
     ]
     stats.pools = len(pools)
     stats.blocks_per_pool = pools[0].size if pools else 0
-    incarnation = int(time.time() * 1000)
+    incarnation = args.incarnation or int(time.time() * 1000)
     relays = [
         SimRelay(p, r, args.frontend, incarnation, stats, batch=not args.no_batch)
         for p in pools
@@ -596,9 +667,16 @@ async def run_pools(args) -> None:
 
     loop.add_signal_handler(signal.SIGUSR1, cut_all)
     started = time.monotonic()
-    tasks = [asyncio.ensure_future(keep_registered(relays, args.discovery, stats, stop))]
+    tasks: list[asyncio.Future] = []
+    if not args.leases_apart:
+        specs = lease_specs(args.first, args.count, args.relays, incarnation, stats.blocks_per_pool)
+        tasks.append(asyncio.ensure_future(keep_registered(specs, args.discovery, stats, stop)))
+
+    def registered() -> int:
+        return registered_apart(args.leases_apart) if args.leases_apart else stats.registered
+
     if args.register_first:  # streams open once every lease is there, as after a fleet's start
-        while stats.registered < len(relays) and not stop.is_set():  # noqa: ASYNC110 (counters, polled)
+        while registered() < len(relays) and not stop.is_set():  # noqa: ASYNC110 (counters, polled)
             await asyncio.sleep(0.1)
     # With --ramp, pools dial one after the other over that many seconds (a fleet brought up in turn).
     tasks += [
@@ -914,6 +992,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--seconds", type=float, default=1800.0, help="exit after this long at the latest")
     p.add_argument("--stats", required=True)
+    p.add_argument(
+        "--leases-apart",
+        default="",
+        metavar="STATS",
+        help="a `leases` process keeps the leases and writes STATS (default: this process keeps them)",
+    )
+    g = sub.add_parser("leases", help="the discovery leases of a `pools` process's relays, kept apart")
+    g.add_argument("--discovery", required=True, help="discovery HOST:PORT")
+    g.add_argument("--first", type=int, default=0)
+    g.add_argument("--count", type=int, required=True)
+    g.add_argument("--relays", type=int, default=2)
+    g.add_argument("--blocks", type=int, required=True, help="KV blocks per pool (the capacity registered)")
+    g.add_argument("--seconds", type=float, default=1800.0, help="exit after this long at the latest")
+    g.add_argument("--stats", required=True)
+    for sp in (p, g):
+        sp.add_argument(
+            "--incarnation", type=int, default=0, help="the relays' incarnation (0: this process's start, ms)"
+        )
     s = sub.add_parser("sinks", help="counting TelemetryService servers")
     s.add_argument("--count", type=int, required=True)
     s.add_argument("--seconds", type=float, default=600.0)
@@ -925,7 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--events", type=int, default=20_000, help="worker events prepared (8 block events each)")
     r.add_argument("--seconds", type=float, default=60.0)
     r.add_argument("--stats", required=True)
-    for sp in (p, s, r):
+    for sp in (p, s, r, g):
         sp.add_argument(
             "--nice",
             type=int,
@@ -934,12 +1030,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         sp.add_argument("--cpus", default="", help="comma-separated CPU numbers to run on (default: any)")
     args = parser.parse_args(argv)
+    # Checked before logging is configured: a refused command line changes nothing in this process.
+    if args.cmd == "leases":
+        for name, least in (("count", 1), ("relays", 1), ("blocks", 1), ("incarnation", 0)):
+            if getattr(args, name) < least:
+                parser.error(f"--{name} must be at least {least}, got {getattr(args, name)}")
+        args.incarnation = args.incarnation or int(time.time() * 1000)
     try:
         lower_priority(args.nice, parse_cpus(args.cpus))
     except ValueError as exc:
         parser.error(str(exc))
     configure_logging("scale-sim", "warning")
-    run = {"pools": run_pools, "sinks": run_sinks, "relay": run_relay}[args.cmd]
+    run = {"pools": run_pools, "sinks": run_sinks, "relay": run_relay, "leases": run_leases}[args.cmd]
     asyncio.run(run(args))
     return 0
 

@@ -120,10 +120,13 @@ class RouterConfig:
     max_snapshot_blocks_per_relay: int = 8_388_608
     """Snapshot blocks not yet applied (partial snapshots, snapshots being applied, deltas queued
     behind them) one relay identity may hold across its streams: 64 MiB packed."""
-    max_snapshot_blocks_total: int = 134_217_728
-    """The same across every telemetry stream of this frontend: 1 GiB packed. A snapshot storm
-    past it (every relay resending at once) refuses the streams over it (RESOURCE_EXHAUSTED,
-    LIMIT_EXCEEDED, ErrorInfo metadata limit=max_snapshot_blocks_total); they redial."""
+    max_snapshot_blocks_total: int = 268_435_456
+    """The same across every telemetry stream of this frontend: 2 GiB packed, sized for a restart
+    of the target fleet (1,000 pools x 2 relays x 100,000 blocks: 200,000,000 blocks arrive at
+    once; at 1 GiB, 180 streams were refused in that storm and their pools' KV came back last, up
+    to 100 s later, behind the loop's backlog). A snapshot storm past it refuses the streams over
+    it (RESOURCE_EXHAUSTED, LIMIT_EXCEEDED, ErrorInfo metadata limit=max_snapshot_blocks_total);
+    they back off and redial."""
     snapshot_step_blocks: int = 8192
     """Most blocks of snapshot application or stream removal done per step of the serving loop,
     which yields in between; fewer when a step takes over 2 ms (a big table: cache misses)."""

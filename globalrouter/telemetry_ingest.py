@@ -331,7 +331,7 @@ class TelemetryIngest:
         *,
         max_snapshot_blocks: int = 4_194_304,
         max_snapshot_blocks_per_relay: int = 8_388_608,
-        max_snapshot_blocks_total: int = 134_217_728,
+        max_snapshot_blocks_total: int = 268_435_456,
         step_blocks: int = 0,
     ) -> None:
         self.max_snapshot_blocks = max_snapshot_blocks

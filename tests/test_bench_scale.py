@@ -15,6 +15,7 @@ import pytest
 from bench import bench_scale, scale_sim
 from meshlaunch import local_mesh, wait_until
 from poolrelay.v1 import telemetry_pb2 as tm
+from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
 from tests.support import start_simulated_pools
 
 POOLS = 3
@@ -224,3 +225,119 @@ def test_render_rewrites_the_markdown_from_a_runs_json_without_measuring(tmp_pat
     text = out.read_text()
     assert text.startswith("# Scale: one global frontend against a fleet of simulated pools")
     assert f"{result['fleets'][0]['pools']:,} x" in text
+
+
+@pytest.mark.timeout(90)
+def test_leases_kept_apart_outlive_a_stalled_simulator(tmp_path):
+    """A `pools` worker with --leases-apart leaves its relays' leases to a `leases` process: stopped
+    outright (SIGSTOP, as a starved worker streaming hundreds of snapshots) for three lease
+    durations, its pools stay listed (no lease lapses) and its streams carry on when it resumes."""
+    import signal
+
+    from meshlaunch.mesh import LEASE
+
+    nodes = tmp_path / "nodes.npz"
+    rng = np.random.default_rng(6)
+    hashes = rng.integers(1, 2**63, size=(40, scale_sim.NODE_BLOCKS), dtype=np.uint64)
+    np.savez(nodes, hashes=hashes, uses=np.ones(len(hashes)))
+    stats, lease_stats = tmp_path / "sim.json", tmp_path / "leases.json"
+    env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    sizes = ("--count", str(POOLS), "--relays", str(RELAYS), "--blocks", str(BLOCKS))
+    with local_mesh(tmp_path) as mesh:
+        mesh.start_discovery()
+        router = mesh.start_router()
+        mesh.group.start(
+            "leases",
+            [
+                *(sys.executable, "-m", "bench.scale_sim", "leases", "--discovery", mesh.discovery, *sizes),
+                *("--incarnation", "77", "--stats", str(lease_stats), "--seconds", "80"),
+            ],
+            env=env,
+        )
+        sim, counters = start_simulated_pools(
+            mesh,
+            router.address,
+            nodes,
+            stats,
+            *sizes,
+            *("--rate", "20", "--seconds", "80", "--register-first"),
+            *("--leases-apart", str(lease_stats), "--incarnation", "77"),
+        )
+        pool_ids = [f"scale-{i:04d}" for i in range(POOLS)]
+
+        def all_ready() -> bool:
+            views = router.pools()
+            return bench_scale.ready_count(views, POOLS, BLOCKS) == POOLS and all(
+                views[p].telemetry_streams == RELAYS for p in pool_ids
+            )
+
+        wait_until(all_ready, 30, interval=0.2, message="every pool listed with its blocks")
+        assert counters()["registered"] == 0  # the worker registered nothing itself
+        assert json.loads(lease_stats.read_text())["registered"] == POOLS * RELAYS
+        sim.signal(signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 3 * float(LEASE)
+            while time.monotonic() < deadline:
+                views = router.pools()
+                assert all(p in views and views[p].listed for p in pool_ids), "a lease lapsed"
+                time.sleep(0.5)
+        finally:
+            sim.signal(signal.SIGCONT)
+        wait_until(all_ready, 30, interval=0.2, message="the streams carried on")
+        assert json.loads(lease_stats.read_text())["register_errors"] == 0
+
+
+class _RefuseAfterSnapshot(tm_grpc.TelemetryServiceServicer):
+    """A frontend's TelemetryService that takes a stream's whole snapshot, then refuses the stream
+    (RESOURCE_EXHAUSTED, as a frontend over its snapshot budget ends it)."""
+
+    async def PublishPoolTelemetry(self, request_iterator, context):
+        import asyncio
+
+        import grpc
+
+        yield tm.PublishPoolTelemetryResponse(hello_ack=tm.TelemetryHelloAck(frontend_id="refuser"))
+        async for req in request_iterator:
+            if req.WhichOneof("payload") == "kv_snapshot" and req.kv_snapshot.last:
+                await asyncio.sleep(0.5)  # the relay has finished writing it: a stream that worked
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, "over this frontend's snapshot budget"
+                )
+
+
+@pytest.mark.timeout(30)
+async def test_a_simulated_relay_refused_after_its_snapshot_backs_off_like_the_relay():
+    """A stream the frontend refuses after the snapshot went out fails the session (so the relay
+    waits out its back-off, as poolrelay's publisher does on a refusal) instead of redialling at once
+    and resending a whole snapshot into the same refusal."""
+    import grpc
+
+    server = grpc.aio.server()
+    tm_grpc.add_TelemetryServiceServicer_to_server(_RefuseAfterSnapshot(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        rng = np.random.default_rng(7)
+        nodes = rng.integers(1, 2**63, size=(8, scale_sim.NODE_BLOCKS), dtype=np.uint64)
+        pool = scale_sim.SimPool(0, nodes, np.ones(len(nodes)), 2, 50, 1)
+        stats = scale_sim.PoolStats()
+        relay = scale_sim.SimRelay(pool, 0, f"http://127.0.0.1:{port}", 1, stats)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await relay._session(relay.hello(1.0))
+        finally:
+            await relay.channel.close()
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert stats.snapshots == 1 and stats.breaks == {"RESOURCE_EXHAUSTED": 1}
+    finally:
+        await server.stop(None)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--count", "0"), ("--relays", "0"), ("--blocks", "0"), ("--incarnation", "-1")]
+)
+def test_a_leases_process_refuses_bad_sizes_by_name(flag, value, capsys):
+    argv = ["leases", "--discovery", "127.0.0.1:1", "--count", "2", "--blocks", "10", "--stats", "/dev/null"]
+    with pytest.raises(SystemExit):
+        scale_sim.main([*argv, flag, value])
+    assert f"{flag} must be at least" in capsys.readouterr().err

@@ -402,3 +402,20 @@ def test_snapshots_arriving_after_stop_queue_no_index_work(kv_state):
     ingest.receive(s, chunk(range(1, 1001), last=True))
     assert not ingest.run(100) and not ingest.has_work()
     assert index.total_blocks() == 0
+
+
+def test_the_default_total_budget_holds_a_restart_of_the_target_fleet():
+    """After a restart every relay of the target fleet (1,000 pools x 2 relays x 100,000 blocks,
+    issue 19's ready goal) sends its whole snapshot at once: the default budget across streams holds
+    them all (at 134,217,728 blocks 180 streams were refused in that storm and their pools came back
+    last, up to 100 s later), and the ingest's own default is the frontend's."""
+    import inspect
+
+    from globalrouter.config import RouterConfig
+
+    storm = 1_000 * 2 * 100_000
+    assert RouterConfig().max_snapshot_blocks_total >= storm
+    default = inspect.signature(TelemetryIngest).parameters["max_snapshot_blocks_total"].default
+    assert default == RouterConfig().max_snapshot_blocks_total
+    # Still a bound: 8 bytes a block, at most a few GiB of packed snapshots.
+    assert RouterConfig().max_snapshot_blocks_total * 8 <= 4 * 2**30
