@@ -238,23 +238,15 @@ class Sims:
             leases.unlink(missing_ok=True)
             self.lease_files.append(leases)
             incarnation = str(int(time.time() * 1000) + w)
+            # The pools both processes stand for: the same discovery, range, relays, blocks, incarnation.
+            fleet = ["--discovery", discovery, "--first", str(first), "--count", str(count)]
+            fleet += ["--relays", str(cfg.relays), "--blocks", str(blocks), "--incarnation", incarnation]
             lease_argv = [
                 sys.executable,
                 "-m",
                 "bench.scale_sim",
                 "leases",
-                "--discovery",
-                discovery,
-                "--first",
-                str(first),
-                "--count",
-                str(count),
-                "--relays",
-                str(cfg.relays),
-                "--blocks",
-                str(blocks),
-                "--incarnation",
-                incarnation,
+                *fleet,
                 "--stats",
                 str(leases),
                 *(("--cpus", ",".join(map(str, cpus))) if (cpus := sim_cpus(cfg)) else ()),
@@ -265,20 +257,11 @@ class Sims:
                 "-m",
                 "bench.scale_sim",
                 "pools",
+                *fleet,
                 "--frontend",
                 frontend,
-                "--discovery",
-                discovery,
                 "--nodes",
                 str(nodes),
-                "--first",
-                str(first),
-                "--count",
-                str(count),
-                "--relays",
-                str(cfg.relays),
-                "--blocks",
-                str(blocks),
                 "--rate",
                 str(cfg.rate),
                 "--stats",
@@ -286,8 +269,6 @@ class Sims:
                 "--register-first",
                 "--leases-apart",
                 str(leases),
-                "--incarnation",
-                incarnation,
                 *(() if cfg.batch else ("--no-batch",)),
                 *sim_placement_flags(cfg),
             ]

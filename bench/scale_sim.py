@@ -607,16 +607,8 @@ async def run_leases(args) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 
-    async def write_stats() -> None:
-        while True:
-            _write_json(args.stats, {**asdict(stats), **placement(), "time": time.time(), "pid": os.getpid()})
-            if stop.is_set():
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
-
     keeper = asyncio.ensure_future(keep_registered(leases, args.discovery, stats, stop))
-    writer = asyncio.ensure_future(write_stats())
+    writer = asyncio.ensure_future(write_stats(args.stats, stats, stop))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), args.seconds)
     stop.set()
@@ -731,16 +723,8 @@ async def run_pools(args) -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), args.report_interval)
 
-    async def write_stats() -> None:
-        while True:
-            _write_json(args.stats, {**asdict(stats), **placement(), "time": time.time(), "pid": os.getpid()})
-            if stop.is_set():
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
-
     tasks += [asyncio.ensure_future(traffic()), asyncio.ensure_future(reports())]
-    writer = asyncio.ensure_future(write_stats())
+    writer = asyncio.ensure_future(write_stats(args.stats, stats, stop))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), args.seconds)
     stop.set()
@@ -859,13 +843,13 @@ async def run_relay(args) -> None:
             "pid": os.getpid(),
         }
 
-    async def write_stats() -> None:
+    async def write_relay_stats() -> None:
         while not stop.is_set():
             _write_json(args.stats, snapshot_stats())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.5)
 
-    writer = asyncio.ensure_future(write_stats())
+    writer = asyncio.ensure_future(write_relay_stats())
     deadline = time.monotonic() + args.seconds
     while sum(p.snapshots_sent for p in hub.publishers.values()) < len(hub.publishers):
         if time.monotonic() > deadline or stop.is_set():
@@ -952,6 +936,16 @@ def placement() -> dict[str, object]:
     autogroup = Path("/proc/self/autogroup")
     group = autogroup.read_text().strip() if autogroup.exists() else "none"
     return {"nice": os.nice(0), "autogroup": group, "cpus": sorted(os.sched_getaffinity(0))}
+
+
+async def write_stats(path: str, stats: PoolStats, stop: asyncio.Event) -> None:
+    """Writes the counters (with where the process runs) once a second, and once more at stop."""
+    while True:
+        _write_json(path, {**asdict(stats), **placement(), "time": time.time(), "pid": os.getpid()})
+        if stop.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
 
 
 def _write_json(path: str, obj: dict) -> None:
