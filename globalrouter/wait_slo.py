@@ -26,6 +26,18 @@ from collections import deque
 from dataclasses import dataclass
 
 
+def _target_problems(target_seconds: float, quantile: float, step: float) -> list[str]:
+    """The checks WaitSlo and SloFeedback share: a positive target, a quantile in (0, 1), a positive step."""
+    out = []
+    if not (math.isfinite(target_seconds) and target_seconds > 0):
+        out.append(f"target_seconds must be a positive number of seconds, got {target_seconds!r}")
+    if not 0 < quantile < 1:
+        out.append(f"quantile must be in (0, 1), got {quantile!r}")
+    if not (math.isfinite(step) and step > 0):
+        out.append(f"step must be positive, got {step!r}")
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class WaitSlo:
     """The operator's wait objective and the bounds of its price."""
@@ -49,15 +61,9 @@ class WaitSlo:
 
     def problems(self) -> list[str]:
         """What is wrong with these values (empty when none), each naming the field."""
-        out = []
-        if not (math.isfinite(self.target_seconds) and self.target_seconds > 0):
-            out.append(f"target_seconds must be a positive number of seconds, got {self.target_seconds!r}")
-        if not 0 < self.quantile < 1:
-            out.append(f"quantile must be in (0, 1), got {self.quantile!r}")
+        out = _target_problems(self.target_seconds, self.quantile, self.step)
         if not (math.isfinite(self.prefill_weight) and self.prefill_weight > 0):
             out.append(f"prefill_weight must be positive, got {self.prefill_weight!r}")
-        if not (math.isfinite(self.step) and self.step > 0):
-            out.append(f"step must be positive, got {self.step!r}")
         if not 0 < self.min_excess_weight <= self.max_excess_weight or not math.isfinite(
             self.max_excess_weight
         ):
@@ -126,15 +132,9 @@ class SloFeedback:
 
     def problems(self) -> list[str]:
         """What is wrong with these values (empty when none), each naming the field."""
-        out = []
-        if not (math.isfinite(self.target_seconds) and self.target_seconds > 0):
-            out.append(f"target_seconds must be a positive number of seconds, got {self.target_seconds!r}")
-        if not 0 < self.quantile < 1:
-            out.append(f"quantile must be in (0, 1), got {self.quantile!r}")
+        out = _target_problems(self.target_seconds, self.quantile, self.step)
         if not 1 <= self.window <= 65_536:
             out.append(f"window must be 1..65536 decisions, got {self.window!r}")
-        if not (math.isfinite(self.step) and self.step > 0):
-            out.append(f"step must be positive, got {self.step!r}")
         if not (0 < self.min_scale <= 1 <= self.max_scale and math.isfinite(self.max_scale)):
             out.append(
                 f"scales must satisfy 0 < min_scale <= 1 <= max_scale, got {self.min_scale!r}, {self.max_scale!r}"
