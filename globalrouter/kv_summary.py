@@ -236,6 +236,7 @@ class KvSummary:
         "_top",
         "_waiting",
         "_walked",
+        "settle_rounds",
         "verify_top",
     )
 
@@ -335,6 +336,9 @@ class KvSummary:
         """Build table id -> slices added and not placed yet (see add_blocks)."""
         self._alt_cache: dict[int, np.ndarray] = {}
         """Bucket count -> alt(fingerprint) mod it for every fingerprint (see _alt_rows)."""
+        self.settle_rounds = 0
+        """Rounds _settle ran (each a few dozen numpy calls over the entries still homeless): what
+        a fold's placement costs beyond its first pass (tests and benchmarks read it)."""
 
     # ---- sizing and the arena --------------------------------------------------------------------
     @staticmethod
@@ -1024,6 +1028,7 @@ class KvSummary:
         rounds = 0
         while p.size:
             rounds += 1
+            self.settle_rounds += 1
             if rounds > KICK_ROUNDS:
                 self._dropped += int(p.size)
                 self._count -= np.bincount(p, minlength=self._count.size)
@@ -1050,8 +1055,14 @@ class KvSummary:
             slots[g[ok], pos] = np.where(second[ok], vb[ok], va[ok])
             left = np.ones(n, bool)
             left[ok] = False
-            # Both rows full: the first entry aimed at each such row evicts a random slot's entry.
-            kick = np.flatnonzero(left & (c == 0) & (rank == 0))
+            full = np.flatnonzero(c == 0)
+            wait = self._look_ahead(p, ga, va, gb, vb, full, left) if full.size else None
+            # Both rows full and no resident could move: the first entry aimed at each such row
+            # evicts a random slot's entry.
+            kick = left & (c == 0) & (rank == 0)
+            if wait is not None:
+                kick[wait] = False
+            kick = np.flatnonzero(kick)
             if kick.size:
                 row = np.where(rng.random(kick.size) < 0.5, ga[kick], gb[kick])
                 slot = rng.integers(0, SLOTS, kick.size)
@@ -1074,6 +1085,59 @@ class KvSummary:
                 vb = np.concatenate((vb[left], vv))
             else:
                 p, ga, gb, va, vb = p[left], ga[left], gb[left], va[left], vb[left]
+
+    def _look_ahead(
+        self,
+        p: np.ndarray,
+        ga: np.ndarray,
+        va: np.ndarray,
+        gb: np.ndarray,
+        vb: np.ndarray,
+        full: np.ndarray,
+        left: np.ndarray,
+    ) -> np.ndarray:
+        """One step of look-ahead for _settle's entries `full` (both rows full): where one of the
+        four residents of its rows has room in its own other row, the resident moves there and the
+        entry takes its slot (clears `left` for it). Without it the walk evicted blindly and only
+        one entry a full row a round moved on, so a fold's few hundred such entries took 40-50
+        rounds of a few dozen numpy calls each, most of a steady fold's time (at a load of 0.75
+        about half of 2-slot rows are full, a quarter of inserts find both full). Returns the
+        entries that had such a move but lost their rows to another's this round (they wait for
+        the next round rather than evict). Placements of this round wrote only rows with room, so
+        the full rows read here are as the round found them; the other rows are read now."""
+        slots = self._slots
+        src = np.stack((ga[full], ga[full], gb[full], gb[full]), axis=1)
+        col = np.array([0, 1, 0, 1], np.int64)
+        res = slots[src, col]
+        pf = p[full]
+        base = self._base[pf][:, None]
+        nb = self._nb[pf][:, None]
+        fp = (res >> np.uint16(1)).astype(np.uint64)
+        other = base + ((self._alt(fp) % nb.astype(np.uint64)).astype(np.int64) - (src - base)) % nb
+        room = np.take(slots, other.ravel(), axis=0).reshape(full.size, 4, SLOTS) == 0
+        movable = room.any(axis=2)
+        can = np.flatnonzero(movable.any(axis=1))
+        if not can.size:
+            return can
+        pick = movable[can].argmax(axis=1)
+        target, source = other[can, pick], src[can, pick]
+        # One move a row a round, the first entry naming it (targets have room, sources are full:
+        # the two never meet). The first entry with a move wins both its rows, so each round
+        # moves at least one (dropping every contested row's moves livelocked pairs of entries).
+        won = np.zeros(can.size, bool)
+        _, first = np.unique(target, return_index=True)
+        won[first] = True
+        _, first = np.unique(source, return_index=True)
+        second = np.zeros(can.size, bool)
+        second[first] = True
+        won &= second
+        w, pick, target, source = can[won], pick[won], target[won], source[won]
+        e = full[w]
+        slots[target, room[w, pick].argmax(axis=1)] = res[w, pick] ^ np.uint16(1)
+        slots[source, col[pick]] = np.where(source == ga[e], va[e], vb[e])
+        left[e] = False
+        lost: np.ndarray = full[can[~won]]
+        return lost
 
     def _double(self, p: int) -> None:
         """Doubles table p at once (a snapshot being built, `expect`): see _begin_growth."""
