@@ -51,6 +51,26 @@ class ProbeConfig:
         return bool(self.listen or self.http_listen)
 
 
+@dataclass(frozen=True, slots=True)
+class GcConfig:
+    """Python's cyclic garbage collector in the frontend (globalrouter.gc_pauses): a collection
+    holds the serving loop for as long as it walks its generation."""
+
+    freeze: bool = True
+    """gc.freeze() at the start and again once the frontend is ready: what is alive then (at a
+    fleet, the pools' state and 2,000 telemetry streams' calls) is left out of later collections.
+    Without it, full collections over that state took 100-500 ms at 1,000 pools, each a pause of
+    every call (BENCHMARKS.md, "Loop lag at 1,000 pools"). Cycles among frozen objects that later
+    become garbage are not collected (reference counting still frees everything else)."""
+    threshold: int = 0
+    """Allocations between young-generation collections (gc.set_threshold's first value); 0 keeps
+    Python's (700)."""
+
+    def __post_init__(self) -> None:
+        if self.threshold < 0:
+            raise ValueError(f"gc threshold (--gc-threshold) must be >= 0; got {self.threshold!r}")
+
+
 MAX_TELEMETRY_BATCH_INTERVAL = 5.0
 """RouterConfig.telemetry_batch_interval's bound: deltas held longer would age the KV view past use."""
 
@@ -135,6 +155,8 @@ class RouterConfig:
     per block: exact, fastest for small fleets) or "summary" (KvSummary, one fingerprint table per
     pool, about 2.4 bytes per (pool, block) whatever the relays: for fleets of hundreds of pools;
     rarely lossy, see BENCHMARKS.md "KV summary at fleet scale")."""
+    gc: GcConfig = field(default_factory=GcConfig)
+    """Python's garbage collector: frozen after the start and when ready, its young threshold."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     """OpenTelemetry export (--otlp-endpoint; empty: off)."""
