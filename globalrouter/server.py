@@ -48,6 +48,9 @@ from poolrelay.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 log = get_logger(module="globalrouter.server")
 
+GC_TICK = 1.0
+"""Seconds between checks for a full garbage collection whose survivors are to be frozen."""
+
 # Pruning closes serving links no listed pool names; it is computed afresh from the table on
 # every run, so a failed prune is safely run again (bounded back-off, then the process fails).
 PRUNE_RESTART = Restart(initial=0.5, maximum=5.0, max_failures=5)
@@ -77,10 +80,9 @@ class Router:
     """Health answered off the loop (config.probe), from the status the loop publishes."""
     _http_stopping: asyncio.Task | None = None
     _discovery_channel: grpc.aio.Channel | None = None
-    freeze_gc_when_ready: bool = False
-    """gc.freeze() once ready (serve() sets it from config.gc.freeze: a process-wide setting, left
-    alone by frontends made in-process)."""
     gc_pauses: GcPauses = field(init=False)
+    """Times the garbage collector's pauses; serve() turns its refreezing on from config.gc (a
+    process-wide setting, left alone by frontends made in-process)."""
     """Times the cyclic garbage collector's pauses (globalrouter_gc_pause_seconds), from the start."""
     supervisor: Supervisor = field(init=False)
     """Every background task (directory watch, registration, HTTP start, pruning): one that fails
@@ -129,6 +131,8 @@ class Router:
         # run the same code on the same state. Pruning and the loop-lag sampler, which hold no
         # state, are restarted with bounded back-off instead.
         self.gc_pauses.install()
+        if self.gc_pauses.refreeze:
+            self.heartbeat.spawn("gc-refreeze", self._refreeze, restart=Restart())
         self.heartbeat.spawn(
             "loop-lag",
             lambda: sample_loop_lag(
@@ -164,6 +168,14 @@ class Router:
         self.metrics.gc_frozen.set(frozen)
         log.info("gc frozen", when=when, objects=frozen)
 
+    async def _refreeze(self) -> None:
+        # On the loop: what survived a full collection is frozen soon after (GcPauses.tick).
+        while True:
+            await asyncio.sleep(GC_TICK)
+            frozen = self.gc_pauses.tick()
+            if frozen is not None:
+                self.metrics.gc_frozen.set(frozen)
+
     def _beat(self) -> None:
         # On the loop, every ~0.1 s: the proof it turns, with what readiness last saw (no table walk).
         assert self.probe is not None
@@ -174,8 +186,8 @@ class Router:
     async def _until_ready(self) -> None:
         """serve_until_signalled's `ready`: returns when health may say SERVING, the probe with it."""
         await self.readiness.wait()
-        if self.freeze_gc_when_ready:
-            # The pools' state and the telemetry streams are in: leave them out of later passes.
+        if self.gc_pauses.refreeze:
+            # The listed pools' state and their telemetry streams are in: out of later passes.
             self._gc_frozen("ready")
         if self.probe is not None:
             self.probe.status.set_serving(True)
@@ -421,7 +433,8 @@ async def serve(config: RouterConfig) -> None:
     apply_gc_settings(config.gc.threshold)
     if config.gc.freeze:
         router._gc_frozen("start")
-        router.freeze_gc_when_ready = True
+        router.gc_pauses.refreeze = True
+        router.gc_pauses.full_every = config.gc.full_every
     log.info(
         "global frontend starting",
         listen=config.listen,
