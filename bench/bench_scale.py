@@ -165,19 +165,30 @@ def samples(text: str, name: str) -> list[tuple[str, float]]:
     return out
 
 
-def gc_gen2(before: str, after: str) -> dict[str, float] | None:
-    """Generation-2 collections between two scrapes: their count and seconds in all (None when the
+def gc_generations(before: str, after: str) -> dict[str, dict[str, float]] | None:
+    """Per generation of the garbage collector, its collections between two scrapes, their seconds
+    in all and `over_s`, the largest bucket bound some collection took longer than (None when the
     frontend does not export globalrouter_gc_pause_seconds)."""
     name = "globalrouter_gc_pause_seconds"
     a, b = dict(samples(after, name)), dict(samples(before, name))
-    key = f'{name}_count{{generation="2"}}'
-    if key not in a:
-        return None
-    total = f'{name}_sum{{generation="2"}}'
-    return {
-        "count": a[key] - b.get(key, 0.0),
-        "seconds": round(a.get(total, 0.0) - b.get(total, 0.0), 4),
-    }
+    out: dict[str, dict[str, float]] = {}
+    for gen in ("0", "1", "2"):
+        count = f'{name}_count{{generation="{gen}"}}'
+        if count not in a:
+            continue
+        total = f'{name}_sum{{generation="{gen}"}}'
+        n = a[count] - b.get(count, 0.0)
+        slowest = 0.0
+        for key, value in a.items():
+            m = re.match(rf'{name}_bucket\{{generation="{gen}",le="([^"]+)"\}}', key)
+            if m and value - b.get(key, 0.0) < n:  # some collections were slower than this bound
+                slowest = max(slowest, float(m.group(1)))
+        out[gen] = {
+            "count": n,
+            "seconds": round(a.get(total, 0.0) - b.get(total, 0.0), 4),
+            "over_s": slowest,
+        }
+    return out or None
 
 
 def histogram_quantiles(before: str, after: str, name: str) -> dict[str, Any] | None:
@@ -811,9 +822,9 @@ async def run_fleet(
             "rate_share": round(events / (pools * cfg.relays * cfg.rate), 3) if cfg.rate else None,
             "health": health,
             "loop_lag_metric": histogram_quantiles(m0, m1, "globalrouter_event_loop_lag_seconds"),
-            # The garbage collector's pauses (all generations together) and gen-2 collections.
+            # The garbage collector's pauses (all generations together), and per generation.
             "gc_pause_metric": histogram_quantiles(m0, m1, "globalrouter_gc_pause_seconds"),
-            "gc_gen2": gc_gen2(m0, m1),
+            "gc_generations": gc_generations(m0, m1),
             "snapshot_requests": s1["snapshot_requests"] - s0["snapshot_requests"],
             "machine_load_1min": round(os.getloadavg()[0], 1),
             "dropped": s1["dropped"] - s0["dropped"],

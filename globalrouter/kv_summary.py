@@ -72,6 +72,7 @@ from __future__ import annotations
 import bisect
 import math
 import mmap
+import random
 import sys
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
@@ -121,6 +122,9 @@ whatever its size, so running them every step over a few dozen entries was a thi
 snapshot's CPU."""
 ALT_SIZES = 8
 """Bucket counts whose alt-row table (_alt_rows, 256 KiB each) is kept."""
+WALK_AT = 32
+"""Entries left homeless after _settle's first round at or below which they are placed one at a
+time (_walk) instead of in vector rounds."""
 KICK_ROUNDS = 500
 """Rounds of cuckoo evictions before entries still homeless are dropped (see _settle)."""
 PENDING = 8192
@@ -1027,6 +1031,9 @@ class KvSummary:
         rng = np.random.default_rng(int(p.size))
         rounds = 0
         while p.size:
+            if rounds and p.size <= WALK_AT:
+                self._walk(p, ga, va, gb, vb, KICK_ROUNDS - rounds)
+                return
             rounds += 1
             self.settle_rounds += 1
             if rounds > KICK_ROUNDS:
@@ -1085,6 +1092,47 @@ class KvSummary:
                 vb = np.concatenate((vb[left], vv))
             else:
                 p, ga, gb, va, vb = p[left], ga[left], gb[left], va[left], vb[left]
+
+    def _walk(
+        self, p: np.ndarray, ga: np.ndarray, va: np.ndarray, gb: np.ndarray, vb: np.ndarray, steps: int
+    ) -> None:
+        """_settle's last few entries, one at a time in plain Python: into a free slot of either
+        row, else a resident of its rows with room in its other row moves there, else it evicts a
+        random resident, which is then placed the same way, for at most `steps` steps an entry
+        (then it is dropped and counted). A vector round costs a few dozen numpy calls whatever
+        its size, so the long tail of a few walks (the longest of hundreds sets the number of
+        rounds) was most of a steady fold's time; a step here is a few microseconds."""
+        slots, bases, sizes = self._slots, self._base, self._nb
+        rng = random.Random(int(p.size))
+        for q, a, x, b, y in zip(p.tolist(), ga.tolist(), va.tolist(), gb.tolist(), vb.tolist(), strict=True):
+            base, nb = int(bases[q]), int(sizes[q])
+            alt = self._alt_rows(nb)
+            for _ in range(max(1, steps)):
+                ra0, ra1, rb0, rb1 = int(slots[a, 0]), int(slots[a, 1]), int(slots[b, 0]), int(slots[b, 1])
+                if not ra0 or not ra1:
+                    slots[a, 0 if not ra0 else 1] = x
+                    break
+                if not rb0 or not rb1:
+                    slots[b, 0 if not rb0 else 1] = y
+                    break
+                moved = False
+                for row, col, res in ((a, 0, ra0), (a, 1, ra1), (b, 0, rb0), (b, 1, rb1)):
+                    other = base + (int(alt[res >> 1]) - (row - base)) % nb
+                    if not slots[other, 0] or not slots[other, 1]:
+                        slots[other, 0 if not slots[other, 0] else 1] = res ^ 1
+                        slots[row, col] = x if row == a else y
+                        moved = True
+                        break
+                if moved:
+                    break
+                row, col = (a if rng.random() < 0.5 else b), rng.randrange(SLOTS)
+                victim = int(slots[row, col])
+                slots[row, col] = x if row == a else y
+                a = b = base + (int(alt[victim >> 1]) - (row - base)) % nb
+                x = y = victim ^ 1
+            else:
+                self._dropped += 1
+                self._count[q] -= 1
 
     def _look_ahead(
         self,
