@@ -127,11 +127,13 @@ WALK_AT = 32
 time (_walk) instead of in vector rounds."""
 KICK_ROUNDS = 500
 """Rounds of cuckoo evictions before entries still homeless are dropped (see _settle)."""
-PENDING = 8192
+PENDING = 4096
 """Logged delta blocks that trigger a fold (reads fold first anyway). A fold is one turn of the
 serving loop, about linear in the blocks folded: at 65,536 it took 62-90 ms (up to 205 ms) with
 1,000 pools' deltas of 40 blocks, the steady state's longest turns; 8 ms (up to 17) at 8,192, for
-4% more CPU in total (BENCHMARKS.md, "1,000 pools with the fleet settings")."""
+4% more CPU in total (BENCHMARKS.md, "1,000 pools with the fleet settings"). With _settle's
+look-ahead and walk, 5-6 ms (p99 8-9) at 8,192 and 3.1-3.4 ms (p99 5) at 4,096 for 10-15% more
+CPU in all (still less than 8,192's before them; BENCHMARKS.md, "Loop lag at 1,000 pools")."""
 ARENA_SPACE = 1 << 38
 """Bytes of address space the arena maps (Linux: private, anonymous, not reserved; 256 GiB, a
 hundred times the 1,000-pool x 1,000,000-block fleet's tables, and a 500th of a process's address
