@@ -49,7 +49,8 @@ from poolrelay.v1 import telemetry_pb2, telemetry_pb2_grpc
 log = get_logger(module="globalrouter.server")
 
 GC_TICK = 1.0
-"""Seconds between checks for a full garbage collection whose survivors are to be frozen."""
+"""Seconds between reports of the garbage collector's pauses (and freezes of what survived a full
+collection)."""
 
 # Pruning closes serving links no listed pool names; it is computed afresh from the table on
 # every run, so a failed prune is safely run again (bounded back-off, then the process fails).
@@ -131,8 +132,7 @@ class Router:
         # run the same code on the same state. Pruning and the loop-lag sampler, which hold no
         # state, are restarted with bounded back-off instead.
         self.gc_pauses.install()
-        if self.gc_pauses.refreeze:
-            self.heartbeat.spawn("gc-refreeze", self._refreeze, restart=Restart())
+        self.heartbeat.spawn("gc-tick", self._gc_tick, restart=Restart())
         self.heartbeat.spawn(
             "loop-lag",
             lambda: sample_loop_lag(
@@ -168,8 +168,9 @@ class Router:
         self.metrics.gc_frozen.set(frozen)
         log.info("gc frozen", when=when, objects=frozen)
 
-    async def _refreeze(self) -> None:
-        # On the loop: what survived a full collection is frozen soon after (GcPauses.tick).
+    async def _gc_tick(self) -> None:
+        # On the loop: the collections' pauses reported, and with the freeze what survived a full
+        # collection frozen soon after (GcPauses.tick).
         while True:
             await asyncio.sleep(GC_TICK)
             frozen = self.gc_pauses.tick()
