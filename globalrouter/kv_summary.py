@@ -122,9 +122,9 @@ whatever its size, so running them every step over a few dozen entries was a thi
 snapshot's CPU."""
 ALT_SIZES = 8
 """Bucket counts whose alt-row table (_alt_rows, 256 KiB each) is kept."""
-WALK_AT = 32
+SETTLE_WALK_AT = 32
 """Entries left homeless after _settle's first round at or below which they are placed one at a
-time (_walk) instead of in vector rounds."""
+time (_settle_walk) instead of in vector rounds."""
 KICK_ROUNDS = 500
 """Rounds of cuckoo evictions before entries still homeless are dropped (see _settle)."""
 PENDING = 4096
@@ -1033,8 +1033,8 @@ class KvSummary:
         rng = np.random.default_rng(int(p.size))
         rounds = 0
         while p.size:
-            if rounds and p.size <= WALK_AT:
-                self._walk(p, ga, va, gb, vb, KICK_ROUNDS - rounds)
+            if rounds and p.size <= SETTLE_WALK_AT:
+                self._settle_walk(p, ga, va, gb, vb, KICK_ROUNDS - rounds)
                 return
             rounds += 1
             self.settle_rounds += 1
@@ -1095,7 +1095,7 @@ class KvSummary:
             else:
                 p, ga, gb, va, vb = p[left], ga[left], gb[left], va[left], vb[left]
 
-    def _walk(
+    def _settle_walk(
         self, p: np.ndarray, ga: np.ndarray, va: np.ndarray, gb: np.ndarray, vb: np.ndarray, steps: int
     ) -> None:
         """_settle's last few entries, one at a time in plain Python: into a free slot of either
