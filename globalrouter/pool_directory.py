@@ -185,9 +185,10 @@ class PoolTable:
         An incomplete snapshot (a fresh discovery replica that has not heard every heartbeat yet)
         only adds and updates: a pool it misses may just not have renewed there yet, and losing
         signals never deletes a pool. The watcher re-watches later for a complete one. A complete
-        snapshot does not say why a pool is missing: with `grace` (a re-sync after a broken watch,
-        when every discovery replica may have been down and leases lapsed meanwhile) a missing pool
-        is taken as lapsed (`lapse`), so one whose telemetry is live here stays routable one grace.
+        snapshot does not say why a pool is missing: with `grace` (the watcher gives it to every
+        re-sync, e.g. after a broken watch, when every discovery replica may have been down and
+        leases lapsed meanwhile) a missing pool is taken as lapsed (`lapse`), so one whose
+        telemetry is live here stays routable one grace; without, it is unlisted at once.
         """
         seen: set[str] = set()
         for msg in listed:
