@@ -375,6 +375,12 @@ class TelemetryIngest:
                 job.stream.building = None
         self._work.clear()
 
+    def last_heard(self, pool_id: str) -> float | None:
+        """Clock time of the latest message on the pool's open streams (None: none yet, or no
+        stream): the lease grace's evidence that the pool's relay is alive (PoolTable.lapse)."""
+        heard = [s.last_seen for s in self._by_pool.get(pool_id, {}).values() if s.last_seen is not None]
+        return max(heard, default=None)
+
     # ---- stream life cycle ------------------------------------------------------------------
     def open(self, hello: telemetry_pb2.TelemetryHello) -> StreamState:
         """Accepts a hello (already validated) or raises StreamRejected."""
