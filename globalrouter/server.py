@@ -360,6 +360,9 @@ def create_server(
         )
     if http is not None:
         http.front.readiness = readiness
+    # Until ready the frontend serves only health (the probe port answers off the loop) and its
+    # readiness waits on the snapshots' builds: they get more of the loop meanwhile.
+    telemetry_servicer.builds_first = lambda: not readiness.ready
     return Router(
         config=final,
         handle=handle,
