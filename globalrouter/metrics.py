@@ -128,6 +128,19 @@ class RouterMetrics:
             ["reason"],
             registry=r,
         )
+        self.lease_grace = Counter(
+            "globalrouter_pool_lease_grace",
+            "Pools discovery dropped because their leases expired, by what followed: kept (their"
+            " telemetry is live here, so they stay routable up to one lease longer) or dropped (at"
+            " once); then for kept ones reregistered, expired, telemetry_stopped or removed",
+            ["outcome"],
+            registry=r,
+        )
+        self.pools_in_lease_grace = Gauge(
+            "globalrouter_pools_in_lease_grace",
+            "Pools routable now only by the lease grace (lease lapsed in discovery, telemetry live here)",
+            registry=r,
+        )
         self.time_to_first_token = Histogram(
             "globalrouter_time_to_first_token_seconds",
             "From a request's routing decision to its first token (admission, queueing and retries included)",

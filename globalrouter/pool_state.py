@@ -352,6 +352,9 @@ class PoolState:
     openai_http: bool = False
     """Whether the pool's frontends speak OpenAI HTTP (else the mesh's gRPC pool frontend)."""
     capacity: PoolCapacityHint = field(default_factory=PoolCapacityHint)
+    lease_grace_until: float | None = None
+    """Set while the pool is listed only by the lease grace (its leases lapsed in discovery, its
+    telemetry is live here): the monotonic time the grace ends (pool_directory.PoolTable.lapse)."""
     # --- from telemetry ---
     block_size: int = 0
     """Tokens per block the pool's relay reported in its hello (0: no stream yet)."""
@@ -413,6 +416,12 @@ class PoolState:
     def state_fresh(self, now: float, limits: FreshnessLimits) -> bool:
         """True when telemetry readiness/drain state is current."""
         return self.state_at is not None and now - self.state_at <= limits.state_max_age
+
+    def directory_state(self) -> str:
+        """listed, lease_lapsed (listed only by the lease grace) or unlisted (router.v1.DirectoryState)."""
+        if not self.listed:
+            return "unlisted"
+        return "listed" if self.lease_grace_until is None else "lease_lapsed"
 
     def draining(self) -> bool:
         """Draining by either source; a stale telemetry drain flag still counts (drain is sticky)."""

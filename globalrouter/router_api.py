@@ -295,6 +295,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                     prompt_blocks=c.prompt_blocks,
                     load_known=c.load_known,
                     region=c.region,
+                    directory_state=_directory_state(self._core.table.pools.get(c.pool_id)),
                 )
                 for i, c in enumerate(decision.candidates, start=1)
             ],
@@ -340,7 +341,10 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             listed=pool.listed,
             frontend_protocol="openai_http" if pool.openai_http else "mesh_grpc",
             adapters=sorted(pool.adapters.get(pool.model, ())),
+            directory_state=_directory_state(pool),
         )
+        if pool.lease_grace_until is not None:
+            view.lease_grace_left.CopyFrom(duration(max(0.0, pool.lease_grace_until - now)))
         if pool.load is not None:
             ld = pool.load
             view.load.CopyFrom(
@@ -385,6 +389,18 @@ def _summary(rec: RunRecord, reason: int, request_id: str) -> router_pb2.Generat
         refused_by=rec.refused_by,
         request_id=request_id,
     )
+
+
+DIRECTORY_STATES = {
+    "listed": router_pb2.DIRECTORY_STATE_LISTED,
+    "lease_lapsed": router_pb2.DIRECTORY_STATE_LEASE_LAPSED,
+    "unlisted": router_pb2.DIRECTORY_STATE_UNLISTED,
+}
+"""PoolState.directory_state -> router.v1.DirectoryState."""
+
+
+def _directory_state(pool: PoolState | None) -> router_pb2.DirectoryState:
+    return DIRECTORY_STATES[pool.directory_state() if pool is not None else "unlisted"]
 
 
 def _freshness(at: float | None, fresh: bool, now: float) -> router_pb2.SignalFreshness:

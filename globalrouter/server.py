@@ -158,7 +158,7 @@ class Router:
                 self._discovery_channel,
                 self.clock,
                 on_change=self._directory_changed,
-                resync_after=lambda: registration.lease_duration,
+                lease_duration=lambda: registration.lease_duration,
             )
             self.supervisor.spawn("directory-watch", self.watcher.run)
             self.supervisor.spawn("frontend-registration", self.registration.run)
@@ -305,6 +305,10 @@ def create_server(
         step_blocks=config.snapshot_step_blocks,
     )
     metrics.snapshot_blocks_held.set_function(lambda: ingest.snapshot_blocks_held)
+    # The lease grace: a pool whose lease lapsed stays routable while its telemetry is live here.
+    table.telemetry_heard = ingest.last_heard
+    table.on_grace = lambda outcome: metrics.lease_grace.labels(outcome).inc()
+    metrics.pools_in_lease_grace.set_function(lambda: len(table.lease_grace))
     metrics.pools_by_state(lambda: pool_states(core))
     metrics.pool_kv_ages(core.kv_ages)
     authorizer = Authorizer(config.security, service="globalrouter", registry=metrics.registry)
@@ -386,6 +390,9 @@ def create_server(
         )
     if http is not None:
         http.front.readiness = readiness
+    # Until ready the frontend serves only health (the probe port answers off the loop) and its
+    # readiness waits on the snapshots' builds: they get more of the loop meanwhile.
+    telemetry_servicer.builds_first = lambda: not readiness.ready
     return Router(
         config=final,
         handle=handle,

@@ -50,6 +50,12 @@ ADOPT_WITHIN = 10.0
 """Seconds within which another stream of the pool must have spoken for a new stream's first
 snapshot to join that stream's set instead of being built (TelemetryIngest._adoptable): relays
 write at least every report interval (1 s by default) or telemetry write interval (at most 5 s)."""
+BUILD_FIRST_SECONDS = 0.012
+"""CPU time the index worker may take per event-loop iteration while the frontend is not yet ready
+(TelemetryServicer.builds_first): it serves nothing but health then (the probe port answers off
+the loop), and its readiness waits on the builds, which at one STEP_SECONDS step a turn got about
+a third of the loop beside 2,000 streams' messages in a restart (1,000 pools x 100,000 blocks:
+every pool back 41.9 s)."""
 SLICE_SECONDS = 0.004
 """Wall time one event-loop iteration may spend on telemetry messages before the rest wait for a
 later iteration (IngestPacer): with 2,000 streams every iteration used to apply a message of each
@@ -154,6 +160,14 @@ class StreamState:
     snapshot_blocks: int = 0
     """Blocks in snapshot_chunks."""
     next_chunk: int = 0
+    skipped_blocks: int = 0
+    """Blocks of the partial snapshot not kept (skipping): another stream of the pool covers its set."""
+    skipping: bool = False
+    """The partial snapshot's chunks are counted, not kept (see TelemetryIngest._covered)."""
+    awaiting: bool = False
+    """Its whole snapshot was skipped while another stream's build of the pool's set was queued:
+    it joins that set when the build is swapped in (_adopt_waiting), or is asked for a fresh
+    snapshot at its next message if no build of the pool is left (the builder's stream ended)."""
     superseded: bool = False
     """A newer stream of the same (pool, relay) took over; this one's messages are ignored."""
     kv_applied: bool = False
@@ -195,6 +209,11 @@ class _Build:
     offset: int = 0
     done: list[np.ndarray] = field(default_factory=list)
     """Applied slices: the new source's block list."""
+    begun: bool = False
+    """The summary's table for it is allocated (at its first step, not when its last chunk
+    arrives: a build adopted before it starts never touches memory)."""
+    total: int = 0
+    """Blocks of the whole snapshot (the summary's table is sized for them)."""
 
 
 @dataclass(slots=True)
@@ -375,6 +394,12 @@ class TelemetryIngest:
                 job.stream.building = None
         self._work.clear()
 
+    def last_heard(self, pool_id: str) -> float | None:
+        """Clock time of the latest message on the pool's open streams (None: none yet, or no
+        stream): the lease grace's evidence that the pool's relay is alive (PoolTable.lapse)."""
+        heard = [s.last_seen for s in self._by_pool.get(pool_id, {}).values() if s.last_seen is not None]
+        return max(heard, default=None)
+
     # ---- stream life cycle ------------------------------------------------------------------
     def open(self, hello: telemetry_pb2.TelemetryHello) -> StreamState:
         """Accepts a hello (already validated) or raises StreamRejected."""
@@ -480,6 +505,8 @@ class TelemetryIngest:
     def _hold(self, stream: StreamState, blocks: int, what: str) -> None:
         """Counts `blocks` more of the stream's against the budgets, or raises StreamRejected
         (RESOURCE_EXHAUSTED, LIMIT_EXCEEDED, ErrorInfo metadata `limit` naming the bound)."""
+        if not blocks:
+            return
         key = (stream.pool_id, stream.relay_id)
         relay = self.held_by_relay.get(key, 0) + blocks
         if relay > self.max_snapshot_blocks_per_relay:
@@ -522,6 +549,8 @@ class TelemetryIngest:
         stream.snapshot_chunks = []
         stream.snapshot_blocks = 0
         stream.snapshot_id = None
+        stream.skipped_blocks = 0
+        stream.skipping = False
 
     # ---- bounded index work -----------------------------------------------------------------
     def has_work(self) -> bool:
@@ -585,6 +614,9 @@ class TelemetryIngest:
             self._index.drop_source(job.source)  # holds nothing any more: no pass over the table
             return used, True
         stream = job.stream
+        if self._summary is not None and not job.begun:
+            job.begun = True
+            self._summary.begin_snapshot(job.source, job.total, stream.pool_id)
         if job.parts:
             done = job.done if self._summary is None else None
             used = self._index_slice(job.parts, job, budget, self._index.add_blocks, job.source, done)
@@ -682,16 +714,39 @@ class TelemetryIngest:
         stream.source = source
         stream.log = None
         stream.kv_applied = True
+        stream.awaiting = False
         pool = self._table.get(stream.pool_id)
         pool.kv_sources.add(source)
         pool.kv_at = self._clock.monotonic()
         self.snapshots_adopted += 1
 
+    def _building(self, stream: StreamState) -> bool:
+        """Whether another live stream of the stream's pool has a whole snapshot queued for a build."""
+        return any(
+            o is not stream and not o.superseded and o.building is not None
+            for o in self._by_pool.get(stream.pool_id, {}).values()
+        )
+
+    def _covered(self, stream: StreamState) -> bool:
+        """Whether the stream's snapshot need not be kept: with the per-pool summary, a stream with
+        no set of its own whose pool's set another live stream already holds (_adoptable) or has
+        queued whole for a build. Its chunks are then counted, not kept (after a restart or a mass
+        redial both replicas of every pool send their snapshot at once: the second was converted,
+        held against the budgets and given a table, only to be adopted unbuilt). Never for a
+        snapshot another stream is itself still receiving: two streams would skip each other's."""
+        if self._summary is None or stream.source:
+            return False
+        return self._building(stream) or self._adoptable(stream)
+
     def _adopt_waiting(self, pool_id: str) -> None:
-        """A pool's set was just swapped in: its other streams' first snapshots still queued for a
-        build (both replicas' snapshots arrive together after a redial) are adopted instead."""
+        """A pool's set was just swapped in: its other streams whose first snapshot is still queued
+        for a build, or was skipped for this one (awaiting), join it instead."""
         for other in list(self._by_pool.get(pool_id, {}).values()):
-            if other.building is not None and not other.superseded and self._adoptable(other):
+            if (
+                (other.building is not None or other.awaiting)
+                and not other.superseded
+                and self._adoptable(other)
+            ):
                 self._adopt(other)
 
     def _drop(self, source: str, stream: StreamState) -> None:
@@ -728,6 +783,16 @@ class TelemetryIngest:
         it must have passed validate_batch); returns a SnapshotRequest to send back, or None."""
         if stream.superseded:
             return None
+        if stream.awaiting and not self._building(stream) and msg.WhichOneof("payload") != "kv_snapshot":
+            # The build its skipped snapshot waited for is gone (its stream ended or was replaced
+            # before the swap): it joins the pool's set if one is live, else its relay is asked for
+            # a fresh snapshot (relays answer SnapshotRequest); then the message as usual.
+            stream.awaiting = False
+            if self._adoptable(stream):
+                self._adopt(stream)
+                return self.receive(stream, msg)
+            asked = self._ask_snapshot(stream, "the build this stream's skipped snapshot waited for is gone")
+            return self.receive(stream, msg) or asked
         if msg.WhichOneof("payload") == "batch":
             # At most one answer per batch: only a delta's gap asks for a snapshot, and the deltas
             # after it are ignored until a snapshot comes, which never travels in a batch.
@@ -809,6 +874,7 @@ class TelemetryIngest:
     ) -> Response | None:
         if chunk.chunk_index == 0:
             self._drop_snapshot(stream)
+            stream.awaiting = False
             stream.snapshot_id = chunk.snapshot_id
             stream.snapshot_sequence = chunk.sequence
             stream.next_chunk = 0
@@ -822,7 +888,7 @@ class TelemetryIngest:
             )
         hashes = chunk.block_hashes
         size = len(hashes)
-        if stream.snapshot_blocks + size > self.max_snapshot_blocks:
+        if stream.snapshot_blocks + stream.skipped_blocks + size > self.max_snapshot_blocks:
             # Chunks that never end would grow this stream without bound: a relay's whole pool
             # fits, anything larger is refused and the stream's partial snapshot dropped.
             self._drop_snapshot(stream)
@@ -830,6 +896,16 @@ class TelemetryIngest:
                 "max_snapshot_blocks",
                 f"kv_snapshot.block_hashes: snapshot {chunk.snapshot_id} exceeds {self.max_snapshot_blocks} blocks",
             )
+        if not stream.skipping and self._covered(stream):
+            # From here on this snapshot is counted, not kept: what it holds so far goes too.
+            stream.skipping = True
+            stream.skipped_blocks += stream.snapshot_blocks
+            self._unhold(stream, stream.snapshot_blocks)
+            stream.snapshot_chunks = []
+            stream.snapshot_blocks = 0
+        if stream.skipping:
+            stream.skipped_blocks += size
+            size = 0
         try:
             self._hold(stream, size, "kv_snapshot.block_hashes")
         except StreamRejected:
@@ -848,6 +924,17 @@ class TelemetryIngest:
             self._adopt(stream)
             stream.next_sequence = stream.snapshot_sequence + 1
             return None
+        if stream.skipping:
+            skipped = stream.skipped_blocks
+            self._drop_snapshot(stream)
+            if not self._building(stream):  # the build it was skipped for is gone: a fresh one
+                return self._ask_snapshot(
+                    stream,
+                    f"snapshot {chunk.snapshot_id} ({skipped} blocks) was skipped for a build that is gone",
+                )
+            stream.awaiting = True  # joins the set being built when it is swapped in
+            stream.next_sequence = stream.snapshot_sequence + 1
+            return None
         # The whole snapshot arrived: it is built under a key of its own, a step at a time, and
         # replaces this stream's set in one swap once complete (until then the old set answers).
         self._cancel_build(stream)
@@ -864,8 +951,7 @@ class TelemetryIngest:
             self._unhold(stream, len(stored) + len(removed))
         stream.backlog = []
         stream.building = job
-        if self._summary is not None:
-            self._summary.begin_snapshot(job.source, job.blocks, stream.pool_id)
+        job.total = job.blocks
         self._work.append(job)
         stream.next_sequence = stream.snapshot_sequence + 1
         return None
@@ -876,6 +962,8 @@ class TelemetryIngest:
         if delta.sequence != stream.next_sequence:
             return self._ask_snapshot(stream, f"gap: expected {stream.next_sequence}, got {delta.sequence}")
         stream.next_sequence += 1
+        if stream.awaiting:
+            return None  # the set it will join follows its builder's deltas (as an adopted stream's)
         if stream.building is not None:
             # The snapshot they follow is still being applied: they wait (counted) behind it.
             stored, removed = list(delta.stored), list(delta.removed)
@@ -904,6 +992,7 @@ class TelemetryIngest:
 
     def _ask_snapshot(self, stream: StreamState, reason: str) -> Response:
         stream.next_sequence = None
+        stream.awaiting = False  # its fresh snapshot decides anew
         for stored, removed in stream.backlog:
             self._unhold(stream, len(stored) + len(removed))
         stream.backlog = []
@@ -931,8 +1020,13 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         slice_seconds: float = SLICE_SECONDS,
         accepts_batches: bool = True,
         batch_interval: float = 0.0,
+        cpu_now: Callable[[], float] = time.thread_time,
     ) -> None:
         self._ingest = ingest
+        self.builds_first: Callable[[], bool] = lambda: False
+        """True while the frontend is not ready (the server sets it from its Readiness): the index
+        worker then takes up to BUILD_FIRST_SECONDS of each loop iteration instead of one step."""
+        self._cpu_now = cpu_now
         self.accepts_batches = accepts_batches
         """Said in every hello ack: relays then send what they queued as one TelemetryBatch."""
         self.batch_interval = batch_interval
@@ -992,11 +1086,16 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
                 )
 
     async def _work(self) -> None:
-        """Queued index work, a step of about STEP_SECONDS at a time, yielding to the loop in between."""
+        """Queued index work, a step of about STEP_SECONDS at a time, yielding to the loop in between
+        (while the frontend is not ready, steps up to BUILD_FIRST_SECONDS of CPU an iteration)."""
         ingest = self._ingest
+        now = self._cpu_now
         more = True
         while more:
+            start = now()
             more = ingest.step()
+            while more and self.builds_first() and now() - start < BUILD_FIRST_SECONDS:
+                more = ingest.step()
             await asyncio.sleep(0)  # let the loop serve between two steps
 
     async def _refuse(

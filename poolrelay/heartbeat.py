@@ -4,7 +4,10 @@ Schedule (DESIGN.md): renew every server-dictated heartbeat interval; a failed c
 after 1 s, the wait doubling up to the interval; one more call is made 1 s before the lease ends
 (so an outage that ends before then keeps the pool listed); every failure is retried; a success
 resets the back-off. While there is nothing to register nothing is sent, and a registration that
-changes (a model appears or changes) goes out at once.
+changes (a model appears or changes) goes out at once. When discovery is seen to answer again during
+a streak of failed calls (the relay's channel to it connected), the retry goes out at once rather
+than at the end of the doubled wait (on_reachable): the sooner the relay registers after an outage,
+the sooner a pool whose lease lapsed in it is listed again.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ class HeartbeatSchedule:
         self.backoff = FIRST_RETRY_S
         self.next_at = 0.0
         self.last_call_made = False
+        self.failures = 0
+        """Calls failed since the last success (a failure streak while > 0)."""
 
     def on_success(self, started: float, now: float, renewal: Renewal) -> float:
         """Records a success of a call begun at `started`; returns when the next renewal is due."""
@@ -49,11 +54,13 @@ class HeartbeatSchedule:
         self.lease_end = started + renewal.lease_duration
         self.backoff = FIRST_RETRY_S
         self.last_call_made = False
+        self.failures = 0
         self.next_at = now + self.interval
         return self.next_at
 
     def on_failure(self, now: float) -> float:
         """Records a failed call at `now`; returns when to try again."""
+        self.failures += 1
         wait = min(self.backoff, self.interval)
         self.backoff = min(self.backoff * 2, self.interval)
         due = now + wait
@@ -65,11 +72,22 @@ class HeartbeatSchedule:
         self.next_at = due
         return due
 
+    def on_reachable(self, now: float) -> bool:
+        """Discovery answers again (the channel to it connected) at `now`: during a failure streak
+        the retry is due at once instead of at the end of its doubled wait; True when that moved
+        it. Outside a streak nothing changes (renewals keep the server's interval). The back-off
+        itself is kept: if that call fails too, the next wait continues the doubling."""
+        if self.failures == 0 or self.next_at <= now:
+            return False
+        self.next_at = now
+        return True
+
     def reset(self) -> None:
         """Forgets the lease (after nothing was registered for a while, or an unregistration)."""
         self.lease_end = None
         self.backoff = FIRST_RETRY_S
         self.last_call_made = False
+        self.failures = 0
         self.next_at = 0.0
 
 
@@ -99,6 +117,12 @@ class HeartbeatLoop(Generic[W]):
         self._last_sent: W | None = None
         self._changed = asyncio.Event()
         self._sleeper: asyncio.Future[None] | None = None
+
+    def reachable(self) -> None:
+        """Discovery answers again: a retry waiting out a failure's back-off goes now
+        (HeartbeatSchedule.on_reachable); a no-op otherwise."""
+        if self.schedule.on_reachable(self._clock.monotonic()):
+            self.poke()
 
     def poke(self) -> None:
         """What to register may have changed: re-evaluate now."""

@@ -371,8 +371,22 @@ class Relay:
         self._runners = [
             self.supervisor.spawn("pool source", self.source.run),
             self.supervisor.spawn("heartbeat", self.heartbeat.run),
+            self.supervisor.spawn("discovery channel", self._follow_discovery_channel),
             self.supervisor.spawn("telemetry reports", self.hub.run_periodic),
         ]
+
+    async def _follow_discovery_channel(self) -> None:
+        """Tells the heartbeat when the channel to discovery connects again, so that after an
+        outage the pool registers as soon as discovery answers, not at the end of the failed
+        renewal's doubled wait (HeartbeatSchedule.on_reachable, up to a heartbeat interval later).
+        During a failure streak the channel is also kept trying to connect (an idle one would not)."""
+        channel = self._discovery_channel
+        state = channel.get_state(try_to_connect=False)
+        while True:
+            await channel.wait_for_state_change(state)
+            state = channel.get_state(try_to_connect=self.heartbeat.schedule.failures > 0)
+            if state == grpc.ChannelConnectivity.READY:
+                self.heartbeat.reachable()
 
     async def stop(self) -> None:
         """Graceful stop: stop renewing and close every stream (PR #18077: the pool leaves one lease

@@ -159,6 +159,20 @@ PANELS: list[tuple[str, str, str, str, list[tuple[str, str]]]] = [
     ),
     (
         "Pools",
+        "Lease grace",
+        "short",
+        "Pools kept routable after their discovery lease lapsed while their telemetry is live (one lease at"
+        " most: a discovery outage), the most over frontends, and how each grace ended.",
+        [
+            ("max(globalrouter_pools_in_lease_grace)", "in grace"),
+            (
+                "sum by (outcome) (increase(globalrouter_pool_lease_grace_total[$__rate_interval]))",
+                "{{outcome}}",
+            ),
+        ],
+    ),
+    (
+        "Pools",
         "Relays registered",
         "short",
         "Relays whose pool is registered with discovery (1) or not (0).",

@@ -59,6 +59,14 @@ def status(core: RoutingCore, frontend_id: str, *, tenant: str | None = None) ->
                 "model": pool.model,
                 "adapters": sorted(pool.adapters.get(pool.model, ())),
                 "state": pool_state(core, pool, now),
+                # "lease_lapsed" while only the lease grace keeps the pool routable (its leases
+                # lapsed in discovery, its telemetry is live here), with the grace left.
+                "directory_state": pool.directory_state(),
+                "lease_grace_left_s": (
+                    round(max(0.0, pool.lease_grace_until - now), 3)
+                    if pool.lease_grace_until is not None
+                    else None
+                ),
                 "requests_running": load.requests_running if load else None,
                 "requests_waiting": load.requests_waiting if load else None,
                 "max_running": load.max_running_requests if load else None,
@@ -157,7 +165,8 @@ function render(s) {
     pools.append(table(
       ["pool", "model", "state", "running", "waiting", "KV blocks used / total", "indexed blocks", "KV view age", "telemetry age"],
       region.pools.map(p => [
-        p.pool_id, p.adapters.length ? p.model + " + adapters " + p.adapters.join(", ") : p.model, el("span", {class: "state " + p.state, "data-pool": p.pool_id}, p.state),
+        p.pool_id, p.adapters.length ? p.model + " + adapters " + p.adapters.join(", ") : p.model, el("span", {class: "state " + p.state, "data-pool": p.pool_id}, p.state +
+          (p.directory_state === "lease_lapsed" ? " (lease lapsed, telemetry live: " + age(p.lease_grace_left_s) + " of grace left)" : "")),
         p.requests_running, p.requests_waiting,
         p.kv_blocks_used === null ? null : p.kv_blocks_used + " / " + p.kv_blocks_total,
         p.indexed_blocks, el("span", {class: p.kv_fresh ? "" : "stale-kv", "data-kv-pool": p.pool_id},

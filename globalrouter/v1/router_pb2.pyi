@@ -23,6 +23,13 @@ class CachedTokensSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHED_TOKENS_SOURCE_POOL: _ClassVar[CachedTokensSource]
     CACHED_TOKENS_SOURCE_ESTIMATE: _ClassVar[CachedTokensSource]
 
+class DirectoryState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DIRECTORY_STATE_UNSPECIFIED: _ClassVar[DirectoryState]
+    DIRECTORY_STATE_LISTED: _ClassVar[DirectoryState]
+    DIRECTORY_STATE_LEASE_LAPSED: _ClassVar[DirectoryState]
+    DIRECTORY_STATE_UNLISTED: _ClassVar[DirectoryState]
+
 class FilterReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FILTER_REASON_UNSPECIFIED: _ClassVar[FilterReason]
@@ -39,6 +46,10 @@ FINISH_REASON_STOP: FinishReason
 CACHED_TOKENS_SOURCE_UNSPECIFIED: CachedTokensSource
 CACHED_TOKENS_SOURCE_POOL: CachedTokensSource
 CACHED_TOKENS_SOURCE_ESTIMATE: CachedTokensSource
+DIRECTORY_STATE_UNSPECIFIED: DirectoryState
+DIRECTORY_STATE_LISTED: DirectoryState
+DIRECTORY_STATE_LEASE_LAPSED: DirectoryState
+DIRECTORY_STATE_UNLISTED: DirectoryState
 FILTER_REASON_UNSPECIFIED: FilterReason
 FILTER_REASON_OTHER_MODEL: FilterReason
 FILTER_REASON_NOT_READY: FilterReason
@@ -133,7 +144,7 @@ class RouteRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class Candidate(_message.Message):
-    __slots__ = ("pool_id", "rank", "total_cost", "prefill_cost", "load_cost", "pending_cost", "cached_blocks", "prompt_blocks", "load_known", "region")
+    __slots__ = ("pool_id", "rank", "total_cost", "prefill_cost", "load_cost", "pending_cost", "cached_blocks", "prompt_blocks", "load_known", "region", "directory_state")
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     TOTAL_COST_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +155,7 @@ class Candidate(_message.Message):
     PROMPT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LOAD_KNOWN_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_STATE_FIELD_NUMBER: _ClassVar[int]
     pool_id: str
     rank: int
     total_cost: float
@@ -154,7 +166,8 @@ class Candidate(_message.Message):
     prompt_blocks: int
     load_known: bool
     region: str
-    def __init__(self, pool_id: _Optional[str] = ..., rank: _Optional[int] = ..., total_cost: _Optional[float] = ..., prefill_cost: _Optional[float] = ..., load_cost: _Optional[float] = ..., pending_cost: _Optional[float] = ..., cached_blocks: _Optional[int] = ..., prompt_blocks: _Optional[int] = ..., load_known: _Optional[bool] = ..., region: _Optional[str] = ...) -> None: ...
+    directory_state: DirectoryState
+    def __init__(self, pool_id: _Optional[str] = ..., rank: _Optional[int] = ..., total_cost: _Optional[float] = ..., prefill_cost: _Optional[float] = ..., load_cost: _Optional[float] = ..., pending_cost: _Optional[float] = ..., cached_blocks: _Optional[int] = ..., prompt_blocks: _Optional[int] = ..., load_known: _Optional[bool] = ..., region: _Optional[str] = ..., directory_state: _Optional[_Union[DirectoryState, str]] = ...) -> None: ...
 
 class FilteredPool(_message.Message):
     __slots__ = ("pool_id", "reason", "detail")
@@ -213,7 +226,7 @@ class PoolLoadView(_message.Message):
     def __init__(self, requests_waiting: _Optional[int] = ..., requests_running: _Optional[int] = ..., prefill_tokens_in_flight: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., decode_tokens_in_flight: _Optional[int] = ...) -> None: ...
 
 class PoolView(_message.Message):
-    __slots__ = ("pool_id", "model", "region", "frontends", "draining", "ready", "load", "load_freshness", "kv_freshness", "state_freshness", "indexed_blocks", "telemetry_streams", "pending_requests", "listed", "frontend_protocol", "adapters")
+    __slots__ = ("pool_id", "model", "region", "frontends", "draining", "ready", "load", "load_freshness", "kv_freshness", "state_freshness", "indexed_blocks", "telemetry_streams", "pending_requests", "listed", "frontend_protocol", "adapters", "directory_state", "lease_grace_left")
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +243,8 @@ class PoolView(_message.Message):
     LISTED_FIELD_NUMBER: _ClassVar[int]
     FRONTEND_PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_STATE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_GRACE_LEFT_FIELD_NUMBER: _ClassVar[int]
     pool_id: str
     model: str
     region: str
@@ -246,7 +261,9 @@ class PoolView(_message.Message):
     listed: bool
     frontend_protocol: str
     adapters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, pool_id: _Optional[str] = ..., model: _Optional[str] = ..., region: _Optional[str] = ..., frontends: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., ready: _Optional[bool] = ..., load: _Optional[_Union[PoolLoadView, _Mapping]] = ..., load_freshness: _Optional[_Union[SignalFreshness, _Mapping]] = ..., kv_freshness: _Optional[_Union[SignalFreshness, _Mapping]] = ..., state_freshness: _Optional[_Union[SignalFreshness, _Mapping]] = ..., indexed_blocks: _Optional[int] = ..., telemetry_streams: _Optional[int] = ..., pending_requests: _Optional[int] = ..., listed: _Optional[bool] = ..., frontend_protocol: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+    directory_state: DirectoryState
+    lease_grace_left: _duration_pb2.Duration
+    def __init__(self, pool_id: _Optional[str] = ..., model: _Optional[str] = ..., region: _Optional[str] = ..., frontends: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., ready: _Optional[bool] = ..., load: _Optional[_Union[PoolLoadView, _Mapping]] = ..., load_freshness: _Optional[_Union[SignalFreshness, _Mapping]] = ..., kv_freshness: _Optional[_Union[SignalFreshness, _Mapping]] = ..., state_freshness: _Optional[_Union[SignalFreshness, _Mapping]] = ..., indexed_blocks: _Optional[int] = ..., telemetry_streams: _Optional[int] = ..., pending_requests: _Optional[int] = ..., listed: _Optional[bool] = ..., frontend_protocol: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ..., directory_state: _Optional[_Union[DirectoryState, str]] = ..., lease_grace_left: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class ListPoolsResponse(_message.Message):
     __slots__ = ("pools", "next_page_token")

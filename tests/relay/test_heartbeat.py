@@ -116,3 +116,28 @@ async def test_stops_on_cancel(setup):
     await advance_to(clock, disco, 30)
     assert disco.times == [0, 5]
     assert clock.sleepers == 0, "no timer left behind"
+
+
+async def test_discovery_answering_again_ends_the_failure_wait_at_once(setup):
+    """After an outage the relay registers as soon as discovery answers, not at the end of the
+    doubled wait (fails on the code before: the loop had no `reachable`)."""
+    clock, disco, loop, _, _ = setup
+    await advance_to(clock, disco, 1)
+    disco.failing = True
+    await advance_to(clock, disco, 8.5)
+    assert disco.times == [0, 5, 6, 8], "failed at 5, 6 and 8; the next try is due at 12"
+    loop.reachable()  # the channel connected at 8.5, but the call fails again
+    await clock.settle()
+    assert disco.times == [0, 5, 6, 8, 8.5], "the retry went at once"
+    assert loop.schedule.next_at - disco.start == 13.5, "the back-off went on (4 doubled, capped at 5)"
+    disco.failing = False
+    await advance_to(clock, disco, 9)
+    loop.reachable()  # discovery answers again: the retry goes now, not at 13.5
+    await clock.settle()
+    assert disco.times == [0, 5, 6, 8, 8.5, 9]
+    await advance_to(clock, disco, 9.5)
+    loop.reachable()  # outside a failure streak it changes nothing: renewals keep the interval
+    await advance_to(clock, disco, 13.9)
+    assert disco.times[-1] == 9
+    await advance_to(clock, disco, 14)
+    assert disco.times[-1] == 14

@@ -149,7 +149,7 @@ async def test_registration_renews_at_the_dictated_interval_and_retries_failures
 async def test_incomplete_snapshot_adds_but_removes_nothing_then_resyncs(discovery):
     fake, channel = discovery
     table = PoolTable()
-    watcher = DirectoryWatcher(table, channel, FakeClock(), resync_after=lambda: 0.2)
+    watcher = DirectoryWatcher(table, channel, FakeClock(), lease_duration=lambda: 0.2)
     fake.watches.put_nowait(snapshot(pool_msg("a", "http://h:1"), pool_msg("b", "http://h:2")))
     task = asyncio.create_task(watcher.run())
     await eventually(lambda: table.synced)
@@ -183,9 +183,9 @@ class Counting(PoolTable):
         self.applied.append(("listed", msg.pool_id))
         return super().apply_listed(msg)
 
-    def apply_removed(self, pool_id):
+    def apply_removed(self, pool_id, outcome="removed"):
         self.applied.append(("removed", pool_id))
-        super().apply_removed(pool_id)
+        super().apply_removed(pool_id, outcome)
 
 
 def added(pool_id: str, revision: int) -> Ev:
@@ -260,7 +260,7 @@ async def test_a_reset_snapshot_replaces_the_directory_and_its_revision(discover
 async def test_an_incomplete_snapshot_is_followed_by_a_snapshot_not_a_resume(discovery):
     fake, channel = discovery
     table = PoolTable()
-    watcher = DirectoryWatcher(table, channel, FakeClock(), resync_after=lambda: 0.0)
+    watcher = DirectoryWatcher(table, channel, FakeClock(), lease_duration=lambda: 0.0)
     fake.watches.put_nowait(
         [added("a", 5), Ev(type=T.WATCH_EVENT_TYPE_SNAPSHOT_DONE, complete=False, revision=5)]
     )

@@ -12,10 +12,13 @@ from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.telemetry_ingest import ADOPT_WITHIN, TelemetryIngest
 from meshkit.clock import FakeClock
+from poolrelay.v1 import pool_events_pb2
+from poolrelay.v1 import telemetry_pb2 as tm
 from tests.router.test_telemetry_budgets import chunk, delta, hello
 
 pytestmark = pytest.mark.timeout(30)
 SET = range(1, 2001)
+Request = tm.PublishPoolTelemetryRequest
 
 
 class CountingSummary(KvSummary):
@@ -141,3 +144,86 @@ def test_a_silent_streams_set_is_not_joined():
     c = ingest.open(hello(relay="c"))
     ingest.receive(c, chunk(range(5001, 5101), last=True))
     assert ingest.snapshots_adopted == 1
+
+
+# ---- a second replica's snapshot is counted, not kept, while the first's covers the pool --------
+HALF = len(SET) // 2
+
+
+def test_a_second_replicas_snapshot_is_not_kept_while_the_first_is_queued_for_a_build():
+    """After a restart both replicas of every pool send their snapshot at once: the second's
+    chunks were converted, held against the budgets and given a table, only to be adopted unbuilt
+    once the first's build was swapped in. Now, once another stream of the pool has a whole
+    snapshot queued, they are only counted; the stream joins the set when it is swapped in."""
+    ingest, table, summary = make()
+    a, b = (ingest.open(hello(relay=r)) for r in "ab")
+    ingest.receive(b, chunk(SET[:HALF]))  # b's first chunk: nothing covers the pool yet, kept
+    assert ingest.snapshot_blocks_held == HALF
+    ingest.receive(a, chunk(SET, last=True))  # a's whole snapshot: queued for a build
+    assert not summary._staged  # its table is taken at its first step, not here
+    assert ingest.snapshot_blocks_held == HALF + len(SET)
+    assert ingest.receive(b, chunk(SET[HALF:], index=1, last=True)) is None
+    assert ingest.snapshot_blocks_held == len(SET) and not b.snapshot_chunks  # b's first chunk went too
+    assert b.awaiting and not b.kv_applied
+    assert ingest.receive(b, delta(2, stored=[8000])) is None  # waits with the stream (not held)
+    assert ingest.snapshot_blocks_held == len(SET)
+    drain(ingest)
+    assert summary.built == len(SET) and ingest.snapshots_adopted == 1
+    assert table.pools["p"].kv_sources == {a.source, b.source} and b.kv_applied and not b.awaiting
+    assert ingest.snapshot_blocks_held == 0 and not ingest.held_by_relay
+    assert ingest.receive(b, delta(3, stored=[8001])) is None  # its sequence went on: no gap
+    ingest.close(a)
+    drain(ingest)
+    ingest.receive(b, delta(4, stored=[8002]))
+    assert summary.pool_holds("p", 8002) and summary.pool_block_count("p") == len(SET) + 1
+
+
+def test_a_skipped_snapshot_whose_build_is_gone_is_asked_again():
+    """The stream whose build the skipped one waited for ends before its build is swapped in: the
+    waiting stream's relay is asked for a fresh snapshot at its next message, which is built."""
+    ingest, table, summary = make()
+    a, b = (ingest.open(hello(relay=r)) for r in "ab")
+    ingest.receive(a, chunk(SET, last=True))
+    ingest.receive(b, chunk(SET, last=True))
+    assert b.awaiting
+    ingest.close(a)  # a's build goes with it
+    drain(ingest)
+    assert not table.pools["p"].kv_sources
+    load = Request(load=tm.LoadReport(load=pool_events_pb2.PoolLoad(kv_blocks_total=4096)))
+    answer = ingest.receive(b, load)
+    assert answer is not None and answer.HasField("snapshot_request")
+    assert table.pools["p"].load is not None  # the message itself was applied too
+    assert ingest.receive(b, delta(2, stored=[8000])) is None  # ignored until the snapshot
+    ingest.receive(b, chunk(SET, last=True, snapshot_id=2, sequence=7))
+    drain(ingest)
+    assert table.pools["p"].kv_sources == {b.source} and summary.pool_block_count("p") == len(SET)
+    ingest.receive(b, delta(8, stored=[8001]))
+    assert summary.pool_holds("p", 8001)
+
+
+def test_a_skipped_snapshot_joins_a_set_a_resync_replaced():
+    """The builder sends a newer snapshot before its first is swapped in (a gap): the waiting
+    stream keeps waiting for that build and joins the set it makes."""
+    ingest, table, summary = make()
+    a, b = (ingest.open(hello(relay=r)) for r in "ab")
+    ingest.receive(a, chunk(SET, last=True))
+    ingest.receive(b, chunk(SET, last=True))
+    assert ingest.receive(a, delta(5)).HasField("snapshot_request")  # a's gap
+    ingest.receive(a, chunk(range(5000, 5100), last=True, snapshot_id=2, sequence=9))
+    assert ingest.receive(b, delta(2)) is None and b.awaiting
+    drain(ingest)
+    assert table.pools["p"].kv_sources == {a.source, b.source}
+    assert summary.pool_block_count("p") == 100 and summary.built == 100  # the first never built
+
+
+def test_a_waiting_streams_gap_asks_for_a_snapshot_that_waits_again():
+    ingest, table, summary = make()
+    a, b = (ingest.open(hello(relay=r)) for r in "ab")
+    ingest.receive(a, chunk(SET, last=True))
+    ingest.receive(b, chunk(SET, last=True))
+    assert ingest.receive(b, delta(5)).HasField("snapshot_request") and not b.awaiting  # a gap
+    ingest.receive(b, chunk(SET, last=True, snapshot_id=2, sequence=9))  # a's build still queued
+    assert b.awaiting and ingest.snapshot_blocks_held == len(SET)
+    drain(ingest)
+    assert table.pools["p"].kv_sources == {a.source, b.source} and summary.built == len(SET)
+    assert ingest.receive(b, delta(10)) is None
