@@ -165,6 +165,32 @@ def samples(text: str, name: str) -> list[tuple[str, float]]:
     return out
 
 
+def gc_generations(before: str, after: str) -> dict[str, dict[str, float]] | None:
+    """Per generation of the garbage collector, its collections between two scrapes, their seconds
+    in all and `over_s`, the largest bucket bound some collection took longer than (None when the
+    frontend does not export globalrouter_gc_pause_seconds)."""
+    name = "globalrouter_gc_pause_seconds"
+    a, b = dict(samples(after, name)), dict(samples(before, name))
+    out: dict[str, dict[str, float]] = {}
+    for gen in ("0", "1", "2"):
+        count = f'{name}_count{{generation="{gen}"}}'
+        if count not in a:
+            continue
+        total = f'{name}_sum{{generation="{gen}"}}'
+        n = a[count] - b.get(count, 0.0)
+        slowest = 0.0
+        for key, value in a.items():
+            m = re.match(rf'{name}_bucket\{{generation="{gen}",le="([^"]+)"\}}', key)
+            if m and value - b.get(key, 0.0) < n:  # some collections were slower than this bound
+                slowest = max(slowest, float(m.group(1)))
+        out[gen] = {
+            "count": n,
+            "seconds": round(a.get(total, 0.0) - b.get(total, 0.0), 4),
+            "over_s": slowest,
+        }
+    return out or None
+
+
 def histogram_quantiles(before: str, after: str, name: str) -> dict[str, Any] | None:
     """p50/p99 (bucket upper bounds) and mean of a histogram between two scrapes, or the last value
     of a gauge; None when the frontend does not export `name`."""
@@ -172,17 +198,22 @@ def histogram_quantiles(before: str, after: str, name: str) -> dict[str, Any] | 
     if not a:
         return None
     b = dict(samples(before, name))
-    buckets = []
+    by_le: dict[float, float] = {}  # a labelled histogram's series added up per bucket
     for key, value in a.items():
         m = re.match(rf'{name}_bucket\{{.*le="([^"]+)".*\}}', key)
         if m:
-            buckets.append((float(m.group(1)), value - b.get(key, 0.0)))
-    if not buckets:  # a gauge or a summary: report what is there
+            le = float(m.group(1))
+            by_le[le] = by_le.get(le, 0.0) + value - b.get(key, 0.0)
+    if not by_le:  # a gauge or a summary: report what is there
         return {"values": {k: v for k, v in a.items()}}
-    buckets.sort()
+    buckets = sorted(by_le.items())
     total = buckets[-1][1]
-    count = a.get(f"{name}_count", 0.0) - b.get(f"{name}_count", 0.0)
-    ssum = a.get(f"{name}_sum", 0.0) - b.get(f"{name}_sum", 0.0)
+
+    def added(suffix: str) -> float:
+        keys = [k for k in a if k == f"{name}{suffix}" or k.startswith(f"{name}{suffix}{{")]
+        return sum(a[k] - b.get(k, 0.0) for k in keys)
+
+    count, ssum = added("_count"), added("_sum")
 
     def q(p: float) -> float | None:
         if total <= 0:
@@ -791,6 +822,9 @@ async def run_fleet(
             "rate_share": round(events / (pools * cfg.relays * cfg.rate), 3) if cfg.rate else None,
             "health": health,
             "loop_lag_metric": histogram_quantiles(m0, m1, "globalrouter_event_loop_lag_seconds"),
+            # The garbage collector's pauses (all generations together), and per generation.
+            "gc_pause_metric": histogram_quantiles(m0, m1, "globalrouter_gc_pause_seconds"),
+            "gc_generations": gc_generations(m0, m1),
             "snapshot_requests": s1["snapshot_requests"] - s0["snapshot_requests"],
             "machine_load_1min": round(os.getloadavg()[0], 1),
             "dropped": s1["dropped"] - s0["dropped"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from globalrouter.dispatch import DispatchConfig
@@ -49,6 +50,32 @@ class ProbeConfig:
     @property
     def enabled(self) -> bool:
         return bool(self.listen or self.http_listen)
+
+
+@dataclass(frozen=True, slots=True)
+class GcConfig:
+    """Python's cyclic garbage collector in the frontend (globalrouter.gc_pauses): a collection
+    holds the serving loop for as long as it walks its generation."""
+
+    freeze: bool = True
+    """gc.freeze() at the start, once the frontend is ready, and after every full collection: what
+    is alive then (at a fleet, the pools' state and 2,000 telemetry streams' calls) is left out of
+    later collections. Without it, full collections over that state took 100-500 ms at 1,000
+    pools, each a pause of every call (BENCHMARKS.md, "Loop lag at 1,000 pools"). Cycles among
+    frozen objects that become garbage wait for the next planned full collection (full_every)."""
+    full_every: float = 600.0
+    """Seconds between planned full collections over everything, frozen objects included (one
+    pause of a full collection's length, which frees cycles among frozen objects that became
+    garbage: a closed stream's); 0: never (such cycles are then never freed)."""
+    threshold: int = 0
+    """Allocations between young-generation collections (gc.set_threshold's first value); 0 keeps
+    Python's (700)."""
+
+    def __post_init__(self) -> None:
+        if not (self.full_every >= 0 and math.isfinite(self.full_every)):
+            raise ValueError(f"gc full_every (--gc-full-every) must be >= 0 seconds; got {self.full_every!r}")
+        if self.threshold < 0:
+            raise ValueError(f"gc threshold (--gc-threshold) must be >= 0; got {self.threshold!r}")
 
 
 MAX_TELEMETRY_BATCH_INTERVAL = 5.0
@@ -135,6 +162,8 @@ class RouterConfig:
     per block: exact, fastest for small fleets) or "summary" (KvSummary, one fingerprint table per
     pool, about 2.4 bytes per (pool, block) whatever the relays: for fleets of hundreds of pools;
     rarely lossy, see BENCHMARKS.md "KV summary at fleet scale")."""
+    gc: GcConfig = field(default_factory=GcConfig)
+    """Python's garbage collector: frozen after the start and when ready, its young threshold."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     """OpenTelemetry export (--otlp-endpoint; empty: off)."""

@@ -72,6 +72,7 @@ from __future__ import annotations
 import bisect
 import math
 import mmap
+import random
 import sys
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
@@ -135,13 +136,18 @@ whatever its size, so running them every step over a few dozen entries was a thi
 snapshot's CPU."""
 ALT_SIZES = 8
 """Bucket counts whose alt-row table (_alt_rows, 256 KiB each) is kept."""
+SETTLE_WALK_AT = 32
+"""Entries left homeless after _settle's first round at or below which they are placed one at a
+time (_settle_walk) instead of in vector rounds."""
 KICK_ROUNDS = 500
 """Rounds of cuckoo evictions before entries still homeless are dropped (see _settle)."""
-PENDING = 8192
+PENDING = 4096
 """Logged delta blocks that trigger a fold (reads fold first anyway). A fold is one turn of the
 serving loop, about linear in the blocks folded: at 65,536 it took 62-90 ms (up to 205 ms) with
 1,000 pools' deltas of 40 blocks, the steady state's longest turns; 8 ms (up to 17) at 8,192, for
-4% more CPU in total (BENCHMARKS.md, "1,000 pools with the fleet settings")."""
+4% more CPU in total (BENCHMARKS.md, "1,000 pools with the fleet settings"). With _settle's
+look-ahead and walk, 5-6 ms (p99 8-9) at 8,192 and 3.1-3.4 ms (p99 5) at 4,096 for 10-15% more
+CPU in all (still less than 8,192's before them; BENCHMARKS.md, "Loop lag at 1,000 pools")."""
 ARENA_SPACE = 1 << 38
 """Bytes of address space the arena maps (Linux: private, anonymous, not reserved; 256 GiB, a
 hundred times the 1,000-pool x 1,000,000-block fleet's tables, and a 500th of a process's address
@@ -250,6 +256,7 @@ class KvSummary:
         "_top",
         "_waiting",
         "_walked",
+        "settle_rounds",
         "verify_top",
     )
 
@@ -349,6 +356,9 @@ class KvSummary:
         """Build table id -> slices added and not placed yet (see add_blocks)."""
         self._alt_cache: dict[int, np.ndarray] = {}
         """Bucket count -> alt(fingerprint) mod it for every fingerprint (see _alt_rows)."""
+        self.settle_rounds = 0
+        """Rounds _settle ran (each a few dozen numpy calls over the entries still homeless): what
+        a fold's placement costs beyond its first pass (tests and benchmarks read it)."""
 
     # ---- sizing and the arena --------------------------------------------------------------------
     @staticmethod
@@ -1104,7 +1114,11 @@ class KvSummary:
         rng = np.random.default_rng(int(p.size))
         rounds = 0
         while p.size:
+            if rounds and p.size <= SETTLE_WALK_AT:
+                self._settle_walk(p, ga, va, gb, vb, KICK_ROUNDS - rounds)
+                return
             rounds += 1
+            self.settle_rounds += 1
             if rounds > KICK_ROUNDS:
                 self._dropped += int(p.size)
                 self._count -= np.bincount(p, minlength=self._count.size)
@@ -1131,8 +1145,14 @@ class KvSummary:
             slots[g[ok], pos] = np.where(second[ok], vb[ok], va[ok])
             left = np.ones(n, bool)
             left[ok] = False
-            # Both rows full: the first entry aimed at each such row evicts a random slot's entry.
-            kick = np.flatnonzero(left & (c == 0) & (rank == 0))
+            full = np.flatnonzero(c == 0)
+            wait = self._look_ahead(p, ga, va, gb, vb, full, left) if full.size else None
+            # Both rows full and no resident could move: the first entry aimed at each such row
+            # evicts a random slot's entry.
+            kick = left & (c == 0) & (rank == 0)
+            if wait is not None:
+                kick[wait] = False
+            kick = np.flatnonzero(kick)
             if kick.size:
                 row = np.where(rng.random(kick.size) < 0.5, ga[kick], gb[kick])
                 slot = rng.integers(0, SLOTS, kick.size)
@@ -1155,6 +1175,100 @@ class KvSummary:
                 vb = np.concatenate((vb[left], vv))
             else:
                 p, ga, gb, va, vb = p[left], ga[left], gb[left], va[left], vb[left]
+
+    def _settle_walk(
+        self, p: np.ndarray, ga: np.ndarray, va: np.ndarray, gb: np.ndarray, vb: np.ndarray, steps: int
+    ) -> None:
+        """_settle's last few entries, one at a time in plain Python: into a free slot of either
+        row, else a resident of its rows with room in its other row moves there, else it evicts a
+        random resident, which is then placed the same way, for at most `steps` steps an entry
+        (then it is dropped and counted). A vector round costs a few dozen numpy calls whatever
+        its size, so the long tail of a few walks (the longest of hundreds sets the number of
+        rounds) was most of a steady fold's time; a step here is a few microseconds."""
+        slots, bases, sizes = self._slots, self._base, self._nb
+        rng = random.Random(int(p.size))
+        for q, a, x, b, y in zip(p.tolist(), ga.tolist(), va.tolist(), gb.tolist(), vb.tolist(), strict=True):
+            base, nb = int(bases[q]), int(sizes[q])
+            alt = self._alt_rows(nb)
+            for _ in range(max(1, steps)):
+                ra0, ra1, rb0, rb1 = int(slots[a, 0]), int(slots[a, 1]), int(slots[b, 0]), int(slots[b, 1])
+                if not ra0 or not ra1:
+                    slots[a, 0 if not ra0 else 1] = x
+                    break
+                if not rb0 or not rb1:
+                    slots[b, 0 if not rb0 else 1] = y
+                    break
+                moved = False
+                for row, col, res in ((a, 0, ra0), (a, 1, ra1), (b, 0, rb0), (b, 1, rb1)):
+                    other = base + (int(alt[res >> 1]) - (row - base)) % nb
+                    if not slots[other, 0] or not slots[other, 1]:
+                        slots[other, 0 if not slots[other, 0] else 1] = res ^ 1
+                        slots[row, col] = x if row == a else y
+                        moved = True
+                        break
+                if moved:
+                    break
+                row, col = (a if rng.random() < 0.5 else b), rng.randrange(SLOTS)
+                victim = int(slots[row, col])
+                slots[row, col] = x if row == a else y
+                a = b = base + (int(alt[victim >> 1]) - (row - base)) % nb
+                x = y = victim ^ 1
+            else:
+                self._dropped += 1
+                self._count[q] -= 1
+
+    def _look_ahead(
+        self,
+        p: np.ndarray,
+        ga: np.ndarray,
+        va: np.ndarray,
+        gb: np.ndarray,
+        vb: np.ndarray,
+        full: np.ndarray,
+        left: np.ndarray,
+    ) -> np.ndarray:
+        """One step of look-ahead for _settle's entries `full` (both rows full): where one of the
+        four residents of its rows has room in its own other row, the resident moves there and the
+        entry takes its slot (clears `left` for it). Without it the walk evicted blindly and only
+        one entry a full row a round moved on, so a fold's few hundred such entries took 40-50
+        rounds of a few dozen numpy calls each, most of a steady fold's time (at a load of 0.75
+        about half of 2-slot rows are full, a quarter of inserts find both full). Returns the
+        entries that had such a move but lost their rows to another's this round (they wait for
+        the next round rather than evict). Placements of this round wrote only rows with room, so
+        the full rows read here are as the round found them; the other rows are read now."""
+        slots = self._slots
+        src = np.stack((ga[full], ga[full], gb[full], gb[full]), axis=1)
+        col = np.array([0, 1, 0, 1], np.int64)
+        res = slots[src, col]
+        pf = p[full]
+        base = self._base[pf][:, None]
+        nb = self._nb[pf][:, None]
+        fp = (res >> np.uint16(1)).astype(np.uint64)
+        other = base + ((self._alt(fp) % nb.astype(np.uint64)).astype(np.int64) - (src - base)) % nb
+        room = np.take(slots, other.ravel(), axis=0).reshape(full.size, 4, SLOTS) == 0
+        movable = room.any(axis=2)
+        can = np.flatnonzero(movable.any(axis=1))
+        if not can.size:
+            return can
+        pick = movable[can].argmax(axis=1)
+        target, source = other[can, pick], src[can, pick]
+        # One move a row a round, the first entry naming it (targets have room, sources are full:
+        # the two never meet). The first entry with a move wins both its rows, so each round
+        # moves at least one (dropping every contested row's moves livelocked pairs of entries).
+        won = np.zeros(can.size, bool)
+        _, first = np.unique(target, return_index=True)
+        won[first] = True
+        _, first = np.unique(source, return_index=True)
+        second = np.zeros(can.size, bool)
+        second[first] = True
+        won &= second
+        w, pick, target, source = can[won], pick[won], target[won], source[won]
+        e = full[w]
+        slots[target, room[w, pick].argmax(axis=1)] = res[w, pick] ^ np.uint16(1)
+        slots[source, col[pick]] = np.where(source == ga[e], va[e], vb[e])
+        left[e] = False
+        lost: np.ndarray = full[can[~won]]
+        return lost
 
     def _double(self, p: int) -> None:
         """Doubles table p at once (a snapshot being built, `expect`): see _begin_growth."""

@@ -104,6 +104,18 @@ class RouterMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
             registry=r,
         )
+        self.gc_pause = Histogram(
+            "globalrouter_gc_pause_seconds",
+            "Collections of Python's cyclic garbage collector, by generation: each pauses the serving loop",
+            ["generation"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=r,
+        )
+        self.gc_frozen = Gauge(
+            "globalrouter_gc_frozen_objects",
+            "Objects gc.freeze() left out of the garbage collector's passes (at the start and once ready)",
+            registry=r,
+        )
         self.snapshot_blocks_held = Gauge(
             "globalrouter_telemetry_snapshot_blocks_held",
             "Snapshot blocks received and not yet applied, across telemetry streams (8 bytes each)",

@@ -18,6 +18,7 @@ from globalrouter.aliases import AliasError, load_aliases
 from globalrouter.config import (
     KV_STATES,
     MAX_TELEMETRY_BATCH_INTERVAL,
+    GcConfig,
     OpenAILinkConfig,
     ProbeConfig,
     RouterConfig,
@@ -589,6 +590,30 @@ def add_parser(subparsers) -> None:
         help="how the pools' KV blocks are held: exact (per relay stream, exact; small fleets) or summary "
         "(a fingerprint table per pool, about 2.4 bytes per pool-block; hundreds of pools)",
     )
+    p.add_argument(
+        "--no-gc-freeze",
+        action="store_true",
+        help="do not gc.freeze() at the start, once ready and after each full collection (by default what "
+        "is alive then is left out of the garbage collector's later passes: full passes over a fleet's "
+        "state paused the serving loop 100-500 ms)",
+    )
+    p.add_argument(
+        "--gc-full-every",
+        type=non_negative_number,
+        default=_D.gc.full_every,
+        metavar="SECONDS",
+        help="with the gc freeze: seconds between planned full collections over everything, which free "
+        "cycles among frozen objects that became garbage (one pause of a full collection's length; "
+        "0: never) (default %(default)s)",
+    )
+    p.add_argument(
+        "--gc-threshold",
+        type=int_at_least(0),
+        default=_D.gc.threshold,
+        metavar="ALLOCATIONS",
+        help="allocations between young-generation garbage collections (gc.set_threshold's first value; "
+        "default 0: Python's, 700)",
+    )
     add_log_level_flag(p)
     add_security_flags(p)
     tracing.add_tracing_flags(p)
@@ -634,6 +659,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         max_snapshot_blocks_total=args.max_snapshot_blocks_total,
         snapshot_step_blocks=args.snapshot_step_blocks,
         kv_state=args.kv_state,
+        gc=GcConfig(freeze=not args.no_gc_freeze, full_every=args.gc_full_every, threshold=args.gc_threshold),
         security=args.security,
         tracing=tracing.tracing_config(args),
         tokenizers=tuple(args.tokenizer),

@@ -15,6 +15,7 @@ from globalrouter.config import KV_STATES, RouterConfig
 from globalrouter.dispatch_live import LateBinder
 from globalrouter.encoding import Encoder
 from globalrouter.frontend_lease import FrontendRegistration
+from globalrouter.gc_pauses import GcPauses, apply_gc_settings, freeze_alive
 from globalrouter.health_probe import ProbeServer, ProbeStatus
 from globalrouter.http_api.app import OpenAIFront
 from globalrouter.http_api.server import HttpServer
@@ -47,6 +48,10 @@ from poolrelay.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 log = get_logger(module="globalrouter.server")
 
+GC_TICK = 1.0
+"""Seconds between reports of the garbage collector's pauses (and freezes of what survived a full
+collection)."""
+
 # Pruning closes serving links no listed pool names; it is computed afresh from the table on
 # every run, so a failed prune is safely run again (bounded back-off, then the process fails).
 PRUNE_RESTART = Restart(initial=0.5, maximum=5.0, max_failures=5)
@@ -76,6 +81,10 @@ class Router:
     """Health answered off the loop (config.probe), from the status the loop publishes."""
     _http_stopping: asyncio.Task | None = None
     _discovery_channel: grpc.aio.Channel | None = None
+    gc_pauses: GcPauses = field(init=False)
+    """Times the garbage collector's pauses; serve() turns its refreezing on from config.gc (a
+    process-wide setting, left alone by frontends made in-process)."""
+    """Times the cyclic garbage collector's pauses (globalrouter_gc_pause_seconds), from the start."""
     supervisor: Supervisor = field(init=False)
     """Every background task (directory watch, registration, HTTP start, pruning): one that fails
     turns health NOT_SERVING and stops the process with a non-zero status."""
@@ -89,6 +98,7 @@ class Router:
     _pruning: asyncio.Task | None = None
 
     def __post_init__(self) -> None:
+        self.gc_pauses = GcPauses(lambda gen, s: self.metrics.gc_pause.labels(generation=str(gen)).observe(s))
         self.supervisor = Supervisor("globalrouter", clock=self.clock, on_failure=self._task_failed)
         self.heartbeat = Supervisor("globalrouter", clock=self.clock, on_failure=self._task_failed)
         # The telemetry index worker too: applying a snapshot that fails leaves the index's work
@@ -121,6 +131,8 @@ class Router:
         # state (the directory table, the lease) a fresh process rebuilds; an in-place restart would
         # run the same code on the same state. Pruning and the loop-lag sampler, which hold no
         # state, are restarted with bounded back-off instead.
+        self.gc_pauses.install()
+        self.heartbeat.spawn("gc-tick", self._gc_tick, restart=Restart())
         self.heartbeat.spawn(
             "loop-lag",
             lambda: sample_loop_lag(
@@ -151,6 +163,20 @@ class Router:
             self.supervisor.spawn("directory-watch", self.watcher.run)
             self.supervisor.spawn("frontend-registration", self.registration.run)
 
+    def _gc_frozen(self, when: str) -> None:
+        frozen = freeze_alive()
+        self.metrics.gc_frozen.set(frozen)
+        log.info("gc frozen", when=when, objects=frozen)
+
+    async def _gc_tick(self) -> None:
+        # On the loop: the collections' pauses reported, and with the freeze what survived a full
+        # collection frozen soon after (GcPauses.tick).
+        while True:
+            await asyncio.sleep(GC_TICK)
+            frozen = self.gc_pauses.tick()
+            if frozen is not None:
+                self.metrics.gc_frozen.set(frozen)
+
     def _beat(self) -> None:
         # On the loop, every ~0.1 s: the proof it turns, with what readiness last saw (no table walk).
         assert self.probe is not None
@@ -161,6 +187,9 @@ class Router:
     async def _until_ready(self) -> None:
         """serve_until_signalled's `ready`: returns when health may say SERVING, the probe with it."""
         await self.readiness.wait()
+        if self.gc_pauses.refreeze:
+            # The listed pools' state and their telemetry streams are in: out of later passes.
+            self._gc_frozen("ready")
         if self.probe is not None:
             self.probe.status.set_serving(True)
 
@@ -226,6 +255,7 @@ class Router:
         await self.links.close()
         await self.gate.close()  # unused budget reservations go back to the shared counters
         self.metrics.close()
+        self.gc_pauses.uninstall()
         await self.heartbeat.stop()
         if self.probe is not None:
             await asyncio.to_thread(self.probe.stop)  # joins its threads: not on the loop
@@ -408,6 +438,11 @@ async def serve(config: RouterConfig) -> None:
     lets in-flight Generate streams finish → close the serving links. Raises BackgroundTaskFailed
     (after the same stop) when a background task failed."""
     router = create_server(config)
+    apply_gc_settings(config.gc.threshold)
+    if config.gc.freeze:
+        router._gc_frozen("start")
+        router.gc_pauses.refreeze = True
+        router.gc_pauses.full_every = config.gc.full_every
     log.info(
         "global frontend starting",
         listen=config.listen,

@@ -1,0 +1,127 @@
+"""The frontend's garbage-collector settings: pauses timed by generation, the freeze of what survives
+a full collection (and the planned full collection over everything), the flags that set them, and a
+real `globalrouter serve` that freezes at its start and exports what it froze."""
+
+from __future__ import annotations
+
+import gc
+import re
+import urllib.request
+
+import pytest
+
+from globalrouter.cli import build_parser
+from globalrouter.config import GcConfig, RouterConfig
+from globalrouter.gc_pauses import GcPauses, apply_gc_settings
+from globalrouter.serve_cli import router_config
+from meshkit import settings
+from meshkit.clock import FakeClock
+from meshlaunch import free_port, process_group, wait_until
+from meshlaunch.mesh import discovery_argv, router_argv
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def gc_state():
+    """Leaves the process's collector as the test found it."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+def test_pauses_are_timed_by_generation_and_reported_from_the_tick_not_the_collection(gc_state):
+    seen: list[tuple[int, float]] = []
+    pauses = GcPauses(lambda gen, s: seen.append((gen, s)))
+    pauses.install()
+    pauses.install()  # idempotent: one callback
+    try:
+        gc.collect(0)
+        gc.collect(2)
+        # Nothing observed inside a collection (it may start while this thread holds the
+        # histogram's lock, in the metrics thread's scrape): queued for the loop's tick.
+        assert seen == []
+        assert pauses.tick() is None  # no refreeze: reports only
+    finally:
+        pauses.uninstall()
+        pauses.uninstall()
+    assert [g for g, _ in seen][-2:] == [0, 2] and all(s >= 0 for _, s in seen)
+    n = len(seen)
+    gc.collect(0)
+    assert pauses.report() == 0 and len(seen) == n  # uninstalled
+
+
+def test_what_survives_a_full_collection_is_frozen_and_a_planned_full_one_unfreezes(gc_state):
+    clock = FakeClock()
+    pauses = GcPauses(lambda gen, s: None, refreeze=True, full_every=600.0, clock=clock.monotonic)
+    pauses.install()
+    try:
+        gc.unfreeze()
+        assert pauses.tick() is None  # no full collection yet: nothing to freeze
+        gc.collect(2)
+        frozen = pauses.tick()
+        assert frozen is not None and frozen == gc.get_freeze_count() > 0
+        assert pauses.tick() is None  # once per full collection
+        kept = [[i] for i in range(1000)]  # new long-lived objects: not frozen until the next one
+        assert gc.get_freeze_count() == frozen
+        clock.set(clock.monotonic() + 600.0)
+        # The planned full collection: everything unfrozen, collected, the survivors frozen again.
+        again = pauses.tick()
+        assert again is not None and again >= frozen + len(kept)
+    finally:
+        pauses.uninstall()
+    off = GcPauses(lambda gen, s: None)
+    gc.collect(2)
+    assert off.tick() is None  # without refreeze, nothing is frozen
+
+
+def _config(*flags: str) -> GcConfig:
+    args = settings.parse_args(build_parser(), ["serve", "--discovery", "h:1", *flags], environ={})
+    args.security = RouterConfig().security
+    return router_config(args).gc
+
+
+def test_gc_flags_parse_into_the_config(gc_state):
+    assert _config() == GcConfig(freeze=True, full_every=600.0, threshold=0) == RouterConfig().gc
+    assert _config("--no-gc-freeze", "--gc-threshold", "5000", "--gc-full-every", "0") == GcConfig(
+        freeze=False, full_every=0.0, threshold=5000
+    )
+    with pytest.raises(ValueError, match="--gc-threshold"):
+        GcConfig(threshold=-1)
+    with pytest.raises(ValueError, match="--gc-full-every"):
+        GcConfig(full_every=float("inf"))
+    apply_gc_settings(5000)
+    assert gc.get_threshold()[0] == 5000
+    before = gc.get_threshold()
+    apply_gc_settings(0)  # 0 keeps what is set
+    assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("flags, frozen", [((), True), (("--no-gc-freeze",), False)])
+def test_a_served_frontend_freezes_at_its_start_and_exports_it(flags, frozen, tmp_path):
+    with process_group(tmp_path) as group:
+        discovery = f"127.0.0.1:{free_port()}"
+        group.start("discovery", discovery_argv(discovery))
+        address, metrics_port = f"127.0.0.1:{free_port()}", free_port()
+        proc = group.start(
+            "router",
+            router_argv(address, discovery, "--metrics-listen", f"127.0.0.1:{metrics_port}", *flags),
+        )
+        text = ""
+
+        def scraped() -> bool:
+            nonlocal text
+            proc.check_alive()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                return False
+            return "globalrouter_gc_frozen_objects" in text
+
+        wait_until(scraped, timeout=60)
+        found = re.search(r"^globalrouter_gc_frozen_objects (\S+)$", text, re.M)
+        assert found is not None, text
+        value = float(found.group(1))
+        assert (value > 1000) if frozen else (value == 0)
