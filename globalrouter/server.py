@@ -438,7 +438,7 @@ async def serve(config: RouterConfig) -> None:
     lets in-flight Generate streams finish → close the serving links. Raises BackgroundTaskFailed
     (after the same stop) when a background task failed."""
     router = create_server(config)
-    apply_gc_settings(config.gc.threshold)
+    apply_gc_settings(config.gc.threshold, config.gc.threshold1)
     if config.gc.freeze:
         router._gc_frozen("start")
         router.gc_pauses.refreeze = True
