@@ -2,7 +2,8 @@
 
 Active in a process whose argv has `--serve` (bench.bench_batch_ingest's server) or with
 GC_SAMPLE=1. After GC_SAMPLE_FREEZE_AFTER seconds (default 25) it collects, freezes what is alive
-(as the frontend's refreeze does) and sets GC_SAMPLE_THRESHOLD ("700,10,10") if given; from then
+(as the frontend's refreeze does) and sets GC_SAMPLE_THRESHOLD ("700,10,10") if given, then
+freezes again every GC_SAMPLE_FREEZE_EVERY seconds if given; from then
 on every collection is timed, wall and thread CPU, and at the start of every 4th generation-1
 collection (not timed) the objects of generations 0 and 1 are counted by type with the references
 their traversal visits. The summary is rewritten to GC_SAMPLE_OUT (default /tmp/gc-sample.txt) at
@@ -83,6 +84,10 @@ def _install() -> None:
             young, older, oldest = (int(x) for x in threshold.split(","))
             gc.set_threshold(young, older, oldest)
         state["frozen"] = True
+        every = float(os.environ.get("GC_SAMPLE_FREEZE_EVERY", "0"))
+        while every > 0:  # what the frontend's tick could do: freeze the young survivors too
+            time.sleep(every)
+            gc.freeze()
 
     gc.callbacks.append(callback)
     threading.Thread(target=freezer, daemon=True).start()
