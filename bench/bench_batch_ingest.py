@@ -68,7 +68,6 @@ async def serve(port_file: str, pacer: bool) -> None:
     from meshkit.clock import SystemClock
     from meshkit.logs import configure_logging
     from meshkit.server import create_server
-    from poolrelay.v1 import telemetry_pb2_grpc
 
     configure_logging("bench-batch-ingest", "warning")
     ingest = TelemetryIngest(PoolTable(), KvIndex(), SystemClock(), RouterMetrics(), step_blocks=8192)
@@ -77,7 +76,7 @@ async def serve(port_file: str, pacer: bool) -> None:
     )
 
     def register(server: grpc.aio.Server) -> list[str]:
-        telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server(servicer, server)
+        servicer.add_to_server(server)  # as the frontend registers it (messages sized as received)
         return [tm.DESCRIPTOR.services_by_name["TelemetryService"].full_name]
 
     # The mesh's own server (its options and interceptors), as the frontend serves telemetry.

@@ -70,12 +70,21 @@ class GcConfig:
     threshold: int = 0
     """Allocations between young-generation collections (gc.set_threshold's first value); 0 keeps
     Python's (700)."""
+    threshold1: int = 100
+    """Young collections between generation-1 collections (gc.set_threshold's second value); 0
+    keeps Python's (10). A generation-1 collection walks what survived the young ones since the
+    last: at a fleet, mostly every open stream's pending gRPC read (about 15 objects each, alive
+    until its relay's next write), so its length grows with the streams (6-7 ms CPU at 1,000
+    streams, 23-28 ms at 2,000 in a loaded run) and hardly with this value, which sets how often
+    it comes: at 100 a tenth as often as Python's 10 (BENCHMARKS.md, "Loop lag at 1,000 pools")."""
 
     def __post_init__(self) -> None:
         if not (self.full_every >= 0 and math.isfinite(self.full_every)):
             raise ValueError(f"gc full_every (--gc-full-every) must be >= 0 seconds; got {self.full_every!r}")
         if self.threshold < 0:
             raise ValueError(f"gc threshold (--gc-threshold) must be >= 0; got {self.threshold!r}")
+        if self.threshold1 < 0:
+            raise ValueError(f"gc threshold1 (--gc-threshold1) must be >= 0; got {self.threshold1!r}")
 
 
 MAX_TELEMETRY_BATCH_INTERVAL = 5.0

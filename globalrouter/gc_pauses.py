@@ -103,11 +103,10 @@ class GcPauses:
         return frozen
 
 
-def apply_gc_settings(threshold: int) -> None:
-    """Sets the young generation's threshold (0 keeps the interpreter's)."""
-    if threshold:
-        _, older, oldest = gc.get_threshold()
-        gc.set_threshold(threshold, older, oldest)
+def apply_gc_settings(threshold: int, threshold1: int = 0) -> None:
+    """Sets the young generation's threshold and generation 1's (each 0 keeps the interpreter's)."""
+    young, older, oldest = gc.get_threshold()
+    gc.set_threshold(threshold or young, threshold1 or older, oldest)
 
 
 def freeze_alive() -> int:

@@ -614,6 +614,15 @@ def add_parser(subparsers) -> None:
         help="allocations between young-generation garbage collections (gc.set_threshold's first value; "
         "default 0: Python's, 700)",
     )
+    p.add_argument(
+        "--gc-threshold1",
+        type=int_at_least(0),
+        default=_D.gc.threshold1,
+        metavar="COLLECTIONS",
+        help="young garbage collections between generation-1 ones (gc.set_threshold's second value; 0: "
+        "Python's, 10). A generation-1 collection walks every open stream's pending read: its length "
+        "grows with the streams, this sets how often it comes (default %(default)s)",
+    )
     add_log_level_flag(p)
     add_security_flags(p)
     tracing.add_tracing_flags(p)
@@ -659,7 +668,12 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         max_snapshot_blocks_total=args.max_snapshot_blocks_total,
         snapshot_step_blocks=args.snapshot_step_blocks,
         kv_state=args.kv_state,
-        gc=GcConfig(freeze=not args.no_gc_freeze, full_every=args.gc_full_every, threshold=args.gc_threshold),
+        gc=GcConfig(
+            freeze=not args.no_gc_freeze,
+            full_every=args.gc_full_every,
+            threshold=args.gc_threshold,
+            threshold1=args.gc_threshold1,
+        ),
         security=args.security,
         tracing=tracing.tracing_config(args),
         tokenizers=tuple(args.tokenizer),

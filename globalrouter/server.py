@@ -44,7 +44,7 @@ from meshkit.logs import get_logger
 from meshkit.server import ServerHandle, serve_until_signalled
 from meshkit.server import create_server as create_grpc_server
 from meshkit.supervision import Restart, Supervisor, TaskFailure
-from poolrelay.v1 import telemetry_pb2, telemetry_pb2_grpc
+from poolrelay.v1 import telemetry_pb2
 
 log = get_logger(module="globalrouter.server")
 
@@ -337,7 +337,7 @@ def create_server(
 
     def register(server: grpc.aio.Server) -> Sequence[str]:
         router_pb2_grpc.add_RouterServiceServicer_to_server(router_servicer, server)
-        telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server(telemetry_servicer, server)
+        telemetry_servicer.add_to_server(server)  # each message measured as received
         return [
             router_pb2.DESCRIPTOR.services_by_name["RouterService"].full_name,
             telemetry_pb2.DESCRIPTOR.services_by_name["TelemetryService"].full_name,
@@ -438,7 +438,7 @@ async def serve(config: RouterConfig) -> None:
     lets in-flight Generate streams finish → close the serving links. Raises BackgroundTaskFailed
     (after the same stop) when a background task failed."""
     router = create_server(config)
-    apply_gc_settings(config.gc.threshold)
+    apply_gc_settings(config.gc.threshold, config.gc.threshold1)
     if config.gc.freeze:
         router._gc_frozen("start")
         router.gc_pauses.refreeze = True

@@ -19,7 +19,7 @@ from globalrouter.pool_state import LoadSignal
 from meshkit.authz import Authorizer
 from meshkit.clock import Clock
 from meshkit.errors import Reason, abort_with_reason
-from meshkit.limits import LimitExceeded, Slots, check_size
+from meshkit.limits import LimitExceeded, Oversized, Slots, check_size, sized_deserializer
 from meshkit.logs import get_logger
 from meshkit.supervision import Supervisor
 from meshkit.timeconv import duration, wall_seconds
@@ -1035,6 +1035,10 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         """Every stream's messages go through it: the loop's telemetry work is bounded per iteration."""
         self.frontend_id = frontend_id
         self.closing = False
+        self.sized_on_receipt = False
+        """Each message was measured as received (add_to_server): only an Oversized is refused
+        here. False (registered otherwise, e.g. by telemetry_pb2_grpc): each is measured with
+        ByteSize()."""
         self._authorizer = authorizer
         self.streams = Slots("telemetry streams", per_key=max_streams, total=max_streams)
         self._worker: asyncio.Task | None = None
@@ -1148,10 +1152,39 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
             self._cut.discard(task)
             self.streams.release("all")
 
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        """Registers TelemetryService on `server` with a request deserializer that measures each
+        message by the bytes received (meshkit.limits.sized_deserializer), so no message is
+        measured again with protobuf's ByteSize() (a walk of the message: 0.9-8% of a 1,000-pool
+        frontend's CPU in profiles), and one over the cap is refused without being decoded."""
+        handlers = {
+            "PublishPoolTelemetry": grpc.stream_stream_rpc_method_handler(
+                self.PublishPoolTelemetry,
+                request_deserializer=sized_deserializer(_METHOD, Request),
+                response_serializer=Response.SerializeToString,
+            ),
+        }
+        service = telemetry_pb2.DESCRIPTOR.services_by_name["TelemetryService"].full_name
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        server.add_registered_method_handlers(service, handlers)
+        self.sized_on_receipt = True
+
+    async def _too_large(
+        self, context: grpc.aio.ServicerContext, msg: object, where: Mapping[str, object]
+    ) -> None:
+        """Aborts the call when `msg` (a received message or an Oversized) is over the cap."""
+        try:
+            check_size(_METHOD, msg)
+        except LimitExceeded as exc:
+            log.warning("telemetry stream refused", error=str(exc), **where)
+            await context.abort_with_status(exc.status())
+
     async def _publish(self, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
         if first is grpc.aio.EOF:
             return
+        if type(first) is Oversized:
+            await self._too_large(context, first, {})
         if first.WhichOneof("payload") != "hello":
             v = Violations()
             v.add("hello", "the first message of a telemetry stream must be a TelemetryHello")
@@ -1205,15 +1238,13 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
             self._kick()
             await context.write(Response(hello_ack=self._hello_ack()))
             metrics = self._ingest._metrics
+            sized = self.sized_on_receipt
             while True:
                 msg = await context.read()
                 if msg is grpc.aio.EOF:
                     break
-                try:
-                    check_size(_METHOD, msg)
-                except LimitExceeded as exc:
-                    log.warning("telemetry stream refused", error=str(exc), **where)
-                    await context.abort_with_status(exc.status())
+                if type(msg) is Oversized or not sized:
+                    await self._too_large(context, msg, where)
                 if self.closing:
                     await abort_with_reason(
                         context,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -170,10 +170,46 @@ def size_cap_interceptor() -> grpc.aio.ServerInterceptor:
     return CheckingInterceptor(check)
 
 
+@dataclass(frozen=True, slots=True)
+class Oversized:
+    """What a sized_deserializer returns, in place of decoding them, for received bytes larger
+    than their RPC's cap: the servicer refuses it (check_size) before handling anything."""
+
+    size: int
+    """Bytes received."""
+
+
+class SizedDeserializer:
+    """A request deserializer for a client stream's messages that measures each by the bytes
+    received (free: len) rather than by protobuf's ByteSize() after decoding (a walk of the whole
+    message, per message): larger than `method`'s cap, it is not decoded and an Oversized comes
+    instead. The received length is what the peer sent, so it also holds for encodings that
+    decode smaller than they arrive (unpacked repeated fields, duplicate fields)."""
+
+    __slots__ = ("__self__", "_cap")
+
+    def __init__(self, method: str, message_type: type[Message]) -> None:
+        self.__self__ = message_type
+        """The message class, named as a bound FromString names it: meshkit.wire.ParseRequests
+        then parses with this deserializer too (INVALID_ARGUMENT for bytes that do not parse)."""
+        self._cap = message_cap(method)
+
+    def __call__(self, data: bytes) -> Any:
+        if len(data) > self._cap:
+            return Oversized(len(data))
+        return self.__self__.FromString(data)
+
+
+def sized_deserializer(method: str, message_type: type[Message]) -> SizedDeserializer:
+    """See SizedDeserializer."""
+    return SizedDeserializer(method, message_type)
+
+
 def check_size(method: str, message: object) -> None:
-    """Raises LimitExceeded when `message` (a protobuf message) is larger than `method`'s cap."""
+    """Raises LimitExceeded when `message` (a protobuf message, or an Oversized) is larger than
+    `method`'s cap."""
     cap = message_cap(method)
-    size = message.ByteSize()  # type: ignore[attr-defined]
+    size = message.size if isinstance(message, Oversized) else message.ByteSize()  # type: ignore[attr-defined]
     if size > cap:
         raise LimitExceeded(f"the request is {size} bytes; {method} accepts at most {cap}")
 

@@ -98,6 +98,18 @@ def test_gc_flags_parse_into_the_config(gc_state):
     assert gc.get_threshold() == before
 
 
+def test_the_generation_1_threshold_is_a_flag_and_applied(gc_state):
+    assert RouterConfig().gc.threshold1 == 100  # a generation-1 pass a tenth as often as Python's
+    assert _config("--gc-threshold1", "50") == GcConfig(threshold1=50)
+    with pytest.raises(ValueError, match="--gc-threshold1"):
+        GcConfig(threshold1=-1)
+    young, _, oldest = gc.get_threshold()
+    apply_gc_settings(0, 50)  # the young threshold kept, generation 1's set
+    assert gc.get_threshold() == (young, 50, oldest)
+    apply_gc_settings(0, 0)  # 0 keeps what is set
+    assert gc.get_threshold() == (young, 50, oldest)
+
+
 @pytest.mark.parametrize("flags, frozen", [((), True), (("--no-gc-freeze",), False)])
 def test_a_served_frontend_freezes_at_its_start_and_exports_it(flags, frozen, tmp_path):
     with process_group(tmp_path) as group:
