@@ -61,6 +61,7 @@ from poolrelay.telemetry_publisher import (
     TelemetryConfig,
     TelemetryHub,
     batch_wire,
+    varint,
 )
 from poolrelay.v1 import pool_events_pb2 as pe
 from poolrelay.v1 import telemetry_pb2 as tm
@@ -117,29 +118,17 @@ def prefix_nodes(trace: Path, requests: int) -> tuple[np.ndarray, np.ndarray, li
 
 
 # ---- wire encoding --------------------------------------------------------------------------
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def _packed(field: int, values: np.ndarray) -> bytes:
     """A packed `repeated fixed64` field (empty when there are no values, as protobuf writes it)."""
     if len(values) == 0:
         return b""
     raw = values.astype("<u8", copy=False).tobytes()
-    return _varint(field << 3 | 2) + _varint(len(raw)) + raw
+    return varint(field << 3 | 2) + varint(len(raw)) + raw
 
 
 def _wrap(field: int, inner: bytes) -> bytes:
     """A PublishPoolTelemetryRequest whose oneof `field` holds the message `inner`."""
-    return _varint(field << 3 | 2) + _varint(len(inner)) + inner
+    return varint(field << 3 | 2) + varint(len(inner)) + inner
 
 
 def delta_message(sequence: int, stored: np.ndarray, removed: np.ndarray) -> bytes:

@@ -64,7 +64,8 @@ _BATCH_TAG = bytes([Req.BATCH_FIELD_NUMBER << 3 | 2])
 _MESSAGES_TAG = bytes([tm.TelemetryBatch.MESSAGES_FIELD_NUMBER << 3 | 2])
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """A non-negative int in protobuf's base-128 varint encoding (a field tag or a length)."""
     out = bytearray()
     while n > 0x7F:
         out.append(n & 0x7F | 0x80)
@@ -77,8 +78,8 @@ def batch_wire(parts: list[bytes]) -> bytes:
     """PublishPoolTelemetryRequest(batch=TelemetryBatch(messages=parts)) on the wire, from the parts'
     own serialized bytes: each is written as it is, behind its field tag and length (protobuf's
     encoding of a length-delimited field), so nothing is parsed or serialized again per stream."""
-    body = b"".join(b"".join((_MESSAGES_TAG, _varint(len(p)), p)) for p in parts)
-    return b"".join((_BATCH_TAG, _varint(len(body)), body))
+    body = b"".join(b"".join((_MESSAGES_TAG, varint(len(p)), p)) for p in parts)
+    return b"".join((_BATCH_TAG, varint(len(body)), body))
 
 
 def _passthrough(data: bytes) -> bytes:

@@ -10,7 +10,7 @@ import pytest
 
 from meshkit.errors import Reason, reason_of
 from meshkit.limits import message_cap
-from poolrelay.telemetry_publisher import PUBLISH_METHOD
+from poolrelay.telemetry_publisher import PUBLISH_METHOD, varint
 from poolrelay.v1 import telemetry_pb2 as tm
 from tests.router.fakes import start_router
 
@@ -20,27 +20,15 @@ Req = tm.PublishPoolTelemetryRequest
 CAP = message_cap(PUBLISH_METHOD)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def _field(number: int, wire: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | wire) + payload
+    return varint(number << 3 | wire) + payload
 
 
 def unpacked_delta(sequence: int, stored: list[int]) -> bytes:
     """A kv_delta whose `stored` is encoded unpacked (a tag per value; decoders must accept it):
     it arrives 9/8 of what ByteSize() says once decoded (which counts it packed)."""
-    body = _field(1, 0, _varint(sequence)) + b"".join(_field(2, 1, h.to_bytes(8, "little")) for h in stored)
-    return _field(3, 2, _varint(len(body)) + body)
+    body = _field(1, 0, varint(sequence)) + b"".join(_field(2, 1, h.to_bytes(8, "little")) for h in stored)
+    return _field(3, 2, varint(len(body)) + body)
 
 
 def hello(pool_id: str = "p") -> Req:
@@ -89,7 +77,7 @@ async def test_a_message_over_the_cap_as_received_ends_the_stream_with_limit_exc
             # Decoded, this hello is well under the cap too (its extra field is unknown: it
             # counts; but the one below is a repeated varint field of an unknown number).
             big = hello().SerializeToString() + b"".join(
-                _field(99, 0, _varint(1 << 63)) for _ in range(100_000)
+                _field(99, 0, varint(1 << 63)) for _ in range(100_000)
             )
             await call.write(big)
         else:
