@@ -39,28 +39,40 @@ class _Timed(KvSummary):
         self.folds.append(time.process_time() - t)
 
 
-def run(pools: int, blocks: int, per: int, rounds: int) -> dict[str, float]:
-    """The figures of one run (milliseconds a fold; seconds of the whole ingest)."""
-    rng = np.random.default_rng(1)
-    s = _Timed()
+def load_pools(s: KvSummary, pools: int, blocks: int, seed: int) -> list[np.ndarray]:
+    """Gives pools p0..p{pools-1} (source `p{i}/r0`) a snapshot of `blocks` random blocks each;
+    returns each pool's blocks (churn's rings)."""
+    rng = np.random.default_rng(seed)
     rings = []
     for i in range(pools):
         ring = rng.integers(1, 2**63, blocks, dtype=np.uint64)
         s.apply_snapshot(f"p{i}/r0", ring)
         rings.append(ring)
-    s.folds.clear()
-    settle0 = getattr(s, "settle_rounds", 0)
+    return rings
+
+
+def churn(s: KvSummary, rings: list[np.ndarray], rounds: int, per: int) -> None:
+    """`rounds` rounds of one delta a pool: `per` new blocks stored and its oldest `per` removed
+    (a constant load, as a relay's steady state); `rings` follow what each pool holds."""
     fresh = 1
-    t0 = time.process_time()
     for r in range(rounds):
-        for i in range(pools):
-            ring = rings[i]
-            at = (np.arange(per) + r * per) % blocks
+        for i, ring in enumerate(rings):
+            at = (np.arange(per) + r * per) % ring.size
             new = np.arange(fresh, fresh + per, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
             fresh += per
             old = ring[at].copy()
             ring[at] = new
             s.apply_delta(f"p{i}/r0", new.tolist(), old.tolist())
+
+
+def run(pools: int, blocks: int, per: int, rounds: int) -> dict[str, float]:
+    """The figures of one run (milliseconds a fold; seconds of the whole ingest)."""
+    s = _Timed()
+    rings = load_pools(s, pools, blocks, seed=1)
+    s.folds.clear()
+    settle0 = getattr(s, "settle_rounds", 0)
+    t0 = time.process_time()
+    churn(s, rings, rounds, per)
     total = time.process_time() - t0
     ms = np.array(s.folds) * 1000
     return {

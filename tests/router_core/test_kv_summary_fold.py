@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bench.bench_fold import churn, load_pools
 from globalrouter import kv_summary
 from globalrouter.kv_summary import KvSummary, mix
 
@@ -24,22 +25,8 @@ def _churn(s: KvSummary, pools: int, blocks: int, rounds: int, per: int) -> list
     """Every pool's snapshot of `blocks` blocks, then `rounds` deltas a pool of `per` new blocks
     stored and its oldest `per` removed (a constant load of 0.75, as a relay's steady state);
     returns each pool's blocks now."""
-    rng = np.random.default_rng(7)
-    rings = []
-    for i in range(pools):
-        ring = rng.integers(1, 2**63, blocks, dtype=np.uint64)
-        s.apply_snapshot(f"p{i}/r0", ring)
-        rings.append(ring)
-    fresh = 1
-    for r in range(rounds):
-        for i in range(pools):
-            ring = rings[i]
-            at = (np.arange(per) + r * per) % blocks
-            new = np.arange(fresh, fresh + per, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-            fresh += per
-            old = ring[at].copy()
-            ring[at] = new
-            s.apply_delta(f"p{i}/r0", new.tolist(), old.tolist())
+    rings = load_pools(s, pools, blocks, seed=7)
+    churn(s, rings, rounds, per)
     s.stats()  # folds what is logged
     return rings
 
