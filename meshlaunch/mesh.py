@@ -55,6 +55,25 @@ def discovery_argv(listen: str, *extra: str) -> list[str]:
     ]
 
 
+def etcd_discovery_argv(listen: str, endpoints: str, heartbeat: float, lease: float) -> list[str]:
+    """`globaldiscovery serve --store etcd` on `listen` over the etcd members `endpoints` (as
+    `--etcd-endpoints` takes them), with the given heartbeat interval and lease (seconds)."""
+    return [
+        command("globaldiscovery"),
+        "serve",
+        "--listen",
+        listen,
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        endpoints,
+        "--heartbeat-interval",
+        str(heartbeat),
+        "--lease-duration",
+        str(lease),
+    ]
+
+
 def router_argv(listen: str, discovery: str, *extra: str) -> list[str]:
     """`globalrouter serve` on `listen` reading pools from `discovery`, then `extra`."""
     return [command("globalrouter"), "serve", "--listen", listen, "--discovery", discovery, *extra]

@@ -29,8 +29,9 @@ from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
 from globalrouter.client import FailoverClient, FailoverError
 from meshkit.timeconv import seconds
-from meshlaunch import MODEL, Mesh, Proc, ProcessGroup, command, free_port, process_group, wait_healthy
+from meshlaunch import MODEL, Mesh, Proc, ProcessGroup, free_port, process_group, wait_healthy
 from meshlaunch.etcd_cluster import EtcdCluster
+from meshlaunch.mesh import etcd_discovery_argv
 from mocker.tokens import continue_sequence
 from poolrelay.v1 import telemetry_pb2_grpc
 from tests.chaos.ledger import EXACT, Ledger, RequestRecord, classify, render_table
@@ -95,21 +96,7 @@ class ChaosMesh:
 
     def _start_replica(self, address: str) -> Proc:
         proc = self.group.start(
-            "discovery",
-            [
-                command("globaldiscovery"),
-                "serve",
-                "--listen",
-                address,
-                "--store",
-                "etcd",
-                "--etcd-endpoints",
-                self.etcd.endpoints_flag,
-                "--heartbeat-interval",
-                str(HEARTBEAT),
-                "--lease-duration",
-                str(LEASE),
-            ],
+            "discovery", etcd_discovery_argv(address, self.etcd.endpoints_flag, HEARTBEAT, LEASE)
         )
         wait_healthy(address, proc=proc)
         return proc

@@ -11,7 +11,8 @@ import grpc
 import pytest
 
 from globalrouter.v1 import router_pb2, router_pb2_grpc
-from meshlaunch import MODEL, Mesh, command, free_port, wait_healthy, wait_until
+from meshlaunch import MODEL, Mesh, free_port, wait_healthy, wait_until
+from meshlaunch.mesh import etcd_discovery_argv
 from meshlaunch.process import Proc, ProcessGroup
 from tests.discovery.etcd_support import running_etcd
 
@@ -25,23 +26,7 @@ LAPSED = router_pb2.DIRECTORY_STATE_LEASE_LAPSED
 
 def start_replica(procs: ProcessGroup, address: str, etcd: str) -> Proc:
     """A `globaldiscovery serve --store etcd` replica on `address`, serving."""
-    proc = procs.start(
-        "discovery",
-        [
-            command("globaldiscovery"),
-            "serve",
-            "--listen",
-            address,
-            "--store",
-            "etcd",
-            "--etcd-endpoints",
-            etcd,
-            "--heartbeat-interval",
-            str(HEARTBEAT),
-            "--lease-duration",
-            str(LEASE),
-        ],
-    )
+    proc = procs.start("discovery", etcd_discovery_argv(address, etcd, HEARTBEAT, LEASE))
     wait_healthy(address, 30, proc=proc)
     return proc
 

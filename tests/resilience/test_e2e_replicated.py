@@ -14,8 +14,9 @@ from globaldiscovery.v1 import discovery_pb2 as dpb
 from globaldiscovery.v1 import discovery_pb2_grpc as dpb_grpc
 from globalrouter.client import FailoverClient
 from meshkit import discovery_endpoints
-from meshlaunch import MODEL, Mesh, command, free_port, wait_healthy, wait_until
+from meshlaunch import MODEL, Mesh, free_port, wait_healthy, wait_until
 from meshlaunch.etcd_cluster import EtcdCluster, etcd_binary
+from meshlaunch.mesh import etcd_discovery_argv
 from mocker.tokens import continue_sequence
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -38,23 +39,7 @@ def test_endpoints_parse_and_resolve():
 
 def start_replica(procs, address: str, cluster: EtcdCluster):
     """A `globaldiscovery serve --store etcd` replica on every member of `cluster`, serving."""
-    proc = procs.start(
-        "discovery",
-        [
-            command("globaldiscovery"),
-            "serve",
-            "--listen",
-            address,
-            "--store",
-            "etcd",
-            "--etcd-endpoints",
-            cluster.endpoints_flag,
-            "--heartbeat-interval",
-            str(HEARTBEAT),
-            "--lease-duration",
-            str(LEASE),
-        ],
-    )
+    proc = procs.start("discovery", etcd_discovery_argv(address, cluster.endpoints_flag, HEARTBEAT, LEASE))
     wait_healthy(address, proc=proc)
     return proc
 
