@@ -3,6 +3,8 @@ by ByteSize() after decoding: lease renewals and unary calls alike, with the sam
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 
@@ -76,7 +78,7 @@ def _raw_stream(address: str, path: str = KEEPALIVE, credentials=None):
         channel = grpc.aio.insecure_channel(address)
     else:
         channel = grpc.aio.secure_channel(address, credentials)
-    call = channel.stream_stream(
+    call: Any = channel.stream_stream(
         path, request_serializer=None, response_deserializer=pb.KeepAlivePoolsResponse.FromString
     )()
     return channel, call
@@ -153,10 +155,10 @@ async def test_a_unary_call_over_the_cap_as_received_is_refused_though_it_decode
     stub, address, _, _ = discovery
     body = repeated_pool_id()
     async with grpc.aio.insecure_channel(address) as channel:
-        call = channel.unary_unary(
+        unary: Any = channel.unary_unary(
             REGISTER, request_serializer=None, response_deserializer=pb.RegisterPoolResponse.FromString
-        )(body)
-        err = await expect_code(call, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        )
+        err = await expect_code(unary(body), grpc.StatusCode.RESOURCE_EXHAUSTED)
     assert reason_of(err) == Reason.LIMIT_EXCEEDED
     assert err.details() == f"the request is {len(body)} bytes; {REGISTER} accepts at most {CAP}"
     assert not (await stub.ListPools(pb.ListPoolsRequest())).pools
