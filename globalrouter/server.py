@@ -307,6 +307,7 @@ def create_server(
     metrics.snapshot_blocks_held.set_function(lambda: ingest.snapshot_blocks_held)
     # The lease grace: a pool whose lease lapsed stays routable while its telemetry is live here.
     table.telemetry_heard = ingest.last_heard
+    table.telemetry_interval = ingest.report_interval
     table.on_grace = lambda outcome: metrics.lease_grace.labels(outcome).inc()
     metrics.pools_in_lease_grace.set_function(lambda: len(table.lease_grace))
     metrics.pools_by_state(lambda: pool_states(core))
