@@ -1,11 +1,14 @@
-"""CPU per KeepAlivePools renewal in-process: the registered request deserializer, then the servicer's reply.
+"""CPU per request in-process where requests are measured by the bytes received (or were not).
 
-For 2,000 (pool, relay) leases (1,000 pools x 2 relays) renewed in turn on a memory store, thread
-time per renewal, and per receive-and-measure step alone (the deserializer, then the size check as
-the servicer makes it). Works with either tree on PYTHONPATH, to compare interleaved with main:
+`discovery` (the default): for 2,000 (pool, relay) leases (1,000 pools x 2 relays) renewed in turn
+on a memory store, thread time per KeepAlivePools renewal (the registered deserializer, then the
+servicer's reply), and per receive-and-measure step alone (the deserializer, then the size check
+as the servicer makes it). `route`: process time per Route call with a 16,384-token prompt
+through a real in-process frontend and client (one listed pool). Works with either tree on
+PYTHONPATH, to compare interleaved with main:
   mkdir /tmp/old && git archive main | tar -x -C /tmp/old
-  for r in 1 2 3; do PYTHONPATH=/tmp/old python bench/bench_discovery_sizing.py; \
-    PYTHONPATH=$PWD python bench/bench_discovery_sizing.py; done
+  for r in 1 2 3; do PYTHONPATH=/tmp/old python bench/bench_request_sizing.py [route]; \
+    PYTHONPATH=$PWD python bench/bench_request_sizing.py [route]; done
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import asyncio
 import sys
 import time
 from typing import Any
+
+import grpc
 
 from globaldiscovery.server import DiscoveryServicer
 from globaldiscovery.store import MemoryStore
@@ -53,7 +58,7 @@ def renewal(i: int, seq: int) -> bytes:
     ).SerializeToString()
 
 
-async def main(rounds: int) -> None:
+async def discovery(rounds: int) -> None:
     store = MemoryStore(SystemClock(), heartbeat_interval=5.0, lease_duration=15.0)
     await store.start()
     servicer = DiscoveryServicer(store)
@@ -95,5 +100,48 @@ async def main(rounds: int) -> None:
     )
 
 
+async def route(rounds: int) -> None:
+    from globalrouter.config import RouterConfig
+    from globalrouter.server import create_server
+    from globalrouter.v1 import router_pb2, router_pb2_grpc
+
+    router = create_server(RouterConfig(listen="127.0.0.1:0"))
+    await router.handle.server.start()
+    router.core.table.apply_listed(
+        pb.Pool(pool_id="p1", model="m", region="r1", frontends=["http://127.0.0.1:1"])
+    )
+    request = router_pb2.RouteRequest(
+        model="m", prompt=router_pb2.Prompt(token_ids={"ids": [(i * 7919) % 150_000 for i in range(16_384)]})
+    )
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
+        stub = router_pb2_grpc.RouterServiceStub(channel)
+        for _ in range(50):
+            await stub.Route(request)
+        per_call = []
+        for _ in range(rounds):
+            t0 = time.process_time()
+            for _ in range(100):
+                await stub.Route(request)
+            per_call.append((time.process_time() - t0) / 100 * 1e6)
+    await router.handle.server.stop(0)
+    per_call.sort()
+    sized = _sized_router()
+    print(
+        f"{'new' if sized else 'old'} route 16k tokens ({request.ByteSize()} bytes) process_us a call "
+        f"median={per_call[len(per_call) // 2]:.0f} min={per_call[0]:.0f}"
+    )
+
+
+def _sized_router() -> bool:
+    """Whether this tree registers RouterService with add_sized_servicer."""
+    import inspect
+
+    from globalrouter import server
+
+    return "add_sized_servicer(server, router_servicer" in inspect.getsource(server)
+
+
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 15))
+    mode = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].isdigit() else "discovery"
+    count = int(sys.argv[-1]) if sys.argv[-1].isdigit() else 15
+    asyncio.run(route(count) if mode == "route" else discovery(count))
