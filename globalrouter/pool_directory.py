@@ -22,7 +22,7 @@ TELEMETRY_LIVE_WITHIN = 5.0
 """Seconds within which a pool's telemetry must have spoken here for it to count as live evidence
 that the pool is alive (the lease grace), at the least: five of a relay's default 1 s reports and
 heartbeats. A relay that announces a longer report interval gets LIVE_REPORTS of its own (see
-live_within). A stream that stays open but silent (a wedged relay) stops counting after this."""
+live_within_for). A stream that stays open but silent (a wedged relay) stops counting after this."""
 LIVE_REPORTS = 5
 """A relay's telemetry counts as live while it spoke within this many of its report intervals."""
 MAX_TELEMETRY_LIVE_WITHIN = 60.0
@@ -72,7 +72,7 @@ class PoolTable:
         within `live_within` / LIVE_REPORTS."""
         self.live_within = live_within
         """The liveness bound of a pool whose relays report at least every `live_within` /
-        LIVE_REPORTS seconds (see live_within())."""
+        LIVE_REPORTS seconds (see live_within_for)."""
         self.lease_grace: dict[str, float] = {}
         """pool_id -> clock time its lease grace ends (listed although its leases lapsed; see lapse)."""
         self.on_grace: Callable[[GraceOutcome], None] | None = None
@@ -131,7 +131,7 @@ class PoolTable:
     # ---- the lease grace ------------------------------------------------------------------
     def telemetry_live(self, pool_id: str, now: float) -> bool:
         """Whether one of the pool's telemetry streams to this frontend is open and has spoken
-        within live_within(pool_id): direct evidence that the pool's relay is alive."""
+        within live_within_for(pool_id): direct evidence that the pool's relay is alive."""
         if not self.stream_counts.get(pool_id) or self.telemetry_heard is None:
             return False
         heard = self.telemetry_heard(pool_id)
