@@ -20,8 +20,14 @@ EventType = discovery_pb2.WatchEventType
 
 TELEMETRY_LIVE_WITHIN = 5.0
 """Seconds within which a pool's telemetry must have spoken here for it to count as live evidence
-that the pool is alive (the lease grace): five of a relay's default 1 s reports and heartbeats. A
-stream that stays open but silent (a SIGSTOPped relay) stops counting after this."""
+that the pool is alive (the lease grace), at the least: five of a relay's default 1 s reports and
+heartbeats. A relay that announces a longer report interval gets LIVE_REPORTS of its own (see
+live_within_for). A stream that stays open but silent (a wedged relay) stops counting after this."""
+LIVE_REPORTS = 5
+"""A relay's telemetry counts as live while it spoke within this many of its report intervals."""
+MAX_TELEMETRY_LIVE_WITHIN = 60.0
+"""The longest silence that still counts as live, whatever interval a relay announces (outside
+input): older telemetry is no evidence the relay is alive."""
 GRACE_SWEEP_S = 0.5
 """How often pools in lease grace are checked (their telemetry may stop before the grace ends)."""
 
@@ -43,6 +49,10 @@ class PoolTable:
     """
 
     def __init__(self, *, live_within: float = TELEMETRY_LIVE_WITHIN) -> None:
+        if not 0 < live_within <= MAX_TELEMETRY_LIVE_WITHIN:
+            raise ValueError(
+                f"live_within must be > 0 and at most {MAX_TELEMETRY_LIVE_WITHIN:g} seconds; got {live_within!r}"
+            )
         self.pools: dict[str, PoolState] = {}
         self.lease_incarnations: dict[str, dict[str, int]] = {}
         """pool_id -> relay_id -> incarnation of that relay's live lease (from the directory)."""
@@ -55,7 +65,14 @@ class PoolTable:
         self.telemetry_heard: Callable[[str], float | None] | None = None
         """pool_id -> clock time this frontend last heard a message on one of the pool's open
         telemetry streams (TelemetryIngest.last_heard; None: no ingest, so never live)."""
+        self.telemetry_interval: Callable[[str], float] | None = None
+        """pool_id -> the longest gap between messages the pool's open telemetry streams announce
+        (TelemetryIngest.report_interval: a relay's hello.report_interval, or this frontend's batch
+        interval when longer; 0 when none announces one). None: every relay taken as reporting
+        within `live_within` / LIVE_REPORTS."""
         self.live_within = live_within
+        """The liveness bound of a pool whose relays report at least every `live_within` /
+        LIVE_REPORTS seconds (see live_within_for)."""
         self.lease_grace: dict[str, float] = {}
         """pool_id -> clock time its lease grace ends (listed although its leases lapsed; see lapse)."""
         self.on_grace: Callable[[GraceOutcome], None] | None = None
@@ -114,11 +131,20 @@ class PoolTable:
     # ---- the lease grace ------------------------------------------------------------------
     def telemetry_live(self, pool_id: str, now: float) -> bool:
         """Whether one of the pool's telemetry streams to this frontend is open and has spoken
-        within `live_within`: direct evidence that the pool's relay is alive."""
+        within live_within_for(pool_id): direct evidence that the pool's relay is alive."""
         if not self.stream_counts.get(pool_id) or self.telemetry_heard is None:
             return False
         heard = self.telemetry_heard(pool_id)
-        return heard is not None and now - heard <= self.live_within
+        return heard is not None and now - heard <= self.live_within_for(pool_id)
+
+    def live_within_for(self, pool_id: str) -> float:
+        """How recently the pool's telemetry must have spoken to count as live: LIVE_REPORTS of the
+        longest report interval its open streams announce, never less than `live_within` (a relay
+        reporting every second or faster keeps today's bound) nor more than
+        MAX_TELEMETRY_LIVE_WITHIN. Why: a relay configured to report every 2 s or more would
+        otherwise often be silent longer than a fixed 5 s between two reports, and get no grace."""
+        interval = self.telemetry_interval(pool_id) if self.telemetry_interval is not None else 0.0
+        return min(max(self.live_within, LIVE_REPORTS * interval), MAX_TELEMETRY_LIVE_WITHIN)
 
     def lapse(self, pool_id: str, now: float, grace: float) -> bool:
         """Discovery dropped the pool because its lease(s) expired. A listed pool whose telemetry is

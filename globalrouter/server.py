@@ -35,11 +35,12 @@ from globalrouter.serving import ServingLinks
 from globalrouter.telemetry_ingest import TelemetryIngest, TelemetryServicer
 from globalrouter.tenancy import TenantGate
 from globalrouter.tokenizer import TokenizerError, Tokenizers
-from globalrouter.v1 import router_pb2, router_pb2_grpc
+from globalrouter.v1 import router_pb2
 from meshkit import discovery_endpoints
 from meshkit.authz import Authorizer
 from meshkit.clock import Clock, SystemClock
 from meshkit.ids import new_incarnation
+from meshkit.limits import add_sized_servicer
 from meshkit.logs import get_logger
 from meshkit.server import ServerHandle, serve_until_signalled
 from meshkit.server import create_server as create_grpc_server
@@ -307,6 +308,7 @@ def create_server(
     metrics.snapshot_blocks_held.set_function(lambda: ingest.snapshot_blocks_held)
     # The lease grace: a pool whose lease lapsed stays routable while its telemetry is live here.
     table.telemetry_heard = ingest.last_heard
+    table.telemetry_interval = ingest.report_interval
     table.on_grace = lambda outcome: metrics.lease_grace.labels(outcome).inc()
     metrics.pools_in_lease_grace.set_function(lambda: len(table.lease_grace))
     metrics.pools_by_state(lambda: pool_states(core))
@@ -336,7 +338,8 @@ def create_server(
     )
 
     def register(server: grpc.aio.Server) -> Sequence[str]:
-        router_pb2_grpc.add_RouterServiceServicer_to_server(router_servicer, server)
+        # Each request measured as received: ByteSize() of a 16k-token prompt costs more than its decoding.
+        add_sized_servicer(server, router_servicer, router_pb2.DESCRIPTOR.services_by_name["RouterService"])
         telemetry_servicer.add_to_server(server)  # each message measured as received
         return [
             router_pb2.DESCRIPTOR.services_by_name["RouterService"].full_name,

@@ -19,10 +19,10 @@ from globalrouter.pool_state import LoadSignal
 from meshkit.authz import Authorizer
 from meshkit.clock import Clock
 from meshkit.errors import Reason, abort_with_reason
-from meshkit.limits import LimitExceeded, Oversized, Slots, check_size, sized_deserializer
+from meshkit.limits import LimitExceeded, Oversized, Slots, add_sized_servicer, check_size
 from meshkit.logs import get_logger
 from meshkit.supervision import Supervisor
-from meshkit.timeconv import duration, wall_seconds
+from meshkit.timeconv import duration, seconds, wall_seconds
 from meshkit.validation import MAX_ID_LENGTH, Violations, check_identifier
 from poolrelay.v1 import pool_events_pb2, telemetry_pb2, telemetry_pb2_grpc
 
@@ -151,6 +151,9 @@ class StreamState:
     incarnation: int
     block_size: int = 0
     """Tokens per block of this stream's hashes (its hello's)."""
+    report_interval: float = 0.0
+    """The longest gap between this stream's messages when all is well: its hello's report
+    interval, or the batch interval asked in the hello ack when longer (0: none announced)."""
     next_sequence: int | None = None
     """The delta sequence expected next; None while waiting for a snapshot (deltas are ignored)."""
     snapshot_id: int | None = None
@@ -400,6 +403,11 @@ class TelemetryIngest:
         heard = [s.last_seen for s in self._by_pool.get(pool_id, {}).values() if s.last_seen is not None]
         return max(heard, default=None)
 
+    def report_interval(self, pool_id: str) -> float:
+        """The longest report interval the pool's open streams announce (0: none), for the lease
+        grace's liveness bound (PoolTable.live_within_for)."""
+        return max((s.report_interval for s in self._by_pool.get(pool_id, {}).values()), default=0.0)
+
     # ---- stream life cycle ------------------------------------------------------------------
     def open(self, hello: telemetry_pb2.TelemetryHello) -> StreamState:
         """Accepts a hello (already validated) or raises StreamRejected."""
@@ -444,6 +452,8 @@ class TelemetryIngest:
             relay_id=hello.relay_id,
             incarnation=hello.incarnation,
             block_size=hello.block_size,
+            # Outside input: a negative or unset interval is none (PoolTable bounds the rest).
+            report_interval=max(seconds(hello.report_interval), 0.0),
         )
         self.streams[key] = stream
         self._by_pool.setdefault(hello.pool_id, {})[hello.relay_id] = stream
@@ -1154,19 +1164,10 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Registers TelemetryService on `server` with a request deserializer that measures each
-        message by the bytes received (meshkit.limits.sized_deserializer), so no message is
+        message by the bytes received (meshkit.limits.add_sized_servicer), so no message is
         measured again with protobuf's ByteSize() (a walk of the message: 0.9-8% of a 1,000-pool
         frontend's CPU in profiles), and one over the cap is refused without being decoded."""
-        handlers = {
-            "PublishPoolTelemetry": grpc.stream_stream_rpc_method_handler(
-                self.PublishPoolTelemetry,
-                request_deserializer=sized_deserializer(_METHOD, Request),
-                response_serializer=Response.SerializeToString,
-            ),
-        }
-        service = telemetry_pb2.DESCRIPTOR.services_by_name["TelemetryService"].full_name
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-        server.add_registered_method_handlers(service, handlers)
+        add_sized_servicer(server, self, telemetry_pb2.DESCRIPTOR.services_by_name["TelemetryService"])
         self.sized_on_receipt = True
 
     async def _too_large(
@@ -1221,6 +1222,8 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
             stream = self._ingest.open(hello)
         except StreamRejected as exc:
             await self._refuse(context, exc.code, exc.reason, exc.message, exc.metadata, **where)
+        if self.accepts_batches:  # the relay then holds messages up to the batch interval
+            stream.report_interval = max(stream.report_interval, self.batch_interval)
         slog = log.bind(**where)
         slog.info("telemetry stream opened")
         task = asyncio.current_task()

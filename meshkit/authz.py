@@ -24,6 +24,7 @@ from meshkit.clock import Clock, SystemClock
 from meshkit.errors import Reason, grpc_status_for, rpc_status_for
 from meshkit.guards import CheckingInterceptor, Context
 from meshkit.identity import ApiKeys, Identity, IdentityError, Role, bearer_token, identity_from_uris
+from meshkit.limits import Oversized
 from meshkit.logs import get_logger
 from meshkit.tls import SecurityConfig
 
@@ -450,6 +451,10 @@ class Authorizer:
         """The server interceptor that identifies the caller and applies TABLE before every handler."""
 
         async def check(method: str, request: object | None, context: Context) -> None:
+            if type(request) is Oversized:
+                # Not decoded (over its cap as received): it has no fields to check, the caller
+                # and its role are; the size check after this one refuses it.
+                request = None
             try:
                 identity = self.admit(context, method, request)
             except Refusal as refusal:

@@ -53,6 +53,10 @@ class CheckingInterceptor(grpc.aio.ServerInterceptor):
         # then see one handler object per method, and no call builds a new one.
         self._wrapped: dict[int, tuple[Handler, Handler]] = {}
 
+    def check_for(self, handler: Handler) -> Check | None:
+        """The check for calls of `handler` (None: none, the handler is served as registered)."""
+        return self._check
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
@@ -65,6 +69,9 @@ class CheckingInterceptor(grpc.aio.ServerInterceptor):
         entry = self._wrapped.get(id(handler))
         if entry is not None and entry[0] is handler:
             return entry[1]
-        wrapped = wrap_handler(handler, method, self._check)
+        check = self.check_for(handler)
+        if check is None:
+            return handler
+        wrapped = wrap_handler(handler, method, check)
         self._wrapped[id(handler)] = (handler, wrapped)
         return wrapped

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import Message
 from google.rpc import status_pb2
 
 from meshkit.errors import Reason, grpc_status_for, rpc_status_for
-from meshkit.guards import CheckingInterceptor, Context
+from meshkit.guards import Check, CheckingInterceptor, Context, Handler
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -153,13 +155,21 @@ class ByteBoundedCache(Generic[K, V]):
         return hit[0]
 
 
-def size_cap_interceptor() -> grpc.aio.ServerInterceptor:
-    """Refuses a unary request larger than its RPC's cap (RESOURCE_EXHAUSTED, LIMIT_EXCEEDED).
+class _SizeCaps(CheckingInterceptor):
+    """See size_cap_interceptor."""
 
-    Client streams check each message with check_size() in their servicer.
-    """
+    def __init__(self) -> None:
+        super().__init__(self._by_byte_size)
 
-    async def check(method: str, request: object | None, context: Context) -> None:
+    def check_for(self, handler: Handler) -> Check | None:
+        if not isinstance(handler.request_deserializer, SizedDeserializer):
+            return self._by_byte_size
+        # Measured as received: only an Oversized (unary) is left to refuse; a client stream's
+        # servicer refuses its own.
+        return None if handler.request_streaming else self._oversized
+
+    @staticmethod
+    async def _by_byte_size(method: str, request: object | None, context: Context) -> None:
         if request is None:
             return
         try:
@@ -167,7 +177,20 @@ def size_cap_interceptor() -> grpc.aio.ServerInterceptor:
         except LimitExceeded as exc:
             await context.abort_with_status(exc.status())
 
-    return CheckingInterceptor(check)
+    @staticmethod
+    async def _oversized(method: str, request: object | None, context: Context) -> None:
+        if type(request) is Oversized:
+            await context.abort_with_status(too_large(method, request.size).status())
+
+
+def size_cap_interceptor() -> grpc.aio.ServerInterceptor:
+    """Refuses a unary request larger than its RPC's cap (RESOURCE_EXHAUSTED, LIMIT_EXCEEDED).
+
+    A method registered with a SizedDeserializer (add_sized_servicer) was measured as received: an
+    Oversized is refused, nothing is measured again. Other methods are measured with ByteSize().
+    Client streams check each message with check_size() in their servicer.
+    """
+    return _SizeCaps()
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +200,9 @@ class Oversized:
 
     size: int
     """Bytes received."""
+    data: bytes = field(default=b"", compare=False, repr=False)
+    """The bytes themselves, for a servicer that must read a field of its reply from them (e.g.
+    meshkit.wire.varint_field): the refusal of a renewal echoes its sequence."""
 
 
 class SizedDeserializer:
@@ -196,7 +222,7 @@ class SizedDeserializer:
 
     def __call__(self, data: bytes) -> Any:
         if len(data) > self._cap:
-            return Oversized(len(data))
+            return Oversized(len(data), data)
         return self.__self__.FromString(data)
 
 
@@ -205,13 +231,45 @@ def sized_deserializer(method: str, message_type: type[Message]) -> SizedDeseria
     return SizedDeserializer(method, message_type)
 
 
+def add_sized_servicer(server: grpc.aio.Server, servicer: object, service: ServiceDescriptor) -> None:
+    """Registers every method of `service` on `server`, served by `servicer`'s method of the same
+    name (as the generated add_*Servicer_to_server does), with a SizedDeserializer for each: every
+    request is measured by the bytes received, and one over its method's cap is not decoded (an
+    Oversized comes instead). The size-cap interceptor refuses a unary one; a client stream's
+    servicer must refuse its own (check_size) before reading any field."""
+    handlers = {}
+    for method in service.methods:
+        kind = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = kind(
+            getattr(servicer, method.name),
+            request_deserializer=SizedDeserializer(
+                f"/{service.full_name}/{method.name}", message_factory.GetMessageClass(method.input_type)
+            ),
+            response_serializer=message_factory.GetMessageClass(method.output_type).SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
+_HANDLER_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def too_large(method: str, size: int) -> LimitExceeded:
+    """The refusal of a request of `size` bytes for `method` (larger than its cap)."""
+    return LimitExceeded(f"the request is {size} bytes; {method} accepts at most {message_cap(method)}")
+
+
 def check_size(method: str, message: object) -> None:
     """Raises LimitExceeded when `message` (a protobuf message, or an Oversized) is larger than
     `method`'s cap."""
-    cap = message_cap(method)
     size = message.size if isinstance(message, Oversized) else message.ByteSize()  # type: ignore[attr-defined]
-    if size > cap:
-        raise LimitExceeded(f"the request is {size} bytes; {method} accepts at most {cap}")
+    if size > message_cap(method):
+        raise too_large(method, size)
 
 
 PAGE_BYTES = 4 * MIB

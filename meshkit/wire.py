@@ -83,6 +83,38 @@ def bad_utf8_field(
     return None
 
 
+def varint_field(data: bytes, number: int, max_fields: int = 64) -> int:
+    """The value of the top-level varint field `number` in the message bytes `data`, without
+    decoding the rest (a length-delimited field is skipped by its length): the last one, as
+    protobuf decodes it. 0 when absent, when the bytes are malformed, or past `max_fields`
+    fields (a bound: the bytes may be a sender's megabytes of one-byte fields)."""
+    value = pos = 0
+    try:
+        for _ in range(max_fields):
+            if pos >= len(data):
+                break
+            key, pos = _varint(data, pos)
+            wire_type = key & 7
+            if wire_type == 0:
+                found, pos = _varint(data, pos)
+                if key >> 3 == number:
+                    value = found
+            elif wire_type == 1:
+                pos += 8
+            elif wire_type == 5:
+                pos += 4
+            elif wire_type == 2:
+                size, pos = _varint(data, pos)
+                pos += size
+            else:
+                break  # groups: no mesh contract uses them
+        else:
+            return 0 if pos < len(data) else value
+    except (IndexError, ValueError):
+        return 0
+    return value if pos <= len(data) else 0
+
+
 def malformed(message_type, data: bytes, error: DecodeError) -> Violations:
     """The violation to answer for request bytes that did not parse."""
     v = Violations()

@@ -4,6 +4,7 @@ while its telemetry to this frontend is live (the watch against a fake discovery
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -242,3 +243,129 @@ async def test_list_pools_route_the_status_page_and_metrics_show_the_grace():
         await relay.close()
         await channel.close()
         await router.handle.server.stop(0)
+
+
+# ---- the liveness bound follows the relays' announced report interval -----------------------------
+
+
+class SlowRelays(Relays):
+    """Relays whose hello announces `report_interval` seconds (and that speak that often)."""
+
+    def __init__(self, table: PoolTable, clock: FakeClock, report_interval: float) -> None:
+        super().__init__(table, clock)
+        table.telemetry_interval = lambda pool_id: self.ingest.report_interval(pool_id)
+        self.report_interval = report_interval
+
+    def open(self, pool_id: str) -> None:
+        first = hello(pool_id, "r1")
+        first.report_interval.FromNanoseconds(round(self.report_interval * 1e9))
+        self.streams[pool_id] = self.ingest.open(first)
+        self.speak(pool_id)
+
+
+async def test_a_relay_reporting_every_8_s_keeps_its_pool_through_the_grace(discovery):  # noqa: F811
+    """Fails on the code with the fixed 5 s bound: the lapse came 7 s after the relay's last report
+    (it reports every 8 s, as its hello says), so the pool was dropped; and in the grace it would
+    have been dropped between two reports."""
+    fake, channel = discovery
+    table, clock = PoolTable(), FakeClock()
+    relays = SlowRelays(table, clock, report_interval=8.0)
+    relays.open("a")
+    outcomes: list[str] = []
+    table.on_grace = outcomes.append
+    task = await watching(fake, channel, table, clock, "a")
+    try:
+        await clock.advance(7.0)  # just before its next report
+        fake.live[-1].put_nowait(removed("a"))
+        await eventually(lambda: outcomes == ["kept"])
+        assert listed(table) == ["a"]
+        until = table.next_grace_end()
+        assert until is not None
+        silent = 7.0
+        while clock.monotonic() < until - 1.0:  # through the grace, reporting every 8 s: routable
+            await clock.advance(1.0)
+            silent += 1.0
+            if silent == 8.0:
+                relays.speak("a")
+                silent = 0.0
+            assert listed(table) == ["a"], clock.monotonic()
+        fake.live[-1].put_nowait(added("a"))
+        await eventually(lambda: outcomes == ["kept", "reregistered"])
+    finally:
+        task.cancel()
+
+
+async def test_a_slow_relay_that_goes_silent_still_loses_the_grace_after_five_of_its_reports(discovery):  # noqa: F811
+    fake, channel = discovery
+    table, clock = PoolTable(), FakeClock()
+    relays = SlowRelays(table, clock, report_interval=3.0)
+    relays.open("a")
+    outcomes: list[str] = []
+    table.on_grace = outcomes.append
+    task = await watching(fake, channel, table, clock, "a")
+    try:
+        fake.live[-1].put_nowait(removed("a"))
+        await eventually(lambda: outcomes == ["kept"])
+        await advance(clock, 14.0)  # silent (a wedged relay), but within 5 x 3 s
+        assert listed(table) == ["a"]
+        await advance(clock, 2.0)
+        await eventually(lambda: not table.listed())
+        assert outcomes == ["kept", "telemetry_stopped"]
+    finally:
+        task.cancel()
+
+
+def test_the_bound_is_five_reports_of_the_slowest_stream_between_5_and_60_s():
+    table = PoolTable()
+    heard: dict[str, float] = {}
+    intervals: dict[str, float] = {}
+    table.telemetry_heard = heard.get
+    table.telemetry_interval = lambda pool_id: intervals.get(pool_id, 0.0)
+    for pool_id, interval in (
+        ("fast", 0.2),
+        ("default", 1.0),
+        ("unannounced", 0.0),
+        ("slow", 4.0),
+        ("huge", 1e9),
+    ):
+        table.apply_listed(pool_msg(pool_id, "http://h:1"))
+        table.stream_counts[pool_id] = 1
+        intervals[pool_id] = interval
+        heard[pool_id] = 100.0
+    assert table.telemetry_live("slow", 120.0) and not table.telemetry_live("slow", 120.1)
+    assert {p: table.live_within_for(p) for p in intervals} == {
+        "fast": 5.0,  # never tighter than before
+        "default": 5.0,
+        "unannounced": 5.0,
+        "slow": 20.0,  # five of its reports
+        "huge": 60.0,  # a relay's announcement is outside input: bounded
+    }
+    assert table.telemetry_live("huge", 160.0) and not table.telemetry_live("huge", 160.1)
+    assert not table.telemetry_live("default", 105.1)
+    assert table.lapse("slow", 115.0, 15.0) and not table.lapse("default", 115.0, 15.0)
+    with pytest.raises(ValueError, match="live_within must be > 0 and at most 60"):
+        PoolTable(live_within=0.0)
+
+
+async def test_the_frontend_takes_the_interval_from_the_hello_and_its_own_batch_interval():
+    """Through the servicer: the hello's report_interval, or the batch interval this frontend asks
+    for when longer (a batching relay holds its messages that long)."""
+    for batch, announced, bound in ((0.0, 3.0, 15.0), (2.0, 1.0, 10.0), (2.0, 0.0, 10.0), (0.0, 0.0, 5.0)):
+        router, _stub, channel = await start_router(telemetry_batch_interval=batch)
+        relay = FakeRelay(f"127.0.0.1:{router.port}")
+        try:
+            kw: dict[str, Any] = {"report_interval": {"seconds": int(announced)}} if announced else {}
+            await relay.open("p1", **kw)
+            await relay.send(heartbeat=tm.TelemetryHeartbeat())
+            table = router.core.table
+            heard = table.telemetry_heard
+            assert heard is not None
+            await eventually(lambda: heard("p1") is not None)  # noqa: B023
+            at = heard("p1")
+            assert at is not None
+            assert table.telemetry_live("p1", at + bound - 0.01), (batch, announced)
+            assert not table.telemetry_live("p1", at + bound + 0.01), (batch, announced)
+        finally:
+            await relay.close()
+            await channel.close()
+            await router.handle.server.stop(0)
