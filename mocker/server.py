@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 import grpc
 
-from globalrouter.v1 import pool_frontend_pb2, pool_frontend_pb2_grpc
+from globalrouter.v1 import pool_frontend_pb2
 from meshkit.authz import Authorizer
 from meshkit.clock import Clock, SystemClock
+from meshkit.limits import add_sized_servicer
 from meshkit.logs import get_logger
 from meshkit.server import ServerHandle, create_server, serve_until_signalled
 from meshkit.tls import SecurityConfig
@@ -36,8 +37,11 @@ def build_server(
     """A bound, not yet started server serving `pool` on `listen` (port 0 picks one)."""
 
     def register(server: grpc.aio.Server) -> list[str]:
-        pool_frontend_pb2_grpc.add_PoolFrontendServiceServicer_to_server(
-            PoolFrontend(pool, exit_process), server
+        # Each Generate measured as received (a 16k-token prompt's ByteSize() costs more than its decoding).
+        add_sized_servicer(
+            server,
+            PoolFrontend(pool, exit_process),
+            pool_frontend_pb2.DESCRIPTOR.services_by_name["PoolFrontendService"],
         )
         pool_events_pb2_grpc.add_PoolEventsServiceServicer_to_server(PoolEvents(pool), server)
         admin_pb2_grpc.add_MockerAdminServiceServicer_to_server(MockerAdmin(pool), server)

@@ -321,3 +321,26 @@ async def test_drain_finishes_accepted_refuses_new_hands_back_at_deadline(serve_
     status.cancel()
     stats = await s.admin.GetPoolStats(adm.GetPoolStatsRequest())
     assert (stats.requests_finished, stats.requests_handed_back, stats.requests_refused) == (1, 1, 1)
+
+
+async def test_generate_is_measured_as_received_not_with_byte_size(serve_pool, monkeypatch):
+    """The mocker registers PoolFrontendService with SizedDeserializers (meshkit.limits.add_sized_servicer):
+    a Generate is not measured again with ByteSize() after decoding. Fails on the code that used the
+    generated registration (the size-cap interceptor's ByteSize() raised: UNKNOWN)."""
+
+    def raising(self):
+        raise AssertionError("ByteSize() called on a received Generate")
+
+    s = await serve_pool(block_size=16)
+    monkeypatch.setattr(pf.PoolFrontendServiceGenerateRequest, "ByteSize", raising)
+    prompt = list(range(16_384))
+    admission, tokens, finish = await s.generate(prompt, 3)
+    assert tokens == continue_sequence(prompt, 3) and finish.reason == pf.POOL_FINISH_REASON_LENGTH
+    assert admission.prompt_blocks == 1024
+
+
+async def test_a_generate_over_its_8_mib_cap_is_still_refused(serve_pool):
+    s = await serve_pool(block_size=16)
+    err = await first_error(s.frontend.Generate(request(request_id="x" * (9 << 20))))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # the server's receive limit is the cap
+    assert (await s.generate(list(range(20)), 2))[1] == continue_sequence(list(range(20)), 2)  # still serving
