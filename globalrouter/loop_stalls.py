@@ -110,6 +110,8 @@ class StallSampler:
         """The loop thread's innermost frames, per late sample."""
         self.others: Counter[str] = Counter()
         """The other threads' innermost frame, per late sample and thread."""
+        self._since: tuple[int, int, Counter[str], Counter[str]] = (0, 0, Counter(), Counter())
+        """looks, late and the two counters at the last `report(since_last=True)`."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -154,21 +156,29 @@ class StallSampler:
                     self._count(self.others, stack_key(frame, 1))
         return True
 
-    def report(self, top: int = TOP) -> dict[str, Any]:
-        """The counts so far: looks, late samples, the loop's and the other threads' top keys."""
+    def report(self, top: int = TOP, *, since_last: bool = False) -> dict[str, Any]:
+        """The counts so far (or, `since_last`, since the last such report): looks, late samples,
+        the loop's and the other threads' top keys."""
         with self._lock:
+            looks, late, loop, others = self.looks, self.late, self.loop, self.others
+            if since_last:
+                looks0, late0, loop0, others0 = self._since
+                self._since = (looks, late, loop.copy(), others.copy())
+                looks, late, loop, others = looks - looks0, late - late0, loop - loop0, others - others0
             return {
-                "looks": self.looks,
-                "late": self.late,
+                "looks": looks,
+                "late": late,
                 "late_after_ms": round(self.late_after * 1000, 1),
-                "loop": self.loop.most_common(top),
-                "others": self.others.most_common(top),
+                "since_last": since_last,
+                "loop": loop.most_common(top),
+                "others": others.most_common(top),
             }
 
     def start(
         self, log: Callable[[dict[str, Any]], None] | None = None, report_every: float = REPORT_EVERY
     ) -> None:
-        """Starts the sampling thread (idempotent); `log` gets `report()` every `report_every` s."""
+        """Starts the sampling thread (idempotent); `log` gets the counts of every `report_every`
+        seconds (`report(since_last=True)`)."""
         if self._thread is not None:
             return
         gc.callbacks.append(self._gc)
@@ -194,4 +204,4 @@ class StallSampler:
             self.look()
             if log is not None and self._now() >= next_report:
                 next_report = self._now() + report_every
-                log(self.report())
+                log(self.report(since_last=True))

@@ -45,6 +45,13 @@ def test_a_look_samples_only_when_the_heartbeat_is_late():
     assert count == 1 and key.startswith("tests/router/test_loop_stalls.py:test_a_look_samples_only")
     sampler.beat()  # the loop turned: on time again
     assert not sampler.look(frames)
+    window = sampler.report(since_last=True)
+    assert (window["looks"], window["late"], len(window["loop"])) == (4, 1, 1)
+    clock.set(clock.monotonic() + 1.0)
+    sampler.look(frames)
+    window = sampler.report(since_last=True)  # only what came since the last window
+    assert (window["looks"], window["late"], window["loop"][0][1]) == (1, 1, 1)
+    assert sampler.report()["late"] == 2  # the whole run's
 
 
 def test_keys_are_bounded_and_name_the_innermost_frames_first():
