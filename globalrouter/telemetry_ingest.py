@@ -1052,15 +1052,18 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         """Said in every hello ack: relays then send what they queued as one TelemetryBatch."""
         self.batch_interval = batch_interval
         """Seconds between a relay's writes asked in the hello ack (with accepts_batches only; 0: none)."""
-        index = getattr(ingest, "_index", None)  # test doubles of the ingest may have none
-        if isinstance(index, KvSummary):  # its folds are paced (the exact index has no fold)
+        # Every stream's messages go through the pacer: the loop's telemetry work is bounded per
+        # iteration. The summary's folds are paced too (each opens a slice); the exact index's
+        # overlay merge is left as it was. Test doubles of the ingest may have no index.
+        index = getattr(ingest, "_index", None)
+        self.pacer: IngestPacer
+        if isinstance(index, KvSummary):
             index.fold_at = PACED_FOLD_AT
             self.pacer = IngestPacer(
                 ingest.receive, slice_seconds, due=lambda: index.fold_due, work=index.fold
             )
         else:
             self.pacer = IngestPacer(ingest.receive, slice_seconds)
-        """Every stream's messages go through it: the loop's telemetry work is bounded per iteration."""
         self.frontend_id = frontend_id
         self.closing = False
         self.sized_on_receipt = False
