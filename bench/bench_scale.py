@@ -111,6 +111,9 @@ class Config:
     frontend leaves (on this machine they share its cores; in a fleet the relays run elsewhere)."""
     frontend_cpu: int | None = None
     """A CPU kept for the frontend: the simulated pools run on the others (None: anywhere)."""
+    route_candidates: int = 0
+    """RouteRequest.max_candidates of the Route dry runs: 0 asks for every eligible pool (a reply
+    then lists all of them), 1 for the choice alone."""
     profile: bool = False
     """py-spy records the frontend in the steady window, the mass redial and the restart (raw
     collapsed stacks in the log directory; off by default: the sampler takes CPU of its own)."""
@@ -597,13 +600,18 @@ class ProcessHealthProbe(HealthProbe):
         return {**await super().stop(), "not_ready_after_ready": self.dropped}
 
 
-def route_requests(tokens: list[list[int]]) -> dict[str, list[router_pb2.RouteRequest]]:
-    """Route dry runs of trace prompts cut to 1k and 16k tokens (those long enough)."""
+def route_requests(
+    tokens: list[list[int]], max_candidates: int = 0
+) -> dict[str, list[router_pb2.RouteRequest]]:
+    """Route dry runs of trace prompts cut to 1k and 16k tokens (those long enough), asking for at
+    most `max_candidates` candidates (0: all)."""
     out: dict[str, list[router_pb2.RouteRequest]] = {}
     for label, n in (("1k", 1024), ("16k", 16384)):
         out[label] = [
             router_pb2.RouteRequest(
-                model=scale_sim.MODEL, prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=t[:n]))
+                model=scale_sim.MODEL,
+                prompt=router_pb2.Prompt(token_ids=router_pb2.TokenIds(ids=t[:n])),
+                max_candidates=max_candidates,
             )
             for t in tokens
             if len(t) >= n
@@ -845,13 +853,23 @@ async def run_fleet(
         probe = HealthProbe(address).start()
         c0 = cpu_seconds(pid)
         t_0 = time.monotonic()
-        out["route"] = await route_latencies(address, route_requests(tokens), cfg.route_seconds, cfg.routes)
+        m0 = scrape(metrics_port)
+        out["route"] = await route_latencies(
+            address, route_requests(tokens, cfg.route_candidates), cfg.route_seconds, cfg.routes
+        )
+        m1 = scrape(metrics_port)
         out["route_window_cores"] = round((cpu_seconds(pid) - c0) / (time.monotonic() - t_0), 3)
         out["route_health"] = await probe.stop()
-        r = out["route"]
+        out["route_candidates"] = cfg.route_candidates
+        # In the frontend: the decision's own time (hashing, filter, rank: no wait for the loop,
+        # no reply), and the loop's lag while the Routes ran.
+        out["route_decision_metric"] = histogram_quantiles(m0, m1, "globalrouter_decision_latency_seconds")
+        out["route_loop_lag_metric"] = histogram_quantiles(m0, m1, "globalrouter_event_loop_lag_seconds")
+        r, dm = out["route"], out["route_decision_metric"] or {}
         print(
-            f"  [{pools} pools] Route 1k p50/p99 {r['1k']['p50_ms']}/{r['1k']['p99_ms']} ms, "
-            f"16k {r['16k']['p50_ms']}/{r['16k']['p99_ms']} ms",
+            f"  [{pools} pools] Route (max_candidates {cfg.route_candidates}) 1k p50/p99 "
+            f"{r['1k']['p50_ms']}/{r['1k']['p99_ms']} ms, 16k {r['16k']['p50_ms']}/{r['16k']['p99_ms']} ms; "
+            f"the frontend's decision metric p50/p99 {dm.get('p50_s')}/{dm.get('p99_s')} s",
             flush=True,
         )
 
@@ -1866,6 +1884,14 @@ def parse(argv: list[str] | None) -> Config:
         help="keep CPU K for the frontend: the simulated pools run on the other CPUs (default: anywhere)",
     )
     p.add_argument(
+        "--route-candidates",
+        type=int,
+        default=0,
+        metavar="K",
+        help="RouteRequest.max_candidates of the Route dry runs (default 0: every eligible pool listed; "
+        "1: the choice alone)",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="py-spy the frontend in the steady window, the mass redial and the restart (files in --log-dir)",
@@ -1886,6 +1912,8 @@ def parse(argv: list[str] | None) -> Config:
         p.error("--pools, --blocks, --relays and --workers must be > 0, --rate >= 0")
     if not 0 <= a.sim_nice <= 19:
         p.error(f"--sim-nice must be 0..19, got {a.sim_nice}")
+    if a.route_candidates < 0:
+        p.error(f"--route-candidates must be >= 0, got {a.route_candidates}")
     if a.frontend_cpu is not None:
         allowed = os.sched_getaffinity(0)
         if a.frontend_cpu not in allowed or len(allowed) < 2:
@@ -1932,6 +1960,7 @@ def parse(argv: list[str] | None) -> Config:
         out=a.out if a.out is not None else ("" if quick else str(SCALE_MD)),
         sim_nice=a.sim_nice,
         frontend_cpu=a.frontend_cpu,
+        route_candidates=a.route_candidates,
         profile=a.profile,
     )
     return cfg

@@ -173,6 +173,10 @@ class RouterConfig:
     rarely lossy, see BENCHMARKS.md "KV summary at fleet scale")."""
     gc: GcConfig = field(default_factory=GcConfig)
     """Python's garbage collector: frozen after the start and when ready, its young threshold."""
+    loop_stall_sample: float = 0.0
+    """Seconds: when > 0, a thread samples the serving loop's stack whenever its heartbeat is late
+    by more than this and logs the counts every 10 s (globalrouter.loop_stalls: where the long
+    turns go); 0 (the default): off."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     """OpenTelemetry export (--otlp-endpoint; empty: off)."""
@@ -202,6 +206,10 @@ class RouterConfig:
     so budgets hold across them; empty: counted in this process only."""
 
     def __post_init__(self) -> None:
+        if not (0 <= self.loop_stall_sample <= 10 and math.isfinite(self.loop_stall_sample)):
+            raise ValueError(
+                f"loop_stall_sample (--loop-stall-sample) must be between 0 and 10 seconds; got {self.loop_stall_sample!r}"
+            )
         if not 0 <= self.telemetry_batch_interval <= MAX_TELEMETRY_BATCH_INTERVAL:
             raise ValueError(
                 "telemetry_batch_interval (--telemetry-batch-interval) must be between 0 and "

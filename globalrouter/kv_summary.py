@@ -148,6 +148,10 @@ serving loop, about linear in the blocks folded: at 65,536 it took 62-90 ms (up 
 4% more CPU in total (BENCHMARKS.md, "1,000 pools with the fleet settings"). With _settle's
 look-ahead and walk, 5-6 ms (p99 8-9) at 8,192 and 3.1-3.4 ms (p99 5) at 4,096 for 10-15% more
 CPU in all (still less than 8,192's before them; BENCHMARKS.md, "Loop lag at 1,000 pools")."""
+PACED_FOLD_AT = 2 * PENDING
+"""KvSummary.fold_at when the serving loop's pacer folds (TelemetryServicer): `apply_delta` folds by
+itself only past it, in case the pacer has not come to the fold (deltas applied by the index
+worker's steps, say)."""
 ARENA_SPACE = 1 << 38
 """Bytes of address space the arena maps (Linux: private, anonymous, not reserved; 256 GiB, a
 hundred times the 1,000-pool x 1,000,000-block fleet's tables, and a 500th of a process's address
@@ -256,6 +260,7 @@ class KvSummary:
         "_top",
         "_waiting",
         "_walked",
+        "fold_at",
         "settle_rounds",
         "verify_top",
     )
@@ -316,6 +321,12 @@ class KvSummary:
         self._count = np.zeros(0, np.int64)
         """Per pool: entries in its table (blocks held, up to fingerprint collisions)."""
         self._log_keys: list[int] = []
+        self.fold_at = PENDING
+        """Logged blocks past which `apply_delta` folds at once (in the call). The telemetry pacer
+        raises it to PACED_FOLD_AT and folds at `fold_due` itself, at the start of a loop turn's
+        slice: folded inside a message, a fold (3-5 ms at 1,000 pools) came on top of the slice
+        that message ended, the steady state's longest turns (BENCHMARKS.md, "what the long turns
+        were")."""
         self._log_runs: list[tuple[int, int, int]] = []
         """(pool, removed blocks, stored blocks) per logged delta, in order."""
         self._skipped = 0
@@ -1423,8 +1434,17 @@ class KvSummary:
         after = len(keys)
         if after > before:
             self._log_runs.append((p, mid - before, after - mid))
-            if after > PENDING:
+            if after > self.fold_at:
                 self._fold()
+
+    @property
+    def fold_due(self) -> bool:
+        """Whether the deltas logged since the last fold reach PENDING blocks (`fold` them)."""
+        return len(self._log_keys) >= PENDING
+
+    def fold(self) -> None:
+        """Applies the logged deltas now (reads and `apply_delta` past `fold_at` do it anyway)."""
+        self._fold()
 
     def drop_source(self, source: str) -> None:
         """Forgets one source (its stream ended). The pool keeps its set while another of its

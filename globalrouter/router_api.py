@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 
@@ -13,7 +13,7 @@ from globalrouter.migration import GenerateError, RunRecord
 from globalrouter.pool_state import PoolState
 from globalrouter.request_path import RequestPath
 from globalrouter.routing import RoutingCore
-from globalrouter.selection import FilterReason
+from globalrouter.selection import Decision, FilterReason, Ranking
 from globalrouter.serving import ServingLinks
 from globalrouter.tenancy import PRIORITY_HEADER, grpc_status, parse_priority
 from globalrouter.tokenizer import ModelTokenizer, Tokenizers
@@ -282,33 +282,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 Reason.NO_POOL_FOR_MODEL,
                 f"no listed pool serves model {str(Target(target.model, target.adapter))!r}",
             )
-        return router_pb2.RouteResponse(
-            candidates=[
-                router_pb2.Candidate(
-                    pool_id=c.pool_id,
-                    rank=i,
-                    total_cost=c.total_cost,
-                    prefill_cost=c.prefill_cost,
-                    load_cost=c.load_cost,
-                    pending_cost=c.pending_cost,
-                    cached_blocks=c.cached_blocks,
-                    prompt_blocks=c.prompt_blocks,
-                    load_known=c.load_known,
-                    region=c.region,
-                    directory_state=_directory_state(self._core.table.pools.get(c.pool_id)),
-                )
-                for i, c in enumerate(decision.candidates, start=1)
-            ],
-            filtered=[
-                router_pb2.FilteredPool(
-                    pool_id=f.pool_id,
-                    reason=FILTER_REASONS[f.reason],  # type: ignore[arg-type]  # a proto enum field takes its number
-                    detail=f.detail,
-                )
-                for f in decision.filtered  # ordered by pool_id
-            ],
-            prompt_blocks=decision.prompt_blocks,
-        )
+        return route_response(decision, self._core.table.pools, request.max_candidates)
 
     # ---- ListPools --------------------------------------------------------------------------
     async def ListPools(self, request: router_pb2.ListPoolsRequest, context: grpc.aio.ServicerContext):
@@ -397,6 +371,64 @@ DIRECTORY_STATES = {
     "unlisted": router_pb2.DIRECTORY_STATE_UNLISTED,
 }
 """PoolState.directory_state -> router.v1.DirectoryState."""
+
+
+def route_response(
+    decision: Decision, pools: Mapping[str, PoolState], max_candidates: int = 0
+) -> router_pb2.RouteResponse:
+    """A Route reply: the best `max_candidates` candidates (0: all), the filtered pools; `pools`:
+    the directory the decision was made from (each candidate's directory state).
+
+    Built from the ranking's cost vectors into the reply's own repeated field: at 1,000 eligible
+    pools, building a RankedPool and then a Candidate per pool and copying the list into the reply
+    took about 2 ms of the serving loop per Route (the decision itself 1 ms); this about half
+    (BENCHMARKS.md, "Loop lag at 1,000 pools: what the long turns were")."""
+    candidates = decision.candidates
+    reply = router_pb2.RouteResponse(prompt_blocks=decision.prompt_blocks, candidates_total=len(candidates))
+    add = reply.candidates.add
+    if isinstance(candidates, Ranking):
+        # The candidates are the directory's own PoolStates (RoutingCore.decide ranks the table's,
+        # and the reply is built in the same loop turn): no lookup by id.
+        for rank, (pool, total, prefill, load, pending, cached, blocks, known) in enumerate(
+            candidates.rows(max_candidates), start=1
+        ):
+            add(
+                pool_id=pool.pool_id,
+                rank=rank,
+                total_cost=total,
+                prefill_cost=prefill,
+                load_cost=load,
+                pending_cost=pending,
+                cached_blocks=cached,
+                prompt_blocks=blocks,
+                load_known=known,
+                region=pool.region,
+                directory_state=DIRECTORY_STATES[pool.directory_state()],
+            )
+    else:  # a plain list of RankedPools (tests, tools)
+        listed = candidates if max_candidates <= 0 else candidates[:max_candidates]
+        for rank, c in enumerate(listed, start=1):
+            add(
+                pool_id=c.pool_id,
+                rank=rank,
+                total_cost=c.total_cost,
+                prefill_cost=c.prefill_cost,
+                load_cost=c.load_cost,
+                pending_cost=c.pending_cost,
+                cached_blocks=c.cached_blocks,
+                prompt_blocks=c.prompt_blocks,
+                load_known=c.load_known,
+                region=c.region,
+                directory_state=_directory_state(pools.get(c.pool_id)),
+            )
+    filtered = reply.filtered.add
+    for f in decision.filtered:  # ordered by pool_id
+        filtered(
+            pool_id=f.pool_id,
+            reason=FILTER_REASONS[f.reason],  # a proto enum field takes its number
+            detail=f.detail,
+        )
+    return reply
 
 
 def _directory_state(pool: PoolState | None) -> router_pb2.DirectoryState:

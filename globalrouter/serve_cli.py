@@ -623,6 +623,14 @@ def add_parser(subparsers) -> None:
         "Python's, 10). A generation-1 collection walks every open stream's pending read: its length "
         "grows with the streams, this sets how often it comes (default %(default)s)",
     )
+    p.add_argument(
+        "--loop-stall-sample",
+        type=non_negative_number,
+        default=_D.loop_stall_sample,
+        metavar="SECONDS",
+        help="a diagnosis: sample the serving loop's stack whenever its heartbeat is late by more than "
+        "this, and log the counts every 10 s ('loop stalls sampled'); 0: off (default %(default)s)",
+    )
     add_log_level_flag(p)
     add_security_flags(p)
     tracing.add_tracing_flags(p)
@@ -674,6 +682,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
             threshold=args.gc_threshold,
             threshold1=args.gc_threshold1,
         ),
+        loop_stall_sample=args.loop_stall_sample,
         security=args.security,
         tracing=tracing.tracing_config(args),
         tokenizers=tuple(args.tokenizer),

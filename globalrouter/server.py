@@ -23,6 +23,7 @@ from globalrouter.http_api.status_page import pool_states
 from globalrouter.kv_index import KvIndex
 from globalrouter.kv_summary import KvSummary
 from globalrouter.loop_lag import sample_loop_lag
+from globalrouter.loop_stalls import StallSampler
 from globalrouter.metrics import RouterMetrics
 from globalrouter.policy import PolicyError, PolicyFile
 from globalrouter.pool_directory import DirectoryWatcher, PoolTable
@@ -94,6 +95,8 @@ class Router:
     it runs until close(), through the stop (the loop still turns then, and says so)."""
     stop_requested: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     """Set to stop serving (SIGTERM/SIGINT set it too, or a failed background task)."""
+    stalls: StallSampler | None = None
+    """Samples the loop's stack while its heartbeat is late (config.loop_stall_sample; off by default)."""
     _prune_due: bool = False
     _health_off: asyncio.Task[None] | None = None
     _pruning: asyncio.Task | None = None
@@ -134,10 +137,14 @@ class Router:
         # state, are restarted with bounded back-off instead.
         self.gc_pauses.install()
         self.heartbeat.spawn("gc-tick", self._gc_tick, restart=Restart())
+        if self.config.loop_stall_sample > 0 and self.stalls is None:
+            self.stalls = StallSampler(late_after=self.config.loop_stall_sample)
+            self.stalls.start(lambda counts: log.info("loop stalls sampled", **counts))
         self.heartbeat.spawn(
             "loop-lag",
             lambda: sample_loop_lag(
-                self.metrics.event_loop_lag.observe, on_tick=self._beat if self.probe is not None else None
+                self.metrics.event_loop_lag.observe,
+                on_tick=self._beat if self.probe is not None or self.stalls is not None else None,
             ),
             restart=Restart(),
         )
@@ -180,10 +187,12 @@ class Router:
 
     def _beat(self) -> None:
         # On the loop, every ~0.1 s: the proof it turns, with what readiness last saw (no table walk).
-        assert self.probe is not None
-        self.probe.status.beat(
-            directory_synced=self.core.table.synced, pools_without_kv=self.readiness.pools_without_kv
-        )
+        if self.stalls is not None:
+            self.stalls.beat()
+        if self.probe is not None:
+            self.probe.status.beat(
+                directory_synced=self.core.table.synced, pools_without_kv=self.readiness.pools_without_kv
+            )
 
     async def _until_ready(self) -> None:
         """serve_until_signalled's `ready`: returns when health may say SERVING, the probe with it."""
@@ -258,6 +267,9 @@ class Router:
         self.metrics.close()
         self.gc_pauses.uninstall()
         await self.heartbeat.stop()
+        if self.stalls is not None:
+            self.stalls.stop()
+            log.info("loop stalls sampled", **self.stalls.report())
         if self.probe is not None:
             await asyncio.to_thread(self.probe.stop)  # joins its threads: not on the loop
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from globalrouter.kv_summary import KvSummary
+from globalrouter.kv_summary import PACED_FOLD_AT, KvSummary
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal
@@ -255,10 +255,22 @@ class IngestPacer:
         apply: Callable[[StreamState, Request], Response | None],
         slice_seconds: float = SLICE_SECONDS,
         now: Callable[[], float] = time.perf_counter,
+        *,
+        due: Callable[[], bool] | None = None,
+        work: Callable[[], None] | None = None,
     ) -> None:
         if not slice_seconds > 0:
             raise ValueError(f"slice_seconds must be > 0 (got {slice_seconds})")
+        if (due is None) != (work is None):
+            raise ValueError("due and work go together")
         self._apply = apply
+        self._due = due
+        self._work = work
+        """Work the messages leave behind (the summary's fold: `due` says when), done first thing in
+        a slice of its own: once it is due, later messages wait for that slice instead of being
+        applied in the current one, so the work never comes on top of a slice already spent."""
+        self.works = 0
+        """Times the pacer did `work`."""
         self.slice_seconds = slice_seconds
         self._now = now
         self._start = 0.0
@@ -286,10 +298,14 @@ class IngestPacer:
     def _close(self) -> None:
         self._open = False
 
+    def _owed(self) -> bool:
+        # The work is due: messages wait for the slice it opens.
+        return self._due is not None and self._due()
+
     async def submit(self, stream: StreamState, msg: Request) -> Response | None:
         """Applies `msg` now or in a later iteration; its answer, or what applying it raised."""
         self._begin()
-        if not self._queue and self._now() - self._start < self.slice_seconds:
+        if not self._queue and self._now() - self._start < self.slice_seconds and not self._owed():
             return self._apply(stream, msg)
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Response | None] = loop.create_future()
@@ -306,8 +322,13 @@ class IngestPacer:
                 await asyncio.sleep(0)  # the next iteration: what waited for the loop runs first
                 self._begin()
                 self.slices += 1
+                if self._work is not None and self._owed():
+                    self._work()  # counted in this slice: its messages get what is left
+                    self.works += 1
                 first = True  # at least one message a slice, so waiting ones always move on
-                while queue and (first or self._now() - self._start < self.slice_seconds):
+                while queue and (
+                    first or (self._now() - self._start < self.slice_seconds and not self._owed())
+                ):
                     stream, msg, waiter = queue.popleft()
                     if waiter.done():
                         continue  # its call was cancelled (stream ended or replaced)
@@ -1041,8 +1062,18 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         """Said in every hello ack: relays then send what they queued as one TelemetryBatch."""
         self.batch_interval = batch_interval
         """Seconds between a relay's writes asked in the hello ack (with accepts_batches only; 0: none)."""
-        self.pacer = IngestPacer(ingest.receive, slice_seconds)
-        """Every stream's messages go through it: the loop's telemetry work is bounded per iteration."""
+        # Every stream's messages go through the pacer: the loop's telemetry work is bounded per
+        # iteration. The summary's folds are paced too (each opens a slice); the exact index's
+        # overlay merge is left as it was. Test doubles of the ingest may have no index.
+        index = getattr(ingest, "_index", None)
+        self.pacer: IngestPacer
+        if isinstance(index, KvSummary):
+            index.fold_at = PACED_FOLD_AT
+            self.pacer = IngestPacer(
+                ingest.receive, slice_seconds, due=lambda: index.fold_due, work=index.fold
+            )
+        else:
+            self.pacer = IngestPacer(ingest.receive, slice_seconds)
         self.frontend_id = frontend_id
         self.closing = False
         self.sized_on_receipt = False

@@ -206,6 +206,20 @@ def test_the_simulators_are_started_niced_and_off_the_frontends_cpu(tmp_path):
         bench_scale.parse(["--quick", "--log-dir", str(tmp_path), "--sim-nice=20"])
 
 
+def test_route_dry_runs_ask_for_the_candidates_set_on_the_command_line(tmp_path):
+    assert bench_scale.parse(["--quick", "--log-dir", str(tmp_path)]).route_candidates == 0  # all, as before
+    cfg = bench_scale.parse(["--quick", "--log-dir", str(tmp_path), "--route-candidates", "1"])
+    assert cfg.route_candidates == 1
+    with pytest.raises(SystemExit):
+        bench_scale.parse(["--quick", "--log-dir", str(tmp_path), "--route-candidates", "-1"])
+    tokens = [list(range(20_000)), list(range(2_000))]
+    reqs = bench_scale.route_requests(tokens, 1)
+    assert [len(r.prompt.token_ids.ids) for r in reqs["1k"]] == [1024, 1024]
+    assert [len(r.prompt.token_ids.ids) for r in reqs["16k"]] == [16384]
+    assert {r.max_candidates for v in reqs.values() for r in v} == {1}
+    assert {r.max_candidates for v in bench_scale.route_requests(tokens).values() for r in v} == {0}
+
+
 @pytest.mark.parametrize("spelling", ["--render=FILE", "--render FILE"])
 def test_render_rewrites_the_markdown_from_a_runs_json_without_measuring(tmp_path, monkeypatch, spelling):
     """`--render FILE` (either spelling) rewrites the report from the JSON and measures nothing:

@@ -134,14 +134,16 @@ class GenerateResponse(_message.Message):
     def __init__(self, tokens: _Optional[_Union[TokenChunk, _Mapping]] = ..., summary: _Optional[_Union[GenerateSummary, _Mapping]] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
-    __slots__ = ("model", "prompt", "max_tokens")
+    __slots__ = ("model", "prompt", "max_tokens", "max_candidates")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: Prompt
     max_tokens: int
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+    max_candidates: int
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ..., max_tokens: _Optional[int] = ..., max_candidates: _Optional[int] = ...) -> None: ...
 
 class Candidate(_message.Message):
     __slots__ = ("pool_id", "rank", "total_cost", "prefill_cost", "load_cost", "pending_cost", "cached_blocks", "prompt_blocks", "load_known", "region", "directory_state")
@@ -180,14 +182,16 @@ class FilteredPool(_message.Message):
     def __init__(self, pool_id: _Optional[str] = ..., reason: _Optional[_Union[FilterReason, str]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("candidates", "filtered", "prompt_blocks")
+    __slots__ = ("candidates", "filtered", "prompt_blocks", "candidates_total")
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     FILTERED_FIELD_NUMBER: _ClassVar[int]
     PROMPT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
     filtered: _containers.RepeatedCompositeFieldContainer[FilteredPool]
     prompt_blocks: int
-    def __init__(self, candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., filtered: _Optional[_Iterable[_Union[FilteredPool, _Mapping]]] = ..., prompt_blocks: _Optional[int] = ...) -> None: ...
+    candidates_total: int
+    def __init__(self, candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., filtered: _Optional[_Iterable[_Union[FilteredPool, _Mapping]]] = ..., prompt_blocks: _Optional[int] = ..., candidates_total: _Optional[int] = ...) -> None: ...
 
 class ListPoolsRequest(_message.Message):
     __slots__ = ("model", "page_size", "page_token")

@@ -214,6 +214,24 @@ async def test_route_shows_cost_terms_and_filter_reasons(mesh):
     await relay.close()
 
 
+async def test_route_lists_at_most_max_candidates_the_best_ranked(mesh):
+    router, stub, _pools = mesh
+    router.core.table.pools["p3"].directory_draining = True
+
+    def route(**kw):
+        return stub.Route(
+            router_pb2.RouteRequest(model="m", prompt=router_pb2.Prompt(token_ids={"ids": PROMPT}), **kw)
+        )
+
+    everything = await route()
+    assert len(everything.candidates) == everything.candidates_total == 2  # 0: all, as before
+    one = await route(max_candidates=1)
+    # The same decision, its best candidate only; the total says how many were eligible.
+    assert list(one.candidates) == [everything.candidates[0]] and one.candidates_total == 2
+    assert one.filtered == everything.filtered and one.prompt_blocks == everything.prompt_blocks
+    assert await route(max_candidates=5) == everything
+
+
 async def test_a_pools_frontends_share_its_load_round_robin():
     router, stub, channel = await start_router()
     fakes, servers, urls = [], [], []

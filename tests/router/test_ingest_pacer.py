@@ -99,6 +99,35 @@ async def test_a_cancelled_call_s_waiting_message_is_not_applied():
     assert [m for _, m in applied] == list(range(19))
 
 
+async def test_work_left_by_the_messages_runs_first_in_a_slice_of_its_own():
+    """Once `due` (the summary's fold), no further message is applied in the current slice: the
+    work opens the next slice, counted in it, and the messages follow in order."""
+    clock, events = FakeTime(), list[object]()
+    logged = [0]
+
+    def apply(stream, msg):
+        clock.t += COST
+        events.append(msg)
+        logged[0] += 1
+        return None
+
+    def work():
+        clock.t += 3 * COST  # a fold takes most of a slice
+        events.append("work")
+        logged[0] = 0
+
+    pacer = IngestPacer(apply, 0.004, now=clock, due=lambda: logged[0] >= 3, work=work)
+    await asyncio.gather(*(pacer.submit("s", i) for i in range(12)))  # type: ignore[arg-type]
+    # Three messages (the slice has room for four), then the work before any fourth.
+    assert events[:4] == [0, 1, 2, "work"], events
+    for i, e in enumerate(events):
+        if e == "work":
+            assert events[i - 3 : i] != [] and all(isinstance(x, int) for x in events[i - 3 : i])
+    assert [e for e in events if e != "work"] == list(range(12)) and pacer.works == events.count("work") >= 3
+    with pytest.raises(ValueError, match="due and work go together"):
+        IngestPacer(apply, 0.004, due=lambda: True)
+
+
 def test_the_slice_must_be_positive():
     with pytest.raises(ValueError, match="slice_seconds must be > 0"):
         IngestPacer(lambda s, m: None, 0)
