@@ -65,6 +65,10 @@ class Ticket:
     state: TicketState = TicketState.WAITING
     prefill_pending: int = 0
     """Uncached prompt tokens whose prefill has not finished."""
+    prefill_started: float | None = None
+    """When its prefill began (monotonic; None before): the load report counts only what is left."""
+    prefill_seconds: float = 0.0
+    """How long its prefill takes (set when it begins)."""
     decode_remaining: int = 0
     """Output tokens still to generate."""
     generated: int = 0
@@ -248,8 +252,10 @@ class Pool:
                 # have stored this very prefix): prefill only what is missing now.
                 cached = worker.cache.cached_prefix(ticket.hashes)
                 ticket.prefill_pending = len(ticket.tokens) - cached * self.config.block_size
+                ticket.prefill_seconds = self.timing.prefill_seconds(ticket.prefill_pending)
+                ticket.prefill_started = self.clock.monotonic()
                 self.changes.notify()
-                await self.clock.sleep(self.timing.prefill_seconds(ticket.prefill_pending))
+                await self.clock.sleep(ticket.prefill_seconds)
                 worker.store(ticket.hashes)
                 ticket.prefill_pending = 0
             self.changes.notify()
@@ -390,12 +396,13 @@ class Pool:
 
     def load(self) -> PoolLoad:
         running = waiting = prefill = decode = 0
+        now = self.clock.monotonic()
         for t in self.tickets:
             if t.state is TicketState.WAITING:
                 waiting += 1
             else:
                 running += 1
-            prefill += t.prefill_pending
+            prefill += _prefill_left(t, now)
             decode += t.decode_remaining
         return PoolLoad(
             requests_waiting=waiting,
@@ -407,3 +414,16 @@ class Pool:
             max_running_requests=self.config.max_running,
             max_waiting_requests=self.config.max_queue,
         )
+
+
+def _prefill_left(ticket: Ticket, now: float) -> int:
+    """The ticket's uncached prompt tokens still to prefill at `now`: all of them until its prefill
+    begins, then what the worker has not yet done at its steady rate (a frontend reads the report
+    as work left, as the simulator's pool reports it; counting a long prefill whole until its end
+    overstated a busy pool's wait by up to that prefill, issue 20). At least 1 until it ends."""
+    pending = ticket.prefill_pending
+    started = ticket.prefill_started
+    if not pending or started is None or ticket.prefill_seconds <= 0:
+        return pending
+    done = (now - started) / ticket.prefill_seconds
+    return max(1, math.ceil(pending * (1.0 - done))) if done < 1.0 else 1

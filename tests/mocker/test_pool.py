@@ -334,3 +334,39 @@ async def test_an_adapter_request_is_cached_apart_from_the_base_model_and_an_unk
         ("cold", []),
         ("m", ["sql"]),
     ]
+
+
+async def test_the_load_report_counts_only_the_prefill_left_so_it_prices_the_real_wait(fake_clock):
+    # Issue 20: the report counted a prefill in progress whole until it ended, so a frontend
+    # reading it as work left (seconds = tokens / the pool's rate) overstated the wait of a request
+    # arriving late in a long prefill by up to that prefill.
+    pool = make_pool(fake_clock, workers=1, max_running_per_worker=3)
+    rate = pool.config.pool_prefill_tokens_per_second
+    t0 = fake_clock.monotonic()
+    a = await start(pool, list(range(100)), 1)  # prefills 1.0 s
+    b = await start(pool, list(range(200, 240)), 1)  # 0.4 s, after a's
+    await fake_clock.settle()
+    assert pool.load().prefill_tokens_in_flight == 100 + 40  # nothing done yet
+    await fake_clock.advance(0.25)
+    assert pool.load().prefill_tokens_in_flight == 75 + 40
+    await fake_clock.advance(0.5)
+    load = pool.load()
+    assert load.prefill_tokens_in_flight == 25 + 40  # was 100 + 40 until a's prefill ended
+    estimate = load.prefill_tokens_in_flight / rate
+    c = await start(pool, list(range(500, 520)), 1)  # arrives at t0 + 0.75, 0.2 s prefill
+    await fake_clock.advance(10)
+    await asyncio.gather(a.task, b.task, c.task)
+    real_wait = c.first_token_at - (t0 + 0.75) - 0.2 - pool.timing.token_interval()
+    assert real_wait == pytest.approx(0.25 + 0.4)
+    assert estimate == pytest.approx(real_wait)
+    assert pool.load().prefill_tokens_in_flight == 0
+
+
+async def test_a_prefill_in_progress_reports_at_least_one_token_until_it_ends(fake_clock):
+    pool = make_pool(fake_clock, workers=1)
+    a = await start(pool, list(range(100)), 1)  # prefills 1.0 s
+    await fake_clock.settle()
+    await fake_clock.advance(0.999999)
+    assert a.ticket.prefill_pending == 100 and pool.load().prefill_tokens_in_flight == 1
+    await fake_clock.advance(0.000002)
+    assert pool.load().prefill_tokens_in_flight == 0
