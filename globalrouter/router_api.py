@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import grpc
 
@@ -385,42 +385,47 @@ def route_response(
     (BENCHMARKS.md, "Loop lag at 1,000 pools: what the long turns were")."""
     candidates = decision.candidates
     reply = router_pb2.RouteResponse(prompt_blocks=decision.prompt_blocks, candidates_total=len(candidates))
-    add = reply.candidates.add
     if isinstance(candidates, Ranking):
         # The candidates are the directory's own PoolStates (RoutingCore.decide ranks the table's,
         # and the reply is built in the same loop turn): no lookup by id.
-        for rank, (pool, total, prefill, load, pending, cached, blocks, known) in enumerate(
-            candidates.rows(max_candidates), start=1
-        ):
-            add(
-                pool_id=pool.pool_id,
-                rank=rank,
-                total_cost=total,
-                prefill_cost=prefill,
-                load_cost=load,
-                pending_cost=pending,
-                cached_blocks=cached,
-                prompt_blocks=blocks,
-                load_known=known,
-                region=pool.region,
-                directory_state=DIRECTORY_STATES[pool.directory_state()],
-            )
+        rows: Iterable[tuple] = (
+            (p.pool_id, p.region, DIRECTORY_STATES[p.directory_state()], *costs)
+            for p, *costs in candidates.rows(max_candidates)
+        )
     else:  # a plain list of RankedPools (tests, tools)
         listed = candidates if max_candidates <= 0 else candidates[:max_candidates]
-        for rank, c in enumerate(listed, start=1):
-            add(
-                pool_id=c.pool_id,
-                rank=rank,
-                total_cost=c.total_cost,
-                prefill_cost=c.prefill_cost,
-                load_cost=c.load_cost,
-                pending_cost=c.pending_cost,
-                cached_blocks=c.cached_blocks,
-                prompt_blocks=c.prompt_blocks,
-                load_known=c.load_known,
-                region=c.region,
-                directory_state=_directory_state(pools.get(c.pool_id)),
+        rows = (
+            (
+                c.pool_id,
+                c.region,
+                _directory_state(pools.get(c.pool_id)),
+                c.total_cost,
+                c.prefill_cost,
+                c.load_cost,
+                c.pending_cost,
+                c.cached_blocks,
+                c.prompt_blocks,
+                c.load_known,
             )
+            for c in listed
+        )
+    add = reply.candidates.add
+    for rank, (pool_id, region, state, total, prefill, load, pending, cached, blocks, known) in enumerate(
+        rows, start=1
+    ):
+        add(
+            pool_id=pool_id,
+            rank=rank,
+            total_cost=total,
+            prefill_cost=prefill,
+            load_cost=load,
+            pending_cost=pending,
+            cached_blocks=cached,
+            prompt_blocks=blocks,
+            load_known=known,
+            region=region,
+            directory_state=state,
+        )
     filtered = reply.filtered.add
     for f in decision.filtered:  # ordered by pool_id
         filtered(

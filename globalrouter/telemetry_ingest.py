@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from globalrouter.kv_index import KvIndex
 from globalrouter.kv_summary import PACED_FOLD_AT, KvSummary
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
@@ -417,6 +418,11 @@ class TelemetryIngest:
             if isinstance(job, _Build):
                 job.stream.building = None
         self._work.clear()
+
+    @property
+    def index(self) -> KvIndex | KvSummary:
+        """The KV state this ingest feeds (the servicer paces the summary's folds)."""
+        return self._index
 
     def last_heard(self, pool_id: str) -> float | None:
         """Clock time of the latest message on the pool's open streams (None: none yet, or no
@@ -1065,7 +1071,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         # Every stream's messages go through the pacer: the loop's telemetry work is bounded per
         # iteration. The summary's folds are paced too (each opens a slice); the exact index's
         # overlay merge is left as it was. Test doubles of the ingest may have no index.
-        index = getattr(ingest, "_index", None)
+        index = getattr(ingest, "index", None)
         self.pacer: IngestPacer
         if isinstance(index, KvSummary):
             index.fold_at = PACED_FOLD_AT
