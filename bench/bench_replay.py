@@ -180,6 +180,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dispatch-slo-feedback", action="store_true", help="late, with --wait-slo: as `serve`"
     )
     parser.add_argument(
+        "--live-dynamo",
+        action="store_true",
+        help="also replay the same requests through a frontend ranking as dynamo (`serve --ranking "
+        "dynamo`, early, no SLO), one such run after each of the mode's, so that the goal's p99 "
+        "condition is checked live against live on the same host, not only against the simulator",
+    )
+    parser.add_argument(
         "--result", default=None, help="results file (default: bench/results/ and a name per mode)"
     )
     return parser.parse_args(argv)
@@ -245,6 +252,8 @@ def result_path(args: argparse.Namespace) -> Path:
         parts.append("wait_slo_dynamo" if args.wait_slo == DYNAMO else "wait_slo")
     if Path(args.trace).resolve() != TRACE.resolve():
         parts.append(trace_kind(args.trace))
+    if args.live_dynamo:
+        parts.append("live_dynamo")
     return RESULT.with_name("_".join(parts) + ".md")
 
 
@@ -271,9 +280,12 @@ def dispatch_flags(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def simulate_argv(args: argparse.Namespace, trace: Path, policy: str, slo: float | None) -> list[str]:
+def simulate_argv(
+    args: argparse.Namespace, trace: Path, policy: str, slo: float | None, ranking: str = "default"
+) -> list[str]:
     """`globalrouter simulate` on the capped requests with the live mesh's pools, R and load-report
-    cadence in trace time; with `policy` "all", the mode's flags (--wait-slo `slo`, late binding)."""
+    cadence in trace time; with `policy` "all", the mode's flags (--wait-slo `slo`, late binding);
+    with `ranking` dynamo, the default policy ranking as the live dynamo baseline (no mode flags)."""
     argv = [
         command("globalrouter"),
         "simulate",
@@ -290,6 +302,8 @@ def simulate_argv(args: argparse.Namespace, trace: Path, policy: str, slo: float
         "--policy",
         policy,
     ]
+    if ranking != "default":
+        return [*argv, "--ranking", ranking, "--json"]
     if policy != DYNAMO:  # the dynamo run that sets T takes none of the mode's flags
         if slo is not None:
             argv += ["--wait-slo", f"{slo:g}"]
@@ -321,7 +335,12 @@ def live_waits(
     return waits, ttfts
 
 
-def live_run(args: argparse.Namespace, mocker_speedup: float, outcomes: Path, slo: float | None) -> dict:
+DYNAMO_FRONTEND = ["--ranking", "dynamo"]
+"""`globalrouter serve` flags of the live dynamo baseline (--live-dynamo): early, no SLO."""
+
+
+def live_run(args: argparse.Namespace, mocker_speedup: float, outcomes: Path, flags: list[str]) -> dict:
+    """One replay through a fresh mesh whose frontend runs with `flags`; the replay's JSON."""
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp, process_group(Path(tmp)) as group:
         mesh = Mesh(group)
         mesh.start_discovery()
@@ -342,7 +361,7 @@ def live_run(args: argparse.Namespace, mocker_speedup: float, outcomes: Path, sl
                 "--log-level",
                 "warning",
             )
-        router = mesh.start_router("--log-level", "warning", *frontend_flags(args, slo))
+        router = mesh.start_router("--log-level", "warning", *flags)
         mesh.wait_routable(router, mesh.pools)
         live = run_json(
             [
@@ -375,6 +394,56 @@ def live_run(args: argparse.Namespace, mocker_speedup: float, outcomes: Path, sl
     return live
 
 
+def live_dynamo_lines(
+    runs: list[tuple[dict, dict]],
+    dynamo_runs: list[tuple[dict, dict]],
+    sim_selector_dynamo: dict,
+    sim_dynamo: dict,
+    goal: float | None,
+    kind: str,
+) -> list[str]:
+    """The results file's part on the live dynamo baseline (--live-dynamo): each round's pair of
+    runs, the means, and the goal's p99 condition checked live against live."""
+    share = statistics.mean(live["share_of_ideal"] for live, _ in runs)
+    p99 = statistics.mean(split["wait_p99"] for _, split in runs)
+    d_share = statistics.mean(live["share_of_ideal"] for live, _ in dynamo_runs)
+    d_p99 = statistics.mean(split["wait_p99"] for _, split in dynamo_runs)
+    out = [
+        "",
+        "The live dynamo baseline (`--live-dynamo`): the same requests through a fresh mesh whose frontend "
+        "runs `globalrouter serve --ranking dynamo` (Dynamo's cost through the frontend's Selector: prefill "
+        "left after the cached prefix plus queued work, equal weights; early, no SLO), one run after each of "
+        "the mode's, so that both see the same host. In the simulator that ranking gives "
+        f"{sim_selector_dynamo['share_of_ideal']:.4f} / {sim_selector_dynamo['wait_p99']:.3f} s on these "
+        f"requests (the simulator's dynamo policy: {sim_dynamo['share_of_ideal']:.4f} / "
+        f"{sim_dynamo['wait_p99']:.3f} s).",
+        "",
+        "| round | mode's live share / wait p99 (s) | live dynamo share / wait p99 (s) | live dynamo wait p50 (s) "
+        "| live dynamo TTFT p99 (s) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for k, ((live, split), (d_live, d_split)) in enumerate(zip(runs, dynamo_runs, strict=True)):
+        out.append(
+            f"| {k + 1} | {live['share_of_ideal']:.4f} / {split['wait_p99']:.3f} | "
+            f"{d_live['share_of_ideal']:.4f} / {d_split['wait_p99']:.3f} | {d_split['wait_p50']:.3f} | "
+            f"{d_split['ttft_p99']:.3f} |"
+        )
+    out += [
+        "",
+        f"Means: the mode {share:.4f} / {p99:.3f} s, live dynamo {d_share:.4f} / {d_p99:.3f} s "
+        f"(the mode's p99 / dynamo's: {p99 / d_p99 if d_p99 > 0 else float('inf'):.2f}).",
+    ]
+    if goal is not None:
+        share_ok, p99_ok = share >= goal, p99 <= d_p99
+        out += [
+            "",
+            f"Issue 20's goal on the {kind} trace, live against live dynamo on the same host: "
+            f"{'met' if share_ok and p99_ok else 'not met'} (share {'met' if share_ok else 'not met'}, "
+            f"p99 {'met' if p99_ok else 'not met'}, on the means).",
+        ]
+    return out
+
+
 def command_line(args: argparse.Namespace) -> str:
     """The bench's own command, as the results file quotes it."""
     cmd = (
@@ -390,6 +459,8 @@ def command_line(args: argparse.Namespace) -> str:
         cmd += f" --wait-slo {args.wait_slo if args.wait_slo == DYNAMO else format(args.wait_slo, 'g')}"
     if args.dispatch == "late":
         cmd += " " + " ".join(dispatch_flags(args))
+    if args.live_dynamo:
+        cmd += " --live-dynamo"
     if args.result:
         cmd += f" --result {args.result}"
     return cmd
@@ -433,17 +504,31 @@ def main(argv: list[str] | None = None) -> int:
             slo = args.wait_slo
         sim = run_json(simulate_argv(args, capped, "all", slo), timeout=600)
         assert isinstance(sim, list)
+        sim_selector_dynamo: dict | None = None
+        if args.live_dynamo:
+            # the live baseline's ranking in the simulator: dynamo's cost through the frontend's Selector
+            selector_dynamo = run_json(simulate_argv(args, capped, "default", None, DYNAMO), timeout=600)
+            assert isinstance(selector_dynamo, dict)
+            sim_selector_dynamo = selector_dynamo
         runs = []
-        for k in range(args.runs):
-            outcomes = Path(out) / f"outcomes-{k}.jsonl"
-            live = live_run(args, mocker_speedup, outcomes, slo)
+        dynamo_runs = []
+
+        def replay(flags: list[str], name: str) -> tuple[dict, dict]:
+            outcomes = Path(out) / f"outcomes-{name}.jsonl"
+            live = live_run(args, mocker_speedup, outcomes, flags)
             split = placement_split(trace, outcomes, args.capacity, ideal)
             waits, ttfts = live_waits(trace, outcomes, args.rate, args.speedup)
             split.update(
                 wait_p99=percentile(waits, 99), wait_p50=percentile(waits, 50), ttft_p99=percentile(ttfts, 99)
             )
-            runs.append((live, split))
-            print(json.dumps(live), json.dumps(split), flush=True)
+            print(name, json.dumps(live), json.dumps(split), flush=True)
+            return live, split
+
+        for k in range(args.runs):
+            # one after the other, so that both see the same machine over the bench's span
+            runs.append(replay(frontend_flags(args, slo), f"mode-{k}"))
+            if args.live_dynamo:
+                dynamo_runs.append(replay(DYNAMO_FRONTEND, f"dynamo-{k}"))
     # with --dispatch late, `simulate --policy all` runs every policy early, then the default late (last)
     sim_mode = sim[-1] if late else next(r for r in sim if r["policy"] == "default")
     sim_dynamo = next(r for r in sim if r["policy"] == DYNAMO)
@@ -522,6 +607,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{'met' if share_ok and p99_ok else 'not met'} (share {'met' if share_ok else 'not met'}, "
             f"p99 {'met' if p99_ok else 'not met'}, on the means); simulated {'met' if sim_ok else 'not met'}.",
         ]
+    if dynamo_runs and sim_selector_dynamo is not None:
+        lines += live_dynamo_lines(runs, dynamo_runs, sim_selector_dynamo, sim_dynamo, goal, kind)
+        print("\n".join(lines[-3:]))
     lines += [
         "",
         "| run | live placements through the simulator's pool model | requests sent away from the prefix holder "

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from globalrouter.dispatch import DispatchConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
+from globalrouter.selection import SelectionConfig
 from globalrouter.stall import StallPolicy
 from globalrouter.wait_slo import WaitSlo
 from meshkit.tls import SecurityConfig
@@ -129,6 +130,9 @@ class RouterConfig:
     """How long an admitted pool may stay silent before it counts as hung for the request."""
     freshness: FreshnessLimits = field(default_factory=FreshnessLimits)
     """How old each kind of pool signal may be before it counts as unknown."""
+    ranking: str = "default"
+    """The ranking's weights by name (`globalrouter.selection.RANKINGS`): `default`, or `dynamo`
+    (Dynamo's KV router cost one level up, the baseline the simulator's `dynamo` policy runs)."""
     wait_slo: WaitSlo | None = None
     """When set, the ranking runs under this wait SLO instead of fixed weights
     (`SelectionConfig.wait_slo`)."""
@@ -206,6 +210,8 @@ class RouterConfig:
     so budgets hold across them; empty: counted in this process only."""
 
     def __post_init__(self) -> None:
+        # raises if the ranking does not exist or does not go with the SLO
+        SelectionConfig.for_ranking(self.ranking, wait_slo=self.wait_slo)
         if not (0 <= self.loop_stall_sample <= 10 and math.isfinite(self.loop_stall_sample)):
             raise ValueError(
                 f"loop_stall_sample (--loop-stall-sample) must be between 0 and 10 seconds; got {self.loop_stall_sample!r}"

@@ -18,7 +18,7 @@ import itertools
 import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 import xxhash
@@ -113,6 +113,35 @@ class SelectionConfig:
     prefill weight replaces `prefill_weight`, and each pool's estimated wait beyond the SLO's
     target costs a price per second, found online from the estimated waits at the pools the
     decisions rank first (every `select` but a dry run is one observation)."""
+
+    @classmethod
+    def for_ranking(cls, ranking: str, **fields: Any) -> SelectionConfig:
+        """The weights of a named ranking (RANKINGS), with `fields` (freshness, wait_slo, ...) set;
+        ValueError names the known rankings, or says why a field does not go with the ranking."""
+        if ranking not in RANKINGS:
+            raise ValueError(f"unknown ranking {ranking!r}; known: {', '.join(RANKINGS)}")
+        if ranking == "dynamo" and fields.get("wait_slo") is not None:
+            raise ValueError(
+                "the dynamo ranking (--ranking dynamo) takes no wait SLO (--wait-slo): its cost has fixed, equal weights"
+            )
+        return cls(**{**RANKINGS[ranking], **fields})
+
+
+RANKINGS: dict[str, dict[str, object]] = {
+    "default": {},
+    "dynamo": {
+        "prefill_weight": 1.0,
+        "load_weight": 1.0,
+        "pending_weight": 1.0,
+        "drain_reports": False,
+        "hotspot_seconds": 0.0,
+    },
+}
+"""Named rankings (`--ranking`): field overrides of SelectionConfig. `dynamo` is the cost of
+Dynamo's KV router one level up (the simulator's `dynamo` policy, globalrouter.policies): the
+prefill left after the pool's cached prefix plus the pool's reported and pending work, equal
+weights, no drain of reports, no hotspot term and no SLO; the frontend can run it live, so the
+live mesh has the baseline the issue's goals compare against on the same host."""
 
 
 @dataclass(frozen=True, slots=True)

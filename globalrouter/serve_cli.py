@@ -26,6 +26,7 @@ from globalrouter.config import (
 from globalrouter.dispatch import ORDERS, PLACEMENTS, DispatchConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
+from globalrouter.selection import RANKINGS
 from globalrouter.server import serve
 from globalrouter.wait_slo import WaitSlo
 from meshkit import settings, tracing
@@ -212,6 +213,14 @@ def add_parser(subparsers) -> None:
         help="seconds a request may wait for its first token at a pool that says it is busy (queue "
         "reports, or a fresh load showing it full) before it tries another pool; the busy pool's "
         "link is not backed off (default %(default)s)",
+    )
+    p.add_argument(
+        "--ranking",
+        choices=tuple(RANKINGS),
+        default=_D.ranking,
+        help="the ranking's weights: default, or dynamo (Dynamo's KV router cost one level up: prefill "
+        "left after the pool's cached prefix plus its queued work, equal weights; a baseline to "
+        "compare with, not for --wait-slo) (default %(default)s)",
     )
     p.add_argument(
         "--wait-slo",
@@ -662,6 +671,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         ),
         max_generate_streams=args.max_generate_streams,
         metrics_listen=args.metrics_listen or "",
+        ranking=args.ranking,
         wait_slo=WaitSlo(args.wait_slo, quantile=args.wait_slo_quantile) if args.wait_slo else None,
         dispatch=_dispatch_config(args),
         grace=args.grace,

@@ -299,7 +299,9 @@ def create_server(
             raise ValueError(f"kv_state must be one of {KV_STATES}, got {config.kv_state!r}")
         # The summary answers the index's calls (and the ingest's build/commit ones; see TelemetryIngest).
         index = cast(KvIndex, KvSummary()) if config.kv_state == "summary" else KvIndex()
-    selector = Selector(SelectionConfig(freshness=config.freshness, wait_slo=config.wait_slo))
+    selector = Selector(
+        SelectionConfig.for_ranking(config.ranking, freshness=config.freshness, wait_slo=config.wait_slo)
+    )
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
     try:

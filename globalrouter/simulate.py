@@ -41,7 +41,7 @@ from globalrouter.kv_index import KvIndex
 from globalrouter.kv_summary import KvSummary
 from globalrouter.policies import POLICIES, FrontendView, Policy, make_policy
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
-from globalrouter.selection import SelectionConfig, Selector
+from globalrouter.selection import RANKINGS, SelectionConfig, Selector
 from globalrouter.serve_cli import add_dispatch_slo_flags, class_rates
 from globalrouter.trace import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
 from globalrouter.wait_slo import WaitSlo
@@ -604,6 +604,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "second, as `globalrouter serve --dispatch-pace` (every request here is class 0) (default: none)",
     )
     p.add_argument(
+        "--ranking",
+        choices=tuple(RANKINGS),
+        default="default",
+        help="the default policy's ranking weights, as `globalrouter serve --ranking` (dynamo: the "
+        "dynamo policy's cost through the frontend's Selector) (default %(default)s)",
+    )
+    p.add_argument(
         "--kv-state",
         choices=KV_STATES,
         default="exact",
@@ -678,12 +685,11 @@ def run(args: argparse.Namespace) -> int:
         kv_state=args.kv_state,
     )
     names = list(POLICIES) if args.policy == "all" else [args.policy]
-    selection = (
-        SelectionConfig(wait_slo=WaitSlo(args.wait_slo, quantile=args.wait_slo_quantile))
-        if args.wait_slo
-        else None
-    )
     try:
+        selection = SelectionConfig.for_ranking(
+            args.ranking,
+            wait_slo=WaitSlo(args.wait_slo, quantile=args.wait_slo_quantile) if args.wait_slo else None,
+        )
         dispatch = late_dispatch_config(args) if args.dispatch == "late" else None
     except ValueError as exc:
         print(f"globalrouter simulate: {exc}", file=sys.stderr)

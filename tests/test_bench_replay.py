@@ -158,3 +158,34 @@ def test_live_wait_is_first_token_from_arrival_less_the_mockers_time_from_start(
     # 20,000 / (50 x 10,000) = 0.04 (the mocker's speed-up R x S / 20,000 cancels out)
     assert ttfts == [pytest.approx(2.0)]
     assert waits == [pytest.approx(2.0 - 0.1024 - 0.04)]
+
+
+def test_the_live_dynamo_baseline_runs_the_dynamo_ranking_without_the_modes_flags():
+    args = args_of("--wait-slo", "dynamo", "--dispatch", "late", "--live-dynamo", trace=CONV)
+    front = serve_args(bench_replay.DYNAMO_FRONTEND)
+    assert (front.ranking, front.wait_slo, front.dispatch) == ("dynamo", None, "early")
+    sim = simulate_args(bench_replay.simulate_argv(args, Path("capped.jsonl"), "default", None, "dynamo"))
+    assert (sim.policy, sim.ranking, sim.wait_slo, sim.dispatch) == ("default", "dynamo", None, "early")
+    assert (
+        bench_replay.result_path(args).name
+        == "bench_replay_late_rank_wait_slo_dynamo_conversation_live_dynamo.md"
+    )
+    assert bench_replay.command_line(args).endswith("--live-dynamo")
+
+
+def test_the_goal_is_judged_live_against_the_live_dynamo_runs():
+    def run(share, p99):
+        return {"share_of_ideal": share}, {"wait_p99": p99, "wait_p50": 0.1, "ttft_p99": p99 + 1}
+
+    sim = {"share_of_ideal": 0.84, "wait_p99": 3.6}
+    mode = [run(0.96, 6.0), run(0.95, 6.4)]
+    lines = bench_replay.live_dynamo_lines(
+        mode, [run(0.83, 6.5), run(0.85, 6.3)], sim, sim, 0.95, "conversation"
+    )
+    text = "\n".join(lines)
+    assert "| 1 | 0.9600 / 6.000 | 0.8300 / 6.500 |" in text
+    assert "live against live dynamo on the same host: met (share met, p99 met" in text
+    slower = bench_replay.live_dynamo_lines(
+        mode, [run(0.83, 5.0), run(0.85, 5.2)], sim, sim, 0.95, "conversation"
+    )
+    assert "host: not met (share met, p99 not met" in "\n".join(slower)
