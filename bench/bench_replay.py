@@ -12,7 +12,10 @@ in trace time. Then the split: the live run's placements are fed through the sim
 model, which separates where requests went (routing) from how the mesh cached them.
 With --wait-slo T (trace seconds) the frontend runs `--wait-slo T/S` (real seconds) and the
 simulator `--wait-slo T`; `--wait-slo dynamo` takes T = the `dynamo` policy's simulated wait
-p99 on the same requests. `--dispatch late` (with `--dispatch-placement`, `--dispatch-order`,
+p99 on the same requests, `--wait-slo live-dynamo` the wait p99 of a live run of the frontend's
+dynamo ranking (`serve --ranking dynamo`), run first. `--live-dynamo` replays the requests through
+such a frontend after each of the mode's runs, so that the goal's p99 condition is also judged live
+against live on the same host. `--dispatch late` (with `--dispatch-placement`, `--dispatch-order`,
 `--dispatch-slo-feedback`, as `globalrouter serve` and `globalrouter simulate` take them) runs late
 binding on both sides: the frontend holds each request in its dispatch queue, the simulator's
 default policy does the same.
@@ -28,7 +31,7 @@ bench_replay_wait_slo.md with --wait-slo, bench_replay_late_<placement>[_deadlin
 --dispatch late, `_dynamo` when T came from dynamo, `_<trace>` for a trace other than the default.
 
 Run: .venv/bin/python bench/bench_replay.py [--requests N] [--pools P] [--speedup S] [--runs K]
-     [--wait-slo T|dynamo] [--dispatch late [--dispatch-placement rank|match]
+     [--wait-slo T|dynamo|live-dynamo] [--live-dynamo] [--dispatch late [--dispatch-placement rank|match]
      [--dispatch-order fifo|deadline] [--dispatch-slo-feedback]] [--result FILE]
 """
 
@@ -63,6 +66,8 @@ MOCKER_DECODE_RATE = 50
 SHARE_GOALS = {"conversation": 0.95, "synthetic": 0.97}
 """Issue 20's share_of_ideal goals per trace (with the wait p99 no worse than dynamo's)."""
 DYNAMO = "dynamo"
+LIVE_DYNAMO = "live-dynamo"
+"""--wait-slo live-dynamo: T = the wait p99 of a live run of the dynamo ranking (implies --live-dynamo)."""
 RELAY_REPORT_INTERVAL = 0.2
 """Seconds between the mesh relays' load reports (tests.router.mesh starts them so)."""
 
@@ -114,9 +119,10 @@ def placement_split(trace: list[TraceRequest], outcomes_path: Path, capacity: in
 
 
 def wait_slo_arg(value: str) -> float | str:
-    """argparse type of --wait-slo: positive trace seconds, or "dynamo" (dynamo's simulated p99)."""
-    if value == DYNAMO:
-        return DYNAMO
+    """argparse type of --wait-slo: positive trace seconds, "dynamo" (dynamo's simulated p99) or
+    "live-dynamo" (the p99 of a live run of the dynamo ranking on the same requests)."""
+    if value in (DYNAMO, LIVE_DYNAMO):
+        return value
     return positive_number(value)
 
 
@@ -156,9 +162,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--wait-slo",
         type=wait_slo_arg,
         default=None,
-        metavar="T|dynamo",
+        metavar="T|dynamo|live-dynamo",
         help="trace seconds: the frontend and the simulator's default policy rank under this wait SLO; "
-        "'dynamo': T = the dynamo policy's simulated wait p99 on the same requests",
+        "'dynamo': T = the dynamo policy's simulated wait p99 on the same requests; 'live-dynamo': T = "
+        "the wait p99 of a live run of the dynamo ranking on them, run first (implies --live-dynamo)",
     )
     parser.add_argument(
         "--dispatch",
@@ -189,7 +196,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--result", default=None, help="results file (default: bench/results/ and a name per mode)"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.wait_slo == LIVE_DYNAMO:
+        args.live_dynamo = True  # the target comes from a live dynamo run, which is then the baseline too
+    return args
 
 
 def check_args(args: argparse.Namespace) -> str | None:
@@ -249,10 +259,12 @@ def result_path(args: argparse.Namespace) -> Path:
         if args.dispatch_slo_feedback:
             parts.append("feedback")
     if args.wait_slo is not None:
-        parts.append("wait_slo_dynamo" if args.wait_slo == DYNAMO else "wait_slo")
+        parts.append(
+            {DYNAMO: "wait_slo_dynamo", LIVE_DYNAMO: "wait_slo_live_dynamo"}.get(args.wait_slo, "wait_slo")
+        )
     if Path(args.trace).resolve() != TRACE.resolve():
         parts.append(trace_kind(args.trace))
-    if args.live_dynamo:
+    if args.live_dynamo and args.wait_slo != LIVE_DYNAMO:
         parts.append("live_dynamo")
     return RESULT.with_name("_".join(parts) + ".md")
 
@@ -456,10 +468,12 @@ def command_line(args: argparse.Namespace) -> str:
     if args.concurrency != 256:
         cmd += f" --concurrency {args.concurrency}"
     if args.wait_slo is not None:
-        cmd += f" --wait-slo {args.wait_slo if args.wait_slo == DYNAMO else format(args.wait_slo, 'g')}"
+        cmd += (
+            f" --wait-slo {args.wait_slo if isinstance(args.wait_slo, str) else format(args.wait_slo, 'g')}"
+        )
     if args.dispatch == "late":
         cmd += " " + " ".join(dispatch_flags(args))
-    if args.live_dynamo:
+    if args.live_dynamo and args.wait_slo != LIVE_DYNAMO:
         cmd += " --live-dynamo"
     if args.result:
         cmd += f" --result {args.result}"
@@ -491,8 +505,32 @@ def main(argv: list[str] | None = None) -> int:
                 for r in trace
             ],
         )
+        runs: list[tuple[dict, dict]] = []
+        dynamo_runs: list[tuple[dict, dict]] = []
+
+        def replay(flags: list[str], name: str) -> tuple[dict, dict]:
+            outcomes = Path(out) / f"outcomes-{name}.jsonl"
+            live = live_run(args, mocker_speedup, outcomes, flags)
+            split = placement_split(trace, outcomes, args.capacity, ideal)
+            waits, ttfts = live_waits(trace, outcomes, args.rate, args.speedup)
+            split.update(
+                wait_p99=percentile(waits, 99), wait_p50=percentile(waits, 50), ttft_p99=percentile(ttfts, 99)
+            )
+            print(name, json.dumps(live), json.dumps(split), flush=True)
+            return live, split
+
         slo: float | None
-        if args.wait_slo == DYNAMO:
+        if args.wait_slo == LIVE_DYNAMO:
+            # the first live dynamo run comes first: its wait p99 is the mode's target
+            dynamo_runs.append(replay(DYNAMO_FRONTEND, "dynamo-0"))
+            slo = float(dynamo_runs[0][1]["wait_p99"])
+            if slo <= 0:
+                print(
+                    "bench_replay: the live dynamo run's wait p99 is 0 at this load: no SLO", file=sys.stderr
+                )
+                return 2
+            print(f"T = the live dynamo run's wait p99 = {slo:.3f} trace seconds", flush=True)
+        elif args.wait_slo == DYNAMO:
             dyn = run_json(simulate_argv(args, capped, "dynamo", None), timeout=600)
             assert isinstance(dyn, dict)
             slo = float(dyn["wait_p99"])
@@ -510,25 +548,11 @@ def main(argv: list[str] | None = None) -> int:
             selector_dynamo = run_json(simulate_argv(args, capped, "default", None, DYNAMO), timeout=600)
             assert isinstance(selector_dynamo, dict)
             sim_selector_dynamo = selector_dynamo
-        runs = []
-        dynamo_runs = []
-
-        def replay(flags: list[str], name: str) -> tuple[dict, dict]:
-            outcomes = Path(out) / f"outcomes-{name}.jsonl"
-            live = live_run(args, mocker_speedup, outcomes, flags)
-            split = placement_split(trace, outcomes, args.capacity, ideal)
-            waits, ttfts = live_waits(trace, outcomes, args.rate, args.speedup)
-            split.update(
-                wait_p99=percentile(waits, 99), wait_p50=percentile(waits, 50), ttft_p99=percentile(ttfts, 99)
-            )
-            print(name, json.dumps(live), json.dumps(split), flush=True)
-            return live, split
-
         for k in range(args.runs):
             # one after the other, so that both see the same machine over the bench's span
             runs.append(replay(frontend_flags(args, slo), f"mode-{k}"))
-            if args.live_dynamo:
-                dynamo_runs.append(replay(DYNAMO_FRONTEND, f"dynamo-{k}"))
+            if args.live_dynamo and len(dynamo_runs) < args.runs:
+                dynamo_runs.append(replay(DYNAMO_FRONTEND, f"dynamo-{len(dynamo_runs)}"))
     # with --dispatch late, `simulate --policy all` runs every policy early, then the default late (last)
     sim_mode = sim[-1] if late else next(r for r in sim if r["policy"] == "default")
     sim_dynamo = next(r for r in sim if r["policy"] == DYNAMO)
@@ -552,7 +576,10 @@ def main(argv: list[str] | None = None) -> int:
     mode = mode_label(args)
     heading = f"## Routing quality through the live mesh (`bench_replay`): {kind}, {mode}"
     if slo is not None:
-        source = "dynamo's simulated wait p99 of this run" if args.wait_slo == DYNAMO else "given"
+        source = {
+            DYNAMO: "dynamo's simulated wait p99 of this run",
+            LIVE_DYNAMO: "the wait p99 of the first live dynamo run, which ran before the mode's",
+        }.get(args.wait_slo, "given")
         heading += (
             f" (T = {slo:.3f} trace seconds, {source}; the frontend runs `--wait-slo {slo / args.speedup:g}`)"
         )

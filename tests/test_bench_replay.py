@@ -189,3 +189,59 @@ def test_the_goal_is_judged_live_against_the_live_dynamo_runs():
         mode, [run(0.83, 5.0), run(0.85, 5.2)], sim, sim, 0.95, "conversation"
     )
     assert "host: not met (share met, p99 not met" in "\n".join(slower)
+
+
+def test_a_target_from_the_live_dynamo_run_comes_first_and_sets_the_modes_slo(monkeypatch, tmp_path):
+    args = args_of("--wait-slo", "live-dynamo", "--requests", "3", "--runs", "2", trace=CONV)
+    assert args.live_dynamo  # implied
+    assert bench_replay.result_path(args).name == "bench_replay_wait_slo_live_dynamo_conversation.md"
+    assert "--wait-slo live-dynamo" in bench_replay.command_line(args)
+    started: list[list[str]] = []
+    p99s = iter([8.0, 4.0, 7.0, 5.0])  # dynamo-0, mode-0, dynamo-1, mode-1
+
+    def live_run(args, speedup, outcomes, flags):
+        started.append(flags)
+        return {"share_of_ideal": 0.9, "ok": 3, "requests": 3, "errors": {}, "lag_p99": 0.0, "ttft_p50": 0.1}
+
+    def placement_split(*a):
+        return {
+            "model_share": 0.9,
+            "misses": 0,
+            "lost_share": 0.0,
+            "known": 0,
+            "holder_wait": 0.0,
+            "chosen_wait": 0.0,
+        }
+
+    sims: list[list[str]] = []
+
+    def run_json(argv, timeout):
+        sims.append(argv)
+        row = {"hit_rate": 0.1, "share_of_ideal": 0.8, "wait_p99": 3.0}
+        return (
+            row | {"policy": "default"}
+            if "--ranking" in argv
+            else [row | {"policy": p} for p in ("default", "dynamo")]
+        )
+
+    monkeypatch.setattr(bench_replay, "live_run", live_run)
+    monkeypatch.setattr(bench_replay, "placement_split", placement_split)
+    monkeypatch.setattr(bench_replay, "live_waits", lambda *a: ([next(p99s)], [1.0]))
+    monkeypatch.setattr(bench_replay, "run_json", run_json)
+    monkeypatch.setattr(bench_replay, "RESULT", tmp_path / "bench_replay.md")
+    assert (
+        bench_replay.main(
+            ["--trace", str(CONV), "--wait-slo", "live-dynamo", "--requests", "3", "--runs", "2"]
+        )
+        == 0
+    )
+    # dynamo first, then the mode under T = that run's p99 (8 trace s, the frontend T / S = 2 real s)
+    assert started[0] == bench_replay.DYNAMO_FRONTEND
+    assert (
+        started[1] == ["--wait-slo", "2"] and started[2] == bench_replay.DYNAMO_FRONTEND and len(started) == 4
+    )
+    sim_all = next(a for a in sims if "all" in a)
+    assert sim_all[sim_all.index("--wait-slo") + 1] == "8"
+    text = (tmp_path / "bench_replay_wait_slo_live_dynamo_conversation.md").read_text()
+    assert "T = 8.000 trace seconds, the wait p99 of the first live dynamo run" in text
+    assert "live dynamo 0.9000 / 7.500 s" in text  # the mean of both dynamo runs
