@@ -51,7 +51,7 @@ from globalrouter.dispatch import ORDERS, PLACEMENTS
 from globalrouter.simulate import LruCache, ideal_hit_rate, percentile
 from globalrouter.trace import TRACE_BLOCK_SIZE, TraceRequest, load_trace, write_trace
 from meshkit.blocks import DEFAULT_BLOCK_SIZE
-from meshkit.cli import int_at_least, positive_number
+from meshkit.cli import int_at_least, non_negative_number, positive_number
 from meshlaunch import MODEL, Mesh, command, process_group
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,6 +187,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dispatch-slo-feedback", action="store_true", help="late, with --wait-slo: as `serve`"
     )
     parser.add_argument(
+        "--routed-prefix-ttl",
+        type=non_negative_number,
+        default=0.0,
+        metavar="SECONDS",
+        help="trace seconds a prompt the mode's frontend sent counts as cached at its pool before the "
+        "pool's KV events (`serve --routed-prefix-ttl` SECONDS / S; the simulator's default policy "
+        "the same in trace time); not for the dynamo runs (default: off)",
+    )
+    parser.add_argument(
         "--live-dynamo",
         action="store_true",
         help="also replay the same requests through a frontend ranking as dynamo (`serve --ranking "
@@ -243,6 +252,8 @@ def mode_label(args: argparse.Namespace) -> str:
             parts.append("feedback")
     if args.wait_slo is not None:
         parts.append("--wait-slo T")
+    if args.routed_prefix_ttl:
+        parts.append(f"routed prefixes {args.routed_prefix_ttl:g} s")
     return ", ".join(parts)
 
 
@@ -264,6 +275,8 @@ def result_path(args: argparse.Namespace) -> Path:
         )
     if Path(args.trace).resolve() != TRACE.resolve():
         parts.append(trace_kind(args.trace))
+    if args.routed_prefix_ttl:
+        parts.append("routed")
     if args.live_dynamo and args.wait_slo != LIVE_DYNAMO:
         parts.append("live_dynamo")
     return RESULT.with_name("_".join(parts) + ".md")
@@ -272,6 +285,8 @@ def result_path(args: argparse.Namespace) -> Path:
 def frontend_flags(args: argparse.Namespace, slo: float | None) -> list[str]:
     """`globalrouter serve` flags of the mode; `slo` is T in trace seconds (the frontend runs T / S)."""
     out = ["--wait-slo", f"{slo / args.speedup:g}"] if slo is not None else []
+    if args.routed_prefix_ttl:
+        out += ["--routed-prefix-ttl", f"{args.routed_prefix_ttl / args.speedup:g}"]
     if args.dispatch == "late":
         out += dispatch_flags(args)
     return out
@@ -317,6 +332,8 @@ def simulate_argv(
     if ranking != "default":
         return [*argv, "--ranking", ranking, "--json"]
     if policy != DYNAMO:  # the dynamo run that sets T takes none of the mode's flags
+        if args.routed_prefix_ttl:
+            argv += ["--routed-prefix-ttl", f"{args.routed_prefix_ttl:g}"]
         if slo is not None:
             argv += ["--wait-slo", f"{slo:g}"]
         if args.dispatch == "late":
@@ -473,6 +490,8 @@ def command_line(args: argparse.Namespace) -> str:
         )
     if args.dispatch == "late":
         cmd += " " + " ".join(dispatch_flags(args))
+    if args.routed_prefix_ttl:
+        cmd += f" --routed-prefix-ttl {args.routed_prefix_ttl:g}"
     if args.live_dynamo and args.wait_slo != LIVE_DYNAMO:
         cmd += " --live-dynamo"
     if args.result:

@@ -130,6 +130,9 @@ class RouterConfig:
     """How long an admitted pool may stay silent before it counts as hung for the request."""
     freshness: FreshnessLimits = field(default_factory=FreshnessLimits)
     """How old each kind of pool signal may be before it counts as unknown."""
+    routed_prefix_ttl: float = 0.0
+    """Seconds a prompt this frontend sent to a pool counts as cached there before the pool's KV
+    events say so (globalrouter.routed_prefixes); 0: off."""
     ranking: str = "default"
     """The ranking's weights by name (`globalrouter.selection.RANKINGS`): `default`, or `dynamo`
     (Dynamo's KV router cost one level up, the baseline the simulator's `dynamo` policy runs)."""
@@ -210,6 +213,10 @@ class RouterConfig:
     so budgets hold across them; empty: counted in this process only."""
 
     def __post_init__(self) -> None:
+        if not (0 <= self.routed_prefix_ttl <= 3600 and math.isfinite(self.routed_prefix_ttl)):
+            raise ValueError(
+                f"routed_prefix_ttl (--routed-prefix-ttl) must be between 0 and 3600 seconds; got {self.routed_prefix_ttl!r}"
+            )
         # raises if the ranking does not exist or does not go with the SLO
         SelectionConfig.for_ranking(self.ranking, wait_slo=self.wait_slo)
         if not (0 <= self.loop_stall_sample <= 10 and math.isfinite(self.loop_stall_sample)):

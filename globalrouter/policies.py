@@ -16,6 +16,7 @@ import xxhash
 
 from globalrouter.kv_index import KvIndex
 from globalrouter.pool_state import PoolState
+from globalrouter.routed_prefixes import RoutedPrefixes, with_routed
 from globalrouter.selection import SelectionConfig, Selector, pool_overlaps
 from globalrouter.trace import TraceRequest
 
@@ -27,10 +28,24 @@ class FrontendView:
     pools: list[PoolState]
     index: KvIndex
     config: SelectionConfig
+    routed: RoutedPrefixes | None = None
+    """The prompts the frontend's Selector sent recently (`--routed-prefix-ttl`); None: off."""
 
     def overlaps(self, hash_ids: Sequence[int], now: float) -> Mapping[str, int]:
         """Pool id -> cached leading blocks, as the frontend's index says (one pass)."""
         return pool_overlaps(self.index, self.pools, hash_ids, now, self.config.freshness)
+
+    def overlaps_routed(self, hash_ids: Sequence[int], now: float) -> Mapping[str, int]:
+        """`overlaps` raised by the recently sent prompts, as the live frontend's RoutingCore does."""
+        found = pool_overlaps(self.index, self.pools, hash_ids, now, self.config.freshness)
+        if self.routed is None or not hash_ids or not self.routed.holds(hash_ids[0]):
+            return found
+        return with_routed(found, self.routed.overlaps(hash_ids, now))
+
+    def record_routed(self, pool: int, hash_ids: Sequence[int], now: float) -> None:
+        """The request with these block hashes was sent to pool `pool` (its index) at `now`."""
+        if self.routed is not None:
+            self.routed.record(self.pools[pool].pool_id, hash_ids, now)
 
     def queued_work(self, pool: PoolState, now: float, decode_weight: float) -> float:
         """Work tokens the frontend believes the pool has queued: last report plus pending."""
@@ -67,7 +82,7 @@ class SelectorPolicy:
         self.salt = 0 if seed == 0 else xxhash.xxh3_64_intdigest(seed.to_bytes(8, "little", signed=True))
 
     def choose(self, view: FrontendView, request: TraceRequest, now: float) -> Choice:
-        cached = view.overlaps(request.hash_ids, now)
+        cached = view.overlaps_routed(request.hash_ids, now)
         decision = self.selector.select(
             view.pools,
             view.pools[0].model,
@@ -78,7 +93,9 @@ class SelectorPolicy:
             affinity_key=(request.hash_ids[0] if request.hash_ids else 0) ^ self.salt,
         )
         best = decision.candidates[0]
-        return Choice(_index_of(view, best.pool_id), best.uncached_tokens)
+        choice = Choice(_index_of(view, best.pool_id), best.uncached_tokens)
+        view.record_routed(choice.pool, request.hash_ids, now)  # the simulated pools never refuse
+        return choice
 
 
 class RandomPolicy:

@@ -14,6 +14,7 @@ from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import PoolState
 from globalrouter.recent_events import RecentEvents
+from globalrouter.routed_prefixes import RoutedPrefixes, with_routed
 from globalrouter.selection import Decision, FilterReason, Selector, pool_overlaps
 from meshkit.blocks import DEFAULT_BLOCK_SIZE, adapter_seed, block_hashes
 from meshkit.clock import Clock
@@ -69,6 +70,9 @@ class RoutingCore:
         """Recent decisions, migrations and refusals (bounded), for the status page."""
         self.resolver = ModelResolver()
         """Aliases and adapter names (globalrouter.aliases); replaced by the server's own."""
+        self.routed: RoutedPrefixes | None = None
+        """Prompts this frontend sent recently, counted as cached at their pool until its KV
+        events arrive (`--routed-prefix-ttl`; globalrouter.routed_prefixes); None: off."""
 
     def resolve(self, name: str, request_id: str) -> Resolved:
         """What a request's model name stands for (alias, model, model:adapter or adapter), over
@@ -86,16 +90,36 @@ class RoutingCore:
                 by_size[pool.block_size].append(pool)
         cached: dict[str, int] = {}
         limits = self.selector_limits
+        routed = self.routed
         for size, group in by_size.items():
             # Hashing a long prompt costs more than the rest of the decision: look at its first
             # block alone first, and hash the rest only when some pool holds that block.
             first = block_hashes(tokens[:size], size, seed)
-            if not first or not self.index.holds(first[0]):
+            if not first:
                 continue
+            sent = routed is not None and routed.holds(first[0])
+            if not sent and not self.index.holds(first[0]):
+                continue
+            hashes = block_hashes(tokens, size, seed)
+            found = pool_overlaps(self.index, group, hashes, now, limits)
+            if sent:
+                assert routed is not None
+                found = with_routed(found, routed.overlaps(hashes, now))
             if len(group) == len(pools):  # every pool (the usual fleet): select reads the array as is
-                return pool_overlaps(self.index, pools, block_hashes(tokens, size, seed), now, limits)
-            cached.update(pool_overlaps(self.index, group, block_hashes(tokens, size, seed), now, limits))
+                return found
+            cached.update(found)
         return cached
+
+    def record_routed(self, pool: PoolState, tokens: Sequence[int], adapter: str = "") -> None:
+        """`tokens` were sent to `pool` (admitted there): its prompt counts as cached there for
+        the routed-prefix TTL, so the next request sharing the prefix finds it before the pool's
+        KV events do. Nothing when off or the pool states no block size."""
+        routed = self.routed
+        if routed is None or pool.block_size <= 0:
+            return
+        routed.record(
+            pool.pool_id, block_hashes(tokens, pool.block_size, adapter_seed(adapter)), self.clock.monotonic()
+        )
 
     @property
     def selector_limits(self):

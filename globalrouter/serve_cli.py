@@ -215,6 +215,15 @@ def add_parser(subparsers) -> None:
         "link is not backed off (default %(default)s)",
     )
     p.add_argument(
+        "--routed-prefix-ttl",
+        type=non_negative_number,
+        default=_D.routed_prefix_ttl,
+        metavar="SECONDS",
+        help="a prompt this frontend sent to a pool counts as cached there for SECONDS, until the pool's "
+        "KV events can say so, so that the next request sharing its prefix follows it; 0: off "
+        "(default %(default)s)",
+    )
+    p.add_argument(
         "--ranking",
         choices=tuple(RANKINGS),
         default=_D.ranking,
@@ -672,6 +681,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         max_generate_streams=args.max_generate_streams,
         metrics_listen=args.metrics_listen or "",
         ranking=args.ranking,
+        routed_prefix_ttl=args.routed_prefix_ttl,
         wait_slo=WaitSlo(args.wait_slo, quantile=args.wait_slo_quantile) if args.wait_slo else None,
         dispatch=_dispatch_config(args),
         grace=args.grace,

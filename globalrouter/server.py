@@ -29,6 +29,7 @@ from globalrouter.policy import PolicyError, PolicyFile
 from globalrouter.pool_directory import DirectoryWatcher, PoolTable
 from globalrouter.readiness import Readiness
 from globalrouter.request_path import RequestPath
+from globalrouter.routed_prefixes import RoutedPrefixes
 from globalrouter.router_api import RouterServicer, generate_streams
 from globalrouter.routing import RoutingCore
 from globalrouter.selection import SelectionConfig, Selector
@@ -304,6 +305,8 @@ def create_server(
     )
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
+    if config.routed_prefix_ttl > 0:
+        core.routed = RoutedPrefixes(config.routed_prefix_ttl)
     try:
         core.resolver = ModelResolver.from_file(config.aliases)
     except AliasError as exc:

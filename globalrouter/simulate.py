@@ -41,6 +41,7 @@ from globalrouter.kv_index import KvIndex
 from globalrouter.kv_summary import KvSummary
 from globalrouter.policies import POLICIES, FrontendView, Policy, make_policy
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
+from globalrouter.routed_prefixes import RoutedPrefixes
 from globalrouter.selection import RANKINGS, SelectionConfig, Selector
 from globalrouter.serve_cli import add_dispatch_slo_flags, class_rates
 from globalrouter.trace import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
@@ -74,6 +75,9 @@ class SimConfig:
     """Record each request's placement (for plots)."""
     kv_state: str = "exact"
     """The frontend's KV state: "exact" (KvIndex) or "summary" (KvSummary, per-pool fingerprints)."""
+    routed_prefix_ttl: float = 0.0
+    """Trace seconds a prompt the default policy sent counts as cached at its pool before the
+    pool's KV events say so (`serve --routed-prefix-ttl`); 0: off."""
 
 
 @dataclass(slots=True)
@@ -304,7 +308,12 @@ def simulate(
             summary.expect(f"pool-{k:02d}/relay-0", config.capacity_blocks)
         index.apply_snapshot(f"pool-{k:02d}/relay-0", ())
         state.kv_at = 0.0
-    view = FrontendView(states, index, selection)
+    view = FrontendView(
+        states,
+        index,
+        selection,
+        RoutedPrefixes(config.routed_prefix_ttl) if config.routed_prefix_ttl > 0 else None,
+    )
 
     next_load = 0.0
     next_kv = 0.0
@@ -403,7 +412,7 @@ def _run_late(
         clock,
         Selector(selection),
         lambda: states,
-        lambda req, now: view.overlaps(req.payload.hash_ids, now),
+        lambda req, now: view.overlaps_routed(req.payload.hash_ids, now),
     )
     index_of = {s.pool_id: k for k, s in enumerate(states)}
     stats = _LateStats()
@@ -418,6 +427,7 @@ def _run_late(
             return
         request = outcome.request.payload
         k = index_of[outcome.pool.pool_id]
+        view.record_routed(k, request.hash_ids, now)
         hit, wait, work = sims[k].admit(request, now)
         if config.timeline:
             stats.placements.append((request.arrival, k, work))
@@ -604,6 +614,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "second, as `globalrouter serve --dispatch-pace` (every request here is class 0) (default: none)",
     )
     p.add_argument(
+        "--routed-prefix-ttl",
+        type=non_negative_number,
+        default=0.0,
+        metavar="SECONDS",
+        help="the default policy counts a prompt it sent as cached at its pool for SECONDS (trace time) "
+        "before the pool's KV events say so, as `globalrouter serve --routed-prefix-ttl` (default: off)",
+    )
+    p.add_argument(
         "--ranking",
         choices=tuple(RANKINGS),
         default="default",
@@ -683,6 +701,7 @@ def run(args: argparse.Namespace) -> int:
         kv_interval=args.kv_interval,
         seed=args.seed,
         kv_state=args.kv_state,
+        routed_prefix_ttl=args.routed_prefix_ttl,
     )
     names = list(POLICIES) if args.policy == "all" else [args.policy]
     try:

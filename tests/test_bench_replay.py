@@ -245,3 +245,19 @@ def test_a_target_from_the_live_dynamo_run_comes_first_and_sets_the_modes_slo(mo
     text = (tmp_path / "bench_replay_wait_slo_live_dynamo_conversation.md").read_text()
     assert "T = 8.000 trace seconds, the wait p99 of the first live dynamo run" in text
     assert "live dynamo 0.9000 / 7.500 s" in text  # the mean of both dynamo runs
+
+
+def test_routed_prefixes_reach_the_modes_frontend_and_simulator_only():
+    args = args_of("--wait-slo", "dynamo", "--routed-prefix-ttl", "10", "--speedup", "4", "--live-dynamo")
+    front = serve_args(bench_replay.frontend_flags(args, 3.6))
+    assert front.routed_prefix_ttl == pytest.approx(2.5)  # T / S: real seconds
+    sim = simulate_args(bench_replay.simulate_argv(args, Path("capped.jsonl"), "all", 3.6))
+    assert sim.routed_prefix_ttl == pytest.approx(10)
+    for argv in (
+        bench_replay.simulate_argv(args, Path("capped.jsonl"), "dynamo", None),
+        bench_replay.simulate_argv(args, Path("capped.jsonl"), "default", None, "dynamo"),
+    ):
+        assert simulate_args(argv).routed_prefix_ttl == 0
+    assert serve_args(bench_replay.DYNAMO_FRONTEND).routed_prefix_ttl == 0
+    assert bench_replay.result_path(args).name == "bench_replay_wait_slo_dynamo_routed_live_dynamo.md"
+    assert "routed prefixes 10 s" in bench_replay.mode_label(args)

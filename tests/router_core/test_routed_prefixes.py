@@ -1,0 +1,120 @@
+"""Recently sent prompts count as cached at their pool until its KV events arrive (routed_prefixes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from globalrouter.kv_index import KvIndex
+from globalrouter.pool_directory import PoolTable
+from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
+from globalrouter.routed_prefixes import PER_FIRST_BLOCK, RoutedPrefixes, common_prefix
+from globalrouter.routing import RoutingCore
+from globalrouter.selection import Selector
+from globalrouter.simulate import SimConfig, simulate
+from globalrouter.trace import TraceRequest
+from meshkit.blocks import block_hashes
+from meshkit.clock import FakeClock
+
+NOW = 100.0
+
+
+def test_common_prefix_of_chained_hashes():
+    assert common_prefix([1, 2, 3, 4], [1, 2, 3, 4]) == 4
+    assert common_prefix([1, 2, 3, 4], [1, 2, 9, 9, 9]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([7], [1]) == 0
+    assert common_prefix([], [1]) == 0
+    for k in range(0, 50):
+        a = list(range(50))
+        b = a[:k] + [-1] * (50 - k)
+        assert common_prefix(a, b) == k
+
+
+def test_a_sent_prompt_counts_at_its_pool_for_the_ttl_only():
+    routed = RoutedPrefixes(ttl=5.0)
+    routed.record("a", [1, 2, 3, 4], NOW)
+    routed.record("b", [1, 2], NOW + 1)
+    assert routed.holds(1) and not routed.holds(2)
+    assert routed.overlaps([1, 2, 3, 9], NOW + 2) == {"a": 3, "b": 2}
+    assert routed.overlaps([5, 2, 3], NOW + 2) == {}
+    assert routed.overlaps([1, 2, 3, 4], NOW + 5) == {"b": 2}  # a's record expired
+    routed.record("c", [8], NOW + 10)  # expiry happens as records come
+    assert not routed.holds(1) and len(routed) == 1
+
+
+def test_records_are_bounded_in_all_and_per_first_block_and_pool():
+    routed = RoutedPrefixes(ttl=60.0, max_records=3)
+    for k in range(5):
+        routed.record("a", [100 + k, 1], NOW)
+    assert len(routed) == 3
+    assert not routed.holds(100) and not routed.holds(101) and routed.holds(104)
+    per = RoutedPrefixes(ttl=60.0)
+    for k in range(PER_FIRST_BLOCK + 3):
+        per.record("a", list(range(1, 3 + k)), NOW + k)  # ever longer prompts of one prefix
+    per.record("a", [1, 2], NOW + 20)  # a short one does not push the longest out
+    assert per.overlaps(list(range(1, 40)), NOW + 21) == {"a": PER_FIRST_BLOCK + 4}
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="ttl must be positive"):
+        RoutedPrefixes(ttl=0)
+    with pytest.raises(ValueError, match="max_records"):
+        RoutedPrefixes(max_records=0)
+
+
+def _pool(name: str) -> PoolState:
+    pool = PoolState(
+        pool_id=name,
+        listed=True,
+        model="m",
+        frontends=("http://h:1",),
+        block_size=16,
+        capacity=PoolCapacityHint(prefill_tokens_per_second=10_000),
+    )
+    pool.kv_at, pool.kv_sources = NOW, {f"{name}/r/1"}
+    pool.record_load(LoadSignal(), NOW)
+    return pool
+
+
+@pytest.mark.parametrize("ttl", [0.0, 10.0])
+def test_the_next_request_of_a_prefix_follows_the_first_before_the_pools_kv_events(ttl):
+    table = PoolTable()
+    index = KvIndex()
+    pools = [_pool(f"p{i}") for i in range(4)]
+    for pool in pools:
+        index.apply_snapshot(next(iter(pool.kv_sources)), ())
+        table.pools[pool.pool_id] = pool
+    clock = FakeClock(start=NOW)
+    core = RoutingCore(table, index, Selector(), clock, None)  # type: ignore[arg-type]
+    if ttl:
+        core.routed = RoutedPrefixes(ttl)
+    prompt = list(range(1600))  # 100 blocks
+    first = core.selector.select(
+        pools, "m", len(prompt), 16, core.overlaps(pools, prompt, NOW), NOW, affinity_key=1
+    )
+    sent_to = next(p for p in pools if p.pool_id == first.candidates[0].pool_id)
+    core.record_routed(sent_to, prompt, "")
+    # the pool where it went is busier now than the others (its own pending work), and its KV
+    # events have not come: only the record says it holds the prefix
+    sent_to.record_sent(len(prompt), 16)
+    follow = [*prompt, *range(5000, 5160)]
+    cached = core.overlaps(pools, follow, NOW + 1)
+    second = core.selector.select(pools, "m", len(follow), 16, cached, NOW + 1, affinity_key=2)
+    if ttl:
+        assert cached[sent_to.pool_id] == 100
+        assert second.candidates[0].pool_id == sent_to.pool_id
+    else:
+        assert dict(cached) == {}
+        assert second.candidates[0].pool_id != sent_to.pool_id
+    assert block_hashes(prompt, 16)[:1] == block_hashes(follow, 16)[:1]
+
+
+def test_the_simulator_with_late_kv_events_recovers_the_hits_of_a_burst():
+    # one long prefix, four requests 0.1 s apart; the pools' KV events come every 5 s
+    trace = [TraceRequest(0.1 * k, 20 * 512, 4, tuple(range(20)) + (100 + k,)) for k in range(4)]
+    off = simulate(trace, SimConfig(pools=4, rate=200_000, kv_interval=5.0), "default")
+    on = simulate(trace, SimConfig(pools=4, rate=200_000, kv_interval=5.0, routed_prefix_ttl=10.0), "default")
+    assert off.hit_rate == 0  # nobody is known to hold the prefix: the followers spread
+    assert on.hit_rate == pytest.approx(3 * 20 / (4 * 21))  # the three followers hit the prefix
+    dynamo = simulate(trace, SimConfig(pools=4, rate=200_000, kv_interval=5.0, routed_prefix_ttl=10.0), "dynamo")
+    assert dynamo.hit_rate == simulate(trace, SimConfig(pools=4, rate=200_000, kv_interval=5.0), "dynamo").hit_rate
