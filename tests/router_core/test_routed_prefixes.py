@@ -111,7 +111,7 @@ def test_the_next_request_of_a_prefix_follows_the_first_before_the_pools_kv_even
 
 def test_the_simulator_with_late_kv_events_recovers_the_hits_of_a_burst():
     # one long prefix, four requests 0.1 s apart; the pools' KV events come every 5 s
-    trace = [TraceRequest(0.1 * k, 20 * 512, 4, tuple(range(20)) + (100 + k,)) for k in range(4)]
+    trace = [TraceRequest(0.1 * k, 20 * 512, 4, (*range(20), 100 + k)) for k in range(4)]
     off = simulate(trace, SimConfig(pools=4, rate=200_000, kv_interval=5.0), "default")
     on = simulate(trace, SimConfig(pools=4, rate=200_000, kv_interval=5.0, routed_prefix_ttl=10.0), "default")
     assert off.hit_rate == 0  # nobody is known to hold the prefix: the followers spread
