@@ -116,5 +116,10 @@ def test_the_simulator_with_late_kv_events_recovers_the_hits_of_a_burst():
     on = simulate(trace, SimConfig(pools=4, rate=200_000, kv_interval=5.0, routed_prefix_ttl=10.0), "default")
     assert off.hit_rate == 0  # nobody is known to hold the prefix: the followers spread
     assert on.hit_rate == pytest.approx(3 * 20 / (4 * 21))  # the three followers hit the prefix
-    dynamo = simulate(trace, SimConfig(pools=4, rate=200_000, kv_interval=5.0, routed_prefix_ttl=10.0), "dynamo")
-    assert dynamo.hit_rate == simulate(trace, SimConfig(pools=4, rate=200_000, kv_interval=5.0), "dynamo").hit_rate
+    dynamo = simulate(
+        trace, SimConfig(pools=4, rate=200_000, kv_interval=5.0, routed_prefix_ttl=10.0), "dynamo"
+    )
+    assert (
+        dynamo.hit_rate
+        == simulate(trace, SimConfig(pools=4, rate=200_000, kv_interval=5.0), "dynamo").hit_rate
+    )
