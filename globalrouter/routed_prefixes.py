@@ -12,8 +12,8 @@ simulator share it.
 
 Chained block hashes make a prompt's cached prefix at a pool monotone, so each recorded prompt is
 kept whole, under its first block, and a lookup binary-searches each candidate record for the
-longest common prefix. Bounded: at most `max_records` records in all (oldest dropped first) and
-`PER_FIRST_BLOCK` per first block and pool.
+longest common prefix. Bounded: at most `max_blocks` block hashes over all records (oldest
+dropped first) and `PER_FIRST_BLOCK` records per first block and pool.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from globalrouter.selection import PoolOverlaps
 DEFAULT_TTL = 10.0
 """Seconds a sent prompt counts as cached at its pool without the pool's KV events (a queue of a
 few seconds, the prefill and a relay's delta interval)."""
-MAX_RECORDS = 65_536
-"""Records kept at most (each holds a reference to its prompt's hash list)."""
+MAX_BLOCKS = 1_048_576
+"""Block hashes held at most over all records (about 40 MB of Python ints); the oldest records go
+first past it."""
 PER_FIRST_BLOCK = 4
 """Records kept per (first block, pool): the longest recent ones of a shared system prompt."""
 
@@ -44,25 +45,41 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+class _Record:
+    __slots__ = ("alive", "expiry", "first", "hashes", "pool_id")
+
+    def __init__(self, expiry: float, first: int, pool_id: str, hashes: Sequence[int]) -> None:
+        self.expiry = expiry
+        self.first = first
+        self.pool_id = pool_id
+        self.hashes = hashes
+        self.alive = True
+
+
 class RoutedPrefixes:
     """Recently sent prompts by first block: pool id -> leading blocks it is assumed to hold."""
 
-    __slots__ = ("_by_first", "_order", "max_records", "ttl")
+    __slots__ = ("_by_first", "_order", "blocks", "live", "max_blocks", "ttl")
 
-    def __init__(self, ttl: float = DEFAULT_TTL, max_records: int = MAX_RECORDS) -> None:
+    def __init__(self, ttl: float = DEFAULT_TTL, max_blocks: int = MAX_BLOCKS) -> None:
         if not ttl > 0:
             raise ValueError(f"ttl must be positive seconds, got {ttl!r}")
-        if max_records < 1:
-            raise ValueError(f"max_records must be at least 1, got {max_records!r}")
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks must be at least 1, got {max_blocks!r}")
         self.ttl = ttl
-        self.max_records = max_records
-        self._by_first: dict[int, dict[str, list[tuple[float, Sequence[int]]]]] = {}
-        """first block hash -> pool id -> [(expiry, the prompt's block hashes)], newest last."""
-        self._order: deque[tuple[float, int, str]] = deque()
-        """(expiry, first block, pool id) in the order recorded, for expiry and the bound."""
+        self.max_blocks = max_blocks
+        self.blocks = 0
+        """Block hashes the live records hold."""
+        self.live = 0
+        """Live records."""
+        self._by_first: dict[int, dict[str, list[_Record]]] = {}
+        """first block hash -> pool id -> its records, oldest first."""
+        self._order: deque[_Record] = deque()
+        """Every record in the order recorded (so by expiry), for expiry and the bound; a record
+        forgotten early (the shortest of its prefix's) stays here until it reaches the front."""
 
     def __len__(self) -> int:
-        return len(self._order)
+        return self.live
 
     def holds(self, first_block: int) -> bool:
         """Whether some record starts with this block (it may have expired)."""
@@ -73,16 +90,17 @@ class RoutedPrefixes:
         if not hashes:
             return
         self._expire(now)
-        expiry = now + self.ttl
-        first = hashes[0]
-        records = self._by_first.setdefault(first, {}).setdefault(pool_id, [])
-        records.append((expiry, hashes))
+        rec = _Record(now + self.ttl, hashes[0], pool_id, hashes)
+        records = self._by_first.setdefault(rec.first, {}).setdefault(pool_id, [])
+        records.append(rec)
+        self._order.append(rec)
+        self.blocks += len(hashes)
+        self.live += 1
         if len(records) > PER_FIRST_BLOCK:
             # the shortest goes: a longer record of the same prefix answers for it too
-            records.remove(min(records, key=lambda r: len(r[1])))
-        self._order.append((expiry, first, pool_id))
-        while len(self._order) > self.max_records:
-            self._drop_oldest()
+            self._forget(min(records, key=lambda r: len(r.hashes)))
+        while self.blocks > self.max_blocks:
+            self._forget(self._order.popleft())
 
     def overlaps(self, hashes: Sequence[int], now: float) -> dict[str, int]:
         """Pool id -> leading blocks of `hashes` it was sent within the last `ttl` seconds."""
@@ -94,34 +112,33 @@ class RoutedPrefixes:
         out: dict[str, int] = {}
         for pool_id, records in by_pool.items():
             best = 0
-            for expiry, recorded in records:
-                if expiry > now:
-                    best = max(best, common_prefix(recorded, hashes))
+            for rec in records:
+                if rec.expiry > now:
+                    best = max(best, common_prefix(rec.hashes, hashes))
             if best:
                 out[pool_id] = best
         return out
 
     def _expire(self, now: float) -> None:
         order = self._order
-        while order and order[0][0] <= now:
-            self._drop_oldest()
+        while order and (not order[0].alive or order[0].expiry <= now):
+            self._forget(order.popleft())
 
-    def _drop_oldest(self) -> None:
-        expiry, first, pool_id = self._order.popleft()
-        by_pool = self._by_first.get(first)
-        if by_pool is None:
+    def _forget(self, rec: _Record) -> None:
+        """Drops one record from its prefix's list (once); `_order` lets go of it lazily."""
+        if not rec.alive:
             return
-        records = by_pool.get(pool_id)
-        if records:
-            # the oldest of this (first block, pool), if the bound above has not dropped it already
-            for i, (e, _) in enumerate(records):
-                if e <= expiry:
-                    del records[i]
-                    break
-            if not records:
-                del by_pool[pool_id]
-        if not by_pool:
-            del self._by_first[first]
+        rec.alive = False
+        by_pool = self._by_first[rec.first]
+        records = by_pool[rec.pool_id]
+        records.remove(rec)  # a few per (first block, pool): PER_FIRST_BLOCK
+        if not records:
+            del by_pool[rec.pool_id]
+            if not by_pool:
+                del self._by_first[rec.first]
+        self.blocks -= len(rec.hashes)
+        self.live -= 1
+        rec.hashes = ()  # a dead record may wait in _order for up to the TTL: without its hashes
 
 
 def with_routed(found: PoolOverlaps, routed: dict[str, int]) -> PoolOverlaps:

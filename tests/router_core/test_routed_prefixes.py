@@ -42,24 +42,39 @@ def test_a_sent_prompt_counts_at_its_pool_for_the_ttl_only():
     assert not routed.holds(1) and len(routed) == 1
 
 
-def test_records_are_bounded_in_all_and_per_first_block_and_pool():
-    routed = RoutedPrefixes(ttl=60.0, max_records=3)
+def test_records_are_bounded_in_blocks_and_per_first_block_and_pool():
+    routed = RoutedPrefixes(ttl=60.0, max_blocks=6)
     for k in range(5):
-        routed.record("a", [100 + k, 1], NOW)
-    assert len(routed) == 3
+        routed.record("a", [100 + k, 1], NOW)  # 2 blocks each
+    assert (len(routed), routed.blocks) == (3, 6)
     assert not routed.holds(100) and not routed.holds(101) and routed.holds(104)
     per = RoutedPrefixes(ttl=60.0)
     for k in range(PER_FIRST_BLOCK + 3):
         per.record("a", list(range(1, 3 + k)), NOW + k)  # ever longer prompts of one prefix
     per.record("a", [1, 2], NOW + 20)  # a short one does not push the longest out
     assert per.overlaps(list(range(1, 40)), NOW + 21) == {"a": PER_FIRST_BLOCK + 4}
+    assert len(per) == PER_FIRST_BLOCK
+    # every record forgotten early is let go of once the records ahead of it expire
+    per.record("b", [9], NOW + 200)
+    assert (len(per), per.blocks) == (1, 1)
+    assert not per.holds(1)
+
+
+def test_a_shared_prefix_sent_many_times_keeps_the_work_per_record_small():
+    routed = RoutedPrefixes(ttl=5.0)
+    system = list(range(1, 65))
+    for k in range(20_000):  # one system prompt, 20,000 requests over 200 s, 4 pools
+        routed.record(f"p{k % 4}", [*system, 10_000 + k], NOW + k * 0.01)
+    assert len(routed) <= 4 * PER_FIRST_BLOCK
+    assert routed.blocks <= 4 * PER_FIRST_BLOCK * 65
+    assert len(routed._order) <= 5.0 / 0.01 + 1  # dead records wait at most the TTL
 
 
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="ttl must be positive"):
         RoutedPrefixes(ttl=0)
-    with pytest.raises(ValueError, match="max_records"):
-        RoutedPrefixes(max_records=0)
+    with pytest.raises(ValueError, match="max_blocks"):
+        RoutedPrefixes(max_blocks=0)
 
 
 def _pool(name: str) -> PoolState:
