@@ -558,7 +558,8 @@ class GenerateRun:
                 # An OpenAI-HTTP pool states its cache only with its finish (usage): counted there.
                 _count_cached_prefix(metrics, pool.pool_id, adm.prompt_blocks, adm.cached_blocks)
             q = self._core.record_admission(decision, pool.pool_id)  # available vs achieved cache
-            self._core.record_routed(pool, prompt, self._adapter)  # cached there before its KV events say so
+            # cached there for the routed-prefix TTL, before its KV events can say so
+            self._core.record_routed(pool, decision, prompt, self._adapter)
             self._event(
                 "decision",
                 pool.pool_id,

@@ -27,8 +27,8 @@ DEFAULT_TTL = 10.0
 """Seconds a sent prompt counts as cached at its pool without the pool's KV events (a queue of a
 few seconds, the prefill and a relay's delta interval)."""
 MAX_BLOCKS = 1_048_576
-"""Block hashes held at most over all records (about 40 MB of Python ints); the oldest records go
-first past it."""
+"""Block hashes held at most over all records (about 48 MB: 45 bytes a hash measured with
+tracemalloc at 1,047,552 hashes in 16k-token records); the oldest records go first past it."""
 PER_FIRST_BLOCK = 4
 """Records kept per (first block, pool): the longest recent ones of a shared system prompt."""
 

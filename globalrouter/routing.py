@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -80,10 +81,16 @@ class RoutingCore:
         return self.resolver.resolve(name, request_id, self.table.pools.values())
 
     def overlaps(
-        self, pools: Sequence[PoolState], tokens: Sequence[int], now: float, seed: int = 0
+        self,
+        pools: Sequence[PoolState],
+        tokens: Sequence[int],
+        now: float,
+        seed: int = 0,
+        hashed: dict[int, Sequence[int]] | None = None,
     ) -> Mapping[str, int]:
         """Cached leading blocks per pool; the prompt is hashed once per distinct block size, from
-        `seed` (a LoRA adapter's, meshkit.blocks.adapter_seed; 0 for the base model)."""
+        `seed` (a LoRA adapter's, meshkit.blocks.adapter_seed; 0 for the base model); the hashes
+        computed go into `hashed` (block size -> hashes) when given."""
         by_size: dict[int, list[PoolState]] = defaultdict(list)
         for pool in pools:
             if pool.block_size > 0 and pool.kv_sources:
@@ -101,6 +108,8 @@ class RoutingCore:
             if not sent and not self.index.holds(first[0]):
                 continue
             hashes = block_hashes(tokens, size, seed)
+            if hashed is not None:
+                hashed[size] = hashes
             found = pool_overlaps(self.index, group, hashes, now, limits)
             if sent:
                 assert routed is not None
@@ -110,16 +119,21 @@ class RoutingCore:
             cached.update(found)
         return cached
 
-    def record_routed(self, pool: PoolState, tokens: Sequence[int], adapter: str = "") -> None:
-        """`tokens` were sent to `pool` (admitted there): its prompt counts as cached there for
-        the routed-prefix TTL, so the next request sharing the prefix finds it before the pool's
-        KV events do. Nothing when off or the pool states no block size."""
+    def record_routed(
+        self, pool: PoolState, decision: Decision, tokens: Sequence[int], adapter: str = ""
+    ) -> None:
+        """`tokens`, ranked by `decision`, were sent to `pool` (admitted there): the prompt counts
+        as cached there for the routed-prefix TTL, so the next request sharing the prefix finds it
+        before the pool's KV events do; hashed again only if the decision did not. Nothing when
+        off or the pool states no block size."""
         routed = self.routed
-        if routed is None or pool.block_size <= 0:
+        size = pool.block_size
+        if routed is None or size <= 0:
             return
-        routed.record(
-            pool.pool_id, block_hashes(tokens, pool.block_size, adapter_seed(adapter)), self.clock.monotonic()
-        )
+        hashes = decision.prompt_hashes.get(size) if decision.prompt_hashes else None
+        if hashes is None:
+            hashes = block_hashes(tokens, size, adapter_seed(adapter))
+        routed.record(pool.pool_id, hashes, self.clock.monotonic())
 
     @property
     def selector_limits(self):
@@ -143,7 +157,8 @@ class RoutingCore:
         now = self.clock.monotonic()
         pools = [p for p in self.table.pools.values() if p.listed and p.pool_id not in exclude]
         seed = adapter_seed(adapter)
-        cached = self.overlaps(pools, tokens, now, seed)
+        hashed: dict[int, Sequence[int]] | None = {} if self.routed is not None and not dry_run else None
+        cached = self.overlaps(pools, tokens, now, seed, hashed)
         decision = self.selector.select(
             pools,
             model,
@@ -156,6 +171,8 @@ class RoutingCore:
             regions=regions,
             adapter=adapter,
         )
+        if hashed:
+            decision = replace(decision, prompt_hashes=hashed)  # for record_routed at admission
         self.metrics.decision_latency.observe(time.perf_counter() - started)
         return decision
 

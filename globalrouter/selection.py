@@ -191,6 +191,9 @@ class Decision:
     """Full prompt blocks at the best candidate's block size (else the first listed pool's)."""
     model_served: bool
     """Whether some listed pool serves the model at all (if not: NOT_FOUND)."""
+    prompt_hashes: Mapping[int, Sequence[int]] | None = None
+    """Block size -> the prompt's block hashes, where the decision computed them (the routing
+    core's overlaps), so recording where the prompt went does not hash it again."""
 
 
 class PoolOverlaps(Mapping[str, int]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from globalrouter.kv_index import KvIndex
+from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal, PoolCapacityHint, PoolState
 from globalrouter.routed_prefixes import PER_FIRST_BLOCK, RoutedPrefixes, common_prefix
@@ -100,15 +101,13 @@ def test_the_next_request_of_a_prefix_follows_the_first_before_the_pools_kv_even
         index.apply_snapshot(next(iter(pool.kv_sources)), ())
         table.pools[pool.pool_id] = pool
     clock = FakeClock(start=NOW)
-    core = RoutingCore(table, index, Selector(), clock, None)  # type: ignore[arg-type]
+    core = RoutingCore(table, index, Selector(), clock, RouterMetrics())
     if ttl:
         core.routed = RoutedPrefixes(ttl)
     prompt = list(range(1600))  # 100 blocks
-    first = core.selector.select(
-        pools, "m", len(prompt), 16, core.overlaps(pools, prompt, NOW), NOW, affinity_key=1
-    )
+    first = core.decide("m", prompt, 16)
     sent_to = next(p for p in pools if p.pool_id == first.candidates[0].pool_id)
-    core.record_routed(sent_to, prompt, "")
+    core.record_routed(sent_to, first, prompt, "")
     # the pool where it went is busier now than the others (its own pending work), and its KV
     # events have not come: only the record says it holds the prefix
     sent_to.record_sent(len(prompt), 16)
@@ -138,3 +137,31 @@ def test_the_simulator_with_late_kv_events_recovers_the_hits_of_a_burst():
         dynamo.hit_rate
         == simulate(trace, SimConfig(pools=4, rate=200_000, kv_interval=5.0), "dynamo").hit_rate
     )
+
+
+def test_a_prompt_the_decision_hashed_is_not_hashed_again_when_recorded(monkeypatch):
+    table, index, pools = PoolTable(), KvIndex(), [_pool("p0"), _pool("p1")]
+    for pool in pools:
+        index.apply_snapshot(next(iter(pool.kv_sources)), ())
+        table.pools[pool.pool_id] = pool
+    core = RoutingCore(table, index, Selector(), FakeClock(start=NOW), RouterMetrics())
+    core.routed = RoutedPrefixes(10.0)
+    prompt = list(range(320))
+    core.record_routed(pools[0], core.decide("m", prompt, 4), prompt)  # nobody held it: hashed here
+    import globalrouter.routing as routing
+
+    calls: list[int] = []
+    real = routing.block_hashes
+
+    def counting(tokens, size, seed=0):
+        calls.append(len(tokens))
+        return real(tokens, size, seed)
+
+    monkeypatch.setattr(routing, "block_hashes", counting)
+    decision = core.decide("m", prompt, 4)  # the record holds its first block: the whole prompt hashed once
+    assert decision.prompt_hashes is not None and decision.prompt_hashes[16] == real(prompt, 16)
+    assert calls.count(320) == 1  # the whole prompt once (and its first block for the look and the tie-break)
+    before = len(calls)
+    core.record_routed(pools[1], decision, prompt)
+    assert len(calls) == before  # none at the record
+    assert core.routed.overlaps(real(prompt, 16), NOW) == {"p0": 20, "p1": 20}
