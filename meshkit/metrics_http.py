@@ -137,9 +137,14 @@ class _Doorman:
     def admit(self, request: socket.socket, client_address: Any) -> None:
         """A connection just accepted (from the accept loop's thread)."""
         with self._lock:
-            if self._stopped or len(self._arrivals) >= self._max_waiting:
-                _close(request)  # stopping, or the doorman is behind: bounded all the same
+            if self._stopped:
+                _close(request)
                 return
+            if len(self._arrivals) >= self._max_waiting:
+                # The doorman is behind (a busy machine): bounded all the same, and as in the
+                # waiting room the oldest silent one makes room, not the newest.
+                oldest, _ = self._arrivals.pop(0)
+                _close(oldest)
             self._arrivals.append((request, client_address))
         with contextlib.suppress(BlockingIOError, OSError):
             self._wake_w.send(b"\0")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -209,6 +210,37 @@ def test_the_waiting_room_is_bounded_and_the_oldest_silent_connection_makes_room
             with pytest.raises(TimeoutError):
                 idle[1].recv(1)
             assert "globalrouter_decisions_total" in scrape(f"http://127.0.0.1:{endpoint.port}/metrics")
+        finally:
+            for s in idle:
+                s.close()
+    finally:
+        endpoint.close()
+
+
+def test_the_oldest_makes_room_also_while_the_doorman_is_behind(metrics, monkeypatch) -> None:
+    # The doorman thread takes no arrivals until released (a machine too busy to schedule it):
+    # the ninth connection still closes the first, not itself (the earlier code closed the
+    # newest here, so the oldest stayed, which a loaded CI run showed).
+    from meshkit import metrics_http
+
+    release = threading.Event()
+    take = metrics_http._Doorman._take_arrivals
+
+    def held(self) -> None:
+        if release.is_set():
+            take(self)
+
+    monkeypatch.setattr(metrics_http._Doorman, "_take_arrivals", held)
+    endpoint = serve_metrics(metrics.registry, "127.0.0.1:0", first_byte_seconds=30.0, max_waiting=8)
+    try:
+        idle = [socket.create_connection(("127.0.0.1", endpoint.port), timeout=5) for _ in range(9)]
+        try:
+            assert cut_off_within(idle[0], 10) < 10
+            release.set()
+            for s in idle[1:]:
+                s.settimeout(0.3)
+                with pytest.raises(TimeoutError):
+                    s.recv(1)
         finally:
             for s in idle:
                 s.close()
