@@ -79,6 +79,12 @@ class RouterMetrics:
             "Cost of a second of estimated wait beyond --wait-slo, in seconds of wait (0: no SLO)",
             registry=r,
         )
+        self.routed_prefix_blocks = Gauge(
+            "globalrouter_routed_prefix_blocks",
+            "Block hashes of the prompts this frontend sent recently, counted as cached at their pool "
+            "until its KV events arrive (--routed-prefix-ttl; 0: off)",
+            registry=r,
+        )
         self.telemetry_lag = Histogram(
             "globalrouter_telemetry_lag_seconds",
             "Receive time minus the relay's send/observe time",

@@ -306,7 +306,8 @@ def create_server(
     metrics.wait_slo_price.set_function(lambda: selector.wait_excess_weight)
     core = RoutingCore(table, index, selector, clock, metrics)
     if config.routed_prefix_ttl > 0:
-        core.routed = RoutedPrefixes(config.routed_prefix_ttl)
+        routed = core.routed = RoutedPrefixes(config.routed_prefix_ttl)
+        metrics.routed_prefix_blocks.set_function(lambda: routed.blocks)  # read at scrape time
     try:
         core.resolver = ModelResolver.from_file(config.aliases)
     except AliasError as exc:

@@ -109,3 +109,13 @@ def test_aliases_flag_takes_a_good_file_and_refuses_a_bad_one_naming_the_key(tmp
         build_parser().parse_args(["serve", "--discovery", "h:1", "--aliases", str(bad)])
     assert exit_.value.code == 2
     assert "aliases.chat.llama-v1: a weight must be a finite number ≥ 0" in capsys.readouterr().err
+
+
+async def test_a_frontend_with_routed_prefixes_exports_the_blocks_it_holds():
+    on = create_server(RouterConfig(routed_prefix_ttl=10.0))
+    assert on.core.routed is not None and on.core.routed.ttl == 10.0
+    on.core.routed.record("p", [1, 2, 3], 0.0)
+    assert on.metrics.registry.get_sample_value("globalrouter_routed_prefix_blocks") == 3.0
+    off = create_server(RouterConfig())
+    assert off.core.routed is None
+    assert off.metrics.registry.get_sample_value("globalrouter_routed_prefix_blocks") == 0.0
