@@ -38,9 +38,7 @@ class FrontendView:
     def overlaps_routed(self, hash_ids: Sequence[int], now: float) -> Mapping[str, int]:
         """`overlaps` raised by the recently sent prompts, as the live frontend's RoutingCore does."""
         found = pool_overlaps(self.index, self.pools, hash_ids, now, self.config.freshness)
-        if self.routed is None or not hash_ids or not self.routed.holds(hash_ids[0]):
-            return found
-        return with_routed(found, self.routed.overlaps(hash_ids, now))
+        return with_routed(found, self.routed, hash_ids, now)
 
     def record_routed(self, pool: int, hash_ids: Sequence[int], now: float) -> None:
         """The request with these block hashes was sent to pool `pool` (its index) at `now`."""

@@ -27,8 +27,8 @@ DEFAULT_TTL = 10.0
 """Seconds a sent prompt counts as cached at its pool without the pool's KV events (a queue of a
 few seconds, the prefill and a relay's delta interval)."""
 MAX_BLOCKS = 1_048_576
-"""Block hashes held at most over all records (about 48 MB: 45 bytes a hash measured with
-tracemalloc at 1,047,552 hashes in 16k-token records); the oldest records go first past it."""
+"""Block hashes held at most over all records (47.0 MB traced at the bound with 16k-token records,
+bench/bench_routed_prefixes.py); the oldest records go first past it."""
 PER_FIRST_BLOCK = 4
 """Records kept per (first block, pool): the longest recent ones of a shared system prompt."""
 
@@ -141,15 +141,20 @@ class RoutedPrefixes:
         rec.hashes = ()  # a dead record may wait in _order for up to the TTL: without its hashes
 
 
-def with_routed(found: PoolOverlaps, routed: dict[str, int]) -> PoolOverlaps:
-    """`found` (the KV view's overlaps, `selection.pool_overlaps`) with each pool's count raised to
-    what `routed` (the recently sent prompts') says, in the same array form, so that
-    `Selector.select` still reads it directly."""
-    if not routed:
+def with_routed(
+    found: PoolOverlaps, routed: RoutedPrefixes | None, hashes: Sequence[int], now: float
+) -> PoolOverlaps:
+    """`found` (the KV view's overlaps of `hashes`, `selection.pool_overlaps`) with each pool's
+    count raised to what the recently sent prompts in `routed` say, in the same array form, so
+    that `Selector.select` still reads it directly; `found` itself when nothing raises it."""
+    if routed is None or not hashes or not routed.holds(hashes[0]):
+        return found
+    raised = routed.overlaps(hashes, now)
+    if not raised:
         return found
     counts = found.counts.copy()
     for i, pool in enumerate(found.pools):
-        blocks = routed.get(pool.pool_id)
+        blocks = raised.get(pool.pool_id)
         if blocks is not None and blocks > counts[i]:
             counts[i] = blocks
     return PoolOverlaps(found.pools, found.rows, counts)

@@ -112,8 +112,7 @@ class RoutingCore:
                 hashed[size] = hashes
             found = pool_overlaps(self.index, group, hashes, now, limits)
             if sent:
-                assert routed is not None
-                found = with_routed(found, routed.overlaps(hashes, now))
+                found = with_routed(found, routed, hashes, now)
             if len(group) == len(pools):  # every pool (the usual fleet): select reads the array as is
                 return found
             cached.update(found)
