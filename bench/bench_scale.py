@@ -850,26 +850,47 @@ async def run_fleet(
         )
 
         # Decisions.
+        profile(cfg, group, pid, f"route-{pools}", cfg.route_seconds)
         probe = HealthProbe(address).start()
         c0 = cpu_seconds(pid)
         t_0 = time.monotonic()
         m0 = scrape(metrics_port)
-        out["route"] = await route_latencies(
-            address, route_requests(tokens, cfg.route_candidates), cfg.route_seconds, cfg.routes
-        )
-        m1 = scrape(metrics_port)
+        # One size after the other (half the window each), the metrics scraped between, so that
+        # the frontend's decision histograms are read per prompt size.
+        out["route"], cuts = {}, [m0]
+        for label, reqs in route_requests(tokens, cfg.route_candidates).items():
+            out["route"].update(
+                await route_latencies(address, {label: reqs}, cfg.route_seconds / 2, cfg.routes)
+            )
+            cuts.append(scrape(metrics_port))
+        m1 = cuts[-1]
+        out["route_decision_by_size"] = {
+            label: {
+                "wall": histogram_quantiles(a, b, "globalrouter_decision_latency_seconds"),
+                "cpu": histogram_quantiles(a, b, "globalrouter_decision_cpu_seconds"),
+            }
+            for label, a, b in zip(out["route"], cuts[:-1], cuts[1:], strict=True)
+        }
         out["route_window_cores"] = round((cpu_seconds(pid) - c0) / (time.monotonic() - t_0), 3)
         out["route_health"] = await probe.stop()
         out["route_candidates"] = cfg.route_candidates
         # In the frontend: the decision's own time (hashing, filter, rank: no wait for the loop,
         # no reply), and the loop's lag while the Routes ran.
         out["route_decision_metric"] = histogram_quantiles(m0, m1, "globalrouter_decision_latency_seconds")
+        # Its own CPU apart (a frontend without the metric: None): what the decision costs, against
+        # the wall time above, which also holds the thread's waits for a CPU or the GIL.
+        out["route_decision_cpu_metric"] = histogram_quantiles(m0, m1, "globalrouter_decision_cpu_seconds")
         out["route_loop_lag_metric"] = histogram_quantiles(m0, m1, "globalrouter_event_loop_lag_seconds")
-        r, dm = out["route"], out["route_decision_metric"] or {}
+        r = out["route"]
+        by_size = "; ".join(
+            f"{label} p50/p99 {(v['wall'] or {}).get('p50_s')}/{(v['wall'] or {}).get('p99_s')} s wall, "
+            f"{(v['cpu'] or {}).get('p50_s')}/{(v['cpu'] or {}).get('p99_s')} s CPU"
+            for label, v in out["route_decision_by_size"].items()
+        )
         print(
             f"  [{pools} pools] Route (max_candidates {cfg.route_candidates}) 1k p50/p99 "
             f"{r['1k']['p50_ms']}/{r['1k']['p99_ms']} ms, 16k {r['16k']['p50_ms']}/{r['16k']['p99_ms']} ms; "
-            f"the frontend's decision metric p50/p99 {dm.get('p50_s')}/{dm.get('p99_s')} s",
+            f"the frontend's decision metrics: {by_size}",
             flush=True,
         )
 
@@ -1379,6 +1400,13 @@ def _f(v: Any, nd: int = 1) -> str:
     return str(v)
 
 
+def _ms(seconds: float | None, digits: int | None = None) -> str:
+    """Seconds as milliseconds: a bucket bound as is, a mean to `digits` ('—' without samples)."""
+    if seconds is None:
+        return "—"
+    return f"{seconds * 1000:g}" if digits is None else f"{seconds * 1000:.{digits}f}"
+
+
 def plot(fleets: list[dict[str, Any]], path: Path, ready_timeout: float) -> None:
     """Cost against pools: frontend cores, RSS, restart ready time (and the slowest health check
     meanwhile), Route p99; a restart not ready in time is drawn at the bound, marked '>'."""
@@ -1568,6 +1596,30 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
         add(
             f"\nThe machine's 1-minute load average at the end of each steady window ({os.cpu_count()} cores, shared with "
             "other work): " + ", ".join(f"{v} at {p:,} pools" for p, v in loads if v is not None) + "."
+        )
+    decisions = [
+        (f["pools"], label, v["wall"], v["cpu"])
+        for f in fleets
+        for label, v in (f.get("route_decision_by_size") or {}).items()
+        if v.get("wall")
+    ]
+    if decisions:
+        add(
+            "\nThe frontend's own decisions in the Route window, by prompt size (`globalrouter_decision_latency_seconds`, "
+            "wall, and `globalrouter_decision_cpu_seconds`, the serving thread's CPU: hashing, filter and rank, no wait "
+            "for the loop and no reply; p50 / p99 as bucket bounds, mean): "
+            + "; ".join(
+                f"{p:,} pools, {label}: {_ms(w.get('p50_s'))} / {_ms(w.get('p99_s'))} ms wall "
+                f"(mean {_ms(w.get('mean_s'), 2)}), "
+                + (
+                    f"{_ms(c.get('p50_s'))} / {_ms(c.get('p99_s'))} ms CPU (mean {_ms(c.get('mean_s'), 2)})"
+                    if c
+                    else "CPU not exported"
+                )
+                for p, label, w, c in decisions
+            )
+            + ". Where the wall time is above the CPU time, the thread waited for a CPU or the GIL inside "
+            "the decision."
         )
     h = result.get("hashing_ms", {})
     add(
@@ -1894,7 +1946,7 @@ def parse(argv: list[str] | None) -> Config:
     p.add_argument(
         "--profile",
         action="store_true",
-        help="py-spy the frontend in the steady window, the mass redial and the restart (files in --log-dir)",
+        help="py-spy the frontend in the steady window, the Route window, the mass redial and the restart (files in --log-dir)",
     )
     p.add_argument(
         "--render", default=None, help="rewrite SCALE.md and the plot from a run's JSON (--render=FILE)"

@@ -152,7 +152,7 @@ class RoutingCore:
         """Filter and rank the listed pools (minus `exclude`) for this prompt under `adapter` (a
         LoRA adapter of `model`, "" for none); a dry run (Route) sends nothing, so it does not
         count toward the wait SLO's price. `regions`: the caller's allowed regions (None: any)."""
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         now = self.clock.monotonic()
         pools = [p for p in self.table.pools.values() if p.listed and p.pool_id not in exclude]
         seed = adapter_seed(adapter)
@@ -173,6 +173,9 @@ class RoutingCore:
         if hashed:
             decision = replace(decision, prompt_hashes=hashed)  # for record_routed at admission
         self.metrics.decision_latency.observe(time.perf_counter() - started)
+        # The thread's own CPU apart from the wall time: on a busy host the wall time also holds
+        # the time the loop's thread waited for a CPU or for the GIL (other threads, collections).
+        self.metrics.decision_cpu.observe(time.thread_time() - started_cpu)
         return decision
 
     def record_admission(self, decision: Decision, pool_id: str) -> PrefixQuality | None:
