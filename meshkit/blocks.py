@@ -12,6 +12,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 
+import numpy as np
 import xxhash
 
 DEFAULT_BLOCK_SIZE = 16
@@ -26,6 +27,14 @@ def u32le(tokens: Sequence[int]) -> bytes:
     if _NATIVE_IS_U32LE:
         if isinstance(tokens, array) and tokens.typecode == "I":
             return tokens.tobytes()
+        if not isinstance(tokens, list) and hasattr(tokens, "__array__"):
+            # A request's repeated uint32 field (protobuf's upb container) hands numpy its values
+            # at once (3 us for 16k tokens), where array() takes them one by one (430 us). Only a
+            # uint32 result is taken as is: any other dtype (a numpy int64 array, say) goes the
+            # checked way below, which refuses a value outside uint32 instead of wrapping it.
+            packed = np.asarray(tokens)
+            if packed.dtype == np.uint32 and packed.ndim == 1:
+                return packed.tobytes()
         return array("I", tokens).tobytes()
     return struct.pack(f"<{len(tokens)}I", *tokens)
 

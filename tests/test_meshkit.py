@@ -8,6 +8,7 @@ import struct
 from array import array
 
 import grpc
+import numpy as np
 import pytest
 import structlog
 import xxhash
@@ -79,6 +80,35 @@ def test_token_bytes_are_little_endian_u32_whatever_the_input_type():
     expected = bytes.fromhex("0100000004030201")
     assert blocks.u32le([1, 0x01020304]) == expected
     assert blocks.u32le(array("I", [1, 0x01020304])) == expected
+    # A request's repeated uint32 field (the fast path: numpy takes its values at once).
+    from globalrouter.v1 import router_pb2
+
+    ids = router_pb2.TokenIds.FromString(router_pb2.TokenIds(ids=[1, 0x01020304]).SerializeToString()).ids
+    assert blocks.u32le(ids) == expected
+    assert blocks.u32le(np.array([1, 0x01020304], np.uint32)) == expected
+
+
+def test_a_request_field_hashes_as_its_list_does():
+    """The repeated field's fast path gives the chain the list gives, the largest id included."""
+    from globalrouter.v1 import router_pb2
+
+    tokens = [*range(40), 4294967295, 0, 7] * 11
+    ids = router_pb2.TokenIds.FromString(router_pb2.TokenIds(ids=tokens).SerializeToString()).ids
+    assert not isinstance(ids, list)
+    assert blocks.block_hashes(ids, 16, parent=9) == blocks.block_hashes(tokens, 16, parent=9)
+    assert blocks.u32le(router_pb2.TokenIds().ids) == b""
+
+
+def test_token_ids_outside_uint32_are_refused_not_wrapped():
+    """Only a uint32 array is taken as is: other arrays go the checked way, which refuses a value
+    a u32 cannot hold instead of wrapping it (-1 must not hash as 4294967295)."""
+    with pytest.raises(OverflowError):
+        blocks.u32le(np.array([1, -1], np.int64))
+    with pytest.raises(OverflowError):
+        blocks.u32le(np.array([1, 2**32], np.int64))
+    assert blocks.u32le(np.array([1, 0x01020304], np.int64)) == bytes.fromhex("0100000004030201")
+    with pytest.raises(OverflowError):
+        blocks.u32le([1, -1])
 
 
 @pytest.mark.parametrize(
