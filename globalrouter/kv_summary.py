@@ -148,6 +148,10 @@ serving loop, about linear in the blocks folded: at 65,536 it took 62-90 ms (up 
 4% more CPU in total (BENCHMARKS.md, "1,000 pools with the fleet settings"). With _settle's
 look-ahead and walk, 5-6 ms (p99 8-9) at 8,192 and 3.1-3.4 ms (p99 5) at 4,096 for 10-15% more
 CPU in all (still less than 8,192's before them; BENCHMARKS.md, "Loop lag at 1,000 pools")."""
+FOLD_EVERY = 0.05
+"""Seconds between the serving loop's folds of whatever is logged, when reads do not fold
+(`KvSummary.reads_fold` off, as the telemetry servicer runs it): how long a logged delta at most
+waits for the decisions to see it besides the pacer's folds at PENDING."""
 PACED_FOLD_AT = 2 * PENDING
 """KvSummary.fold_at when the serving loop's pacer folds (TelemetryServicer): `apply_delta` folds by
 itself only past it, in case the pacer has not come to the fold (deltas applied by the index
@@ -261,6 +265,7 @@ class KvSummary:
         "_waiting",
         "_walked",
         "fold_at",
+        "reads_fold",
         "settle_rounds",
         "verify_top",
     )
@@ -329,6 +334,17 @@ class KvSummary:
         were")."""
         self._log_runs: list[tuple[int, int, int]] = []
         """(pool, removed blocks, stored blocks) per logged delta, in order."""
+        self.reads_fold = True
+        """Whether the lookups a decision makes (`holds`, `pool_holds`, the prefix searches) fold
+        the logged deltas first. Off (the telemetry servicer, whose pacer folds at `fold_due` and
+        whose server folds every FOLD_EVERY), they read the tables as of the last fold: a fold
+        took 1-5 ms at 1,000 pools, and with the log rarely empty at fleet rates nearly every
+        decision paid one (half of a decision's samples in py-spy at 1,000 pools x 200 events/s;
+        BENCHMARKS.md, "The decision's own CPU at 1,000 pools"). The tables change only inside a
+        fold, so such a read sees one consistent state, about PENDING logged blocks (at most
+        PACED_FOLD_AT) or FOLD_EVERY behind, against relays that send deltas every 0.2-1 s. Other reads (counts,
+        stats) and every write still fold first. On (the default: tools, tests, the simulator),
+        every read sees every delta logged before it."""
         self._skipped = 0
         self._dropped = 0
         self._doublings = 0
@@ -1601,9 +1617,13 @@ class KvSummary:
         out: np.ndarray = np.flatnonzero((self._count > 0) & ~self._hidden)
         return out
 
+    def _fold_for_read(self) -> None:
+        if self.reads_fold:
+            self._fold()
+
     def holds(self, block_hash: int) -> bool:
         """Whether any pool holds this block (up to false positives)."""
-        self._fold()
+        self._fold_for_read()
         pools = self._active()
         if not pools.size:
             return False
@@ -1615,7 +1635,7 @@ class KvSummary:
         p = self._pool_ids.get(pool)
         if p is None:
             return False
-        self._fold()
+        self._fold_for_read()
         if not self._count[p]:
             return False
         return bool(self._held(np.array([p]), mix(np.array([block_hash], np.uint64)))[0])
@@ -1643,7 +1663,7 @@ class KvSummary:
         empty = np.zeros(0, np.int64)
         if not len(block_hashes):
             return empty, empty
-        self._fold()
+        self._fold_for_read()
         pools = self._active()
         if not pools.size:
             return empty, empty

@@ -1075,6 +1075,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         self.pacer: IngestPacer
         if isinstance(index, KvSummary):
             index.fold_at = PACED_FOLD_AT
+            index.reads_fold = False  # decisions read the last fold; the server folds every FOLD_EVERY
             self.pacer = IngestPacer(
                 ingest.receive, slice_seconds, due=lambda: index.fold_due, work=index.fold
             )

@@ -228,3 +228,54 @@ def test_the_ingests_steps_move_a_tables_growth_on():
         assert summary.pool_prefixes(blocks[:4]) == {"p": 4}
     assert steps >= 5 and not summary.growing() and not ingest.has_work()
     assert summary.pool_prefixes(extra[-3:]) == {"p": 3}
+
+
+def test_reads_without_fold_see_the_last_fold_whole():
+    """`reads_fold` off (as the telemetry servicer runs the summary): a decision's lookups read the
+    tables as of the last fold, logged deltas unseen and still logged, until a fold; on (the
+    default), every lookup sees every delta logged before it."""
+    summary = KvSummary()
+    summary.fold_at = 1 << 20  # nothing folds inside apply_delta here
+    summary.apply_snapshot("p/r0", HASHES[:2])
+    summary.apply_delta("p/r0", stored=HASHES[2:], removed=())
+    summary.reads_fold = False
+    assert summary.pool_prefixes(HASHES) == {"p": 2}
+    assert summary.holds(HASHES[0]) and not summary.holds(HASHES[3])
+    assert not summary.pool_holds("p", HASHES[3])
+    assert summary.fold_due is False and summary._log_keys  # still logged, not lost
+    summary.fold()
+    assert summary.pool_prefixes(HASHES) == {"p": 4} and summary.pool_holds("p", HASHES[3])
+    summary.apply_delta("p/r0", stored=(), removed=HASHES[1:])
+    summary.reads_fold = True
+    assert summary.pool_prefixes(HASHES) == {"p": 1}  # the default folds first
+
+
+async def test_the_servicer_leaves_folds_to_the_pacer_and_the_fold_tick():
+    """The frontend with --kv-state summary: decisions do not fold (reads_fold off), and the
+    server's fold tick applies what a quiet stream left logged within about FOLD_EVERY, with no
+    read to trigger it; a Route then finds the delta's blocks."""
+    router, stub, channel = await start_router(kv_state="summary")
+    summary = router.core.index
+    assert isinstance(summary, KvSummary) and summary.reads_fold is False
+    try:
+        router.start_background()
+        router.core.table.apply_listed(pool_msg("p1", "http://127.0.0.1:1"))
+        relay = FakeRelay(f"127.0.0.1:{router.port}")
+        await relay.open("p1")
+        await relay.send(kv_snapshot=tm.KvSnapshot(snapshot_id=1, last=True, block_hashes=HASHES[:2]))
+        await relay.send(load=tm.LoadReport(load=pool_events_pb2.PoolLoad(max_running_requests=4)))
+        await eventually(
+            lambda: router.core.table.pools["p1"].kv_sources and router.core.table.pools["p1"].load
+        )
+        await relay.send(kv_delta=tm.KvDelta(sequence=1, stored=HASHES[2:]))
+        await eventually(lambda: router.metrics.telemetry_messages._value.get() >= 3)
+        await eventually(lambda: not summary._log_keys)  # folded by the tick: nothing read it
+        reply = await stub.Route(
+            router_pb2.RouteRequest(model="m", prompt=router_pb2.Prompt(token_ids={"ids": PROMPT}))
+        )
+        assert reply.candidates[0].cached_blocks == 4
+        await relay.close()
+    finally:
+        await router.leave()
+        await channel.close()
+        await router.handle.server.stop(0)
