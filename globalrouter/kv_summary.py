@@ -1674,16 +1674,18 @@ class KvSummary:
             return pools, np.ones(pools.size, np.int64)
         probe = _Probe(self, pools, h)  # for the pools holding the first block only
         # Binary search, every pool at once: lo blocks are known held (block lo-1 was), hi is
-        # the most it can be; each step probes block mid-1 of each pool still searching.
+        # the most it can be; each step probes block mid-1 of every pool. Each step at least
+        # halves every pool's hi - lo (total - 1 at the start), so bit_length steps end every
+        # search. A pool whose search has ended (lo == hi) probes block lo-1 again, which it
+        # holds (its probe said so), so it stays put: cheaper than gathering the pools still
+        # searching at every step, which all of them are for all but the last step or two.
         lo = np.ones(pools.size, np.int64)
         hi = np.full(pools.size, total, np.int64)
-        todo = np.arange(pools.size)
-        while todo.size:
-            mid = (lo[todo] + hi[todo] + 1) >> 1
-            ok = probe.held(todo, mid - 1)
-            lo[todo] = np.where(ok, mid, lo[todo])
-            hi[todo] = np.where(ok, hi[todo], mid - 1)
-            todo = todo[lo[todo] < hi[todo]]
+        for _ in range((total - 1).bit_length()):
+            mid = (lo + hi + 1) >> 1
+            ok = probe.held_all(mid - 1)
+            lo = np.where(ok, mid, lo)
+            hi = np.where(ok, hi, mid - 1)
         return pools, self._verify(pools, lo, h, probe)
 
     def _verify(
@@ -1813,6 +1815,19 @@ class _Probe:
         miss = ((grid | two) == 0) & (np.arange(1, upto) <= need[:, None])
         any_miss = miss.any(axis=1)
         out[any_miss] = miss[any_miss].argmax(axis=1) + 1
+        return out
+
+    def held_all(self, block: np.ndarray) -> np.ndarray:
+        """Whether pool k (every one of the pools, in order) holds prompt block block[k]: `held`
+        without gathering the pools' own columns."""
+        if self._flat is None:
+            return self._s._held(self._pools, self._h[block])
+        at = block if self._one else self._flat + block
+        slots = self._s._slots
+        base = self._base
+        one = (np.take(slots, base + self._b1[at], axis=0) == self._v[at][:, None]).view(_ROW_WORD)[:, 0]
+        two = (np.take(slots, base + self._b2[at], axis=0) == self._v2[at][:, None]).view(_ROW_WORD)[:, 0]
+        out: np.ndarray = (one | two) != 0
         return out
 
     def held(self, i: np.ndarray, block: np.ndarray) -> np.ndarray:
