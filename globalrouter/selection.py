@@ -654,8 +654,16 @@ def _break_ties(order: np.ndarray, ties: np.ndarray, pools: list[PoolState], see
     ends = ties[np.concatenate((ties[1:] != ties[:-1] + 1, [True]))].tolist()
     for i, j in zip(starts, ends, strict=True):
         run = out[i : j + 2]
-        out[i : j + 2] = sorted(run, key=lambda k: _xxh3(pools[k].pool_id.encode(), seed=seed))
+        if len(run) <= _SHORT_RUN:
+            out[i : j + 2] = sorted(run, key=lambda k: _xxh3(pools[k].pool_id.encode(), seed=seed))
+        else:  # the same order (both sorts are stable) without a key call per pool: idle fleets tie whole
+            keys = np.array([_xxh3(pools[k].pool_id.encode(), seed=seed) for k in run], np.uint64)
+            out[i : j + 2] = [run[k] for k in np.argsort(keys, kind="stable").tolist()]
     return out
+
+
+_SHORT_RUN = 16
+"""Tied pools at or below which a run is sorted in Python (numpy's fixed cost is more there)."""
 
 
 class Ranking(Sequence[RankedPool]):
