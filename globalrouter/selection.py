@@ -395,14 +395,18 @@ class Selector:
         limits = cfg.freshness
         c = COLUMNS
         states = pools if isinstance(pools, list) else list(pools)
-        rows = _rows(states)
         # Cached blocks straight from pool_overlaps' array when it was asked about these same
-        # pools (the usual caller), else looked up by id below.
+        # pools (the usual caller: the very list, whose rows it already has), else looked up by
+        # id below.
         ov_values = None
-        if type(cached_blocks) is PoolOverlaps:
-            ov_rows = cached_blocks.rows
-            if ov_rows.size == rows.size and not np.count_nonzero(ov_rows != rows):
-                ov_values = cached_blocks.counts
+        if type(cached_blocks) is PoolOverlaps and cached_blocks.pools is states:
+            rows, ov_values = cached_blocks.rows, cached_blocks.counts
+        else:
+            rows = _rows(states)
+            if type(cached_blocks) is PoolOverlaps:
+                ov_rows = cached_blocks.rows
+                if ov_rows.size == rows.size and not np.count_nonzero(ov_rows != rows):
+                    ov_values = cached_blocks.counts
         ints = c.i[:, rows]
         flags = ints[FLAGS]
         if np.count_nonzero(flags & LISTED) != len(states):

@@ -73,3 +73,21 @@ def test_an_adapters_prompt_matches_only_the_blocks_cached_under_that_adapter():
     assert core.overlaps(pools, tokens, NOW) == {"a": 7, "b": 0}
     assert core.overlaps(pools, tokens, NOW, adapter_seed("sql")) == {"a": 0, "b": 5}
     assert core.overlaps(pools, tokens, NOW, adapter_seed("chat")) == {}
+
+
+def test_over_the_summary_the_prefix_search_itself_answers_a_prompt_nobody_holds(monkeypatch):
+    """With the KV summary there is no separate "does any pool hold the first block" probe (its
+    prefix search makes the same one): the prompt is hashed whole and the answers are the exact
+    index's, zero for every pool when nobody holds the first block."""
+    from globalrouter.kv_summary import KvSummary
+
+    core, pools, tokens = setup()
+    summary = KvSummary()
+    hashes = block_hashes(tokens, 16)
+    summary.apply_snapshot("a/r/1", hashes[:7])
+    summary.apply_snapshot("b/r/1", hashes[:3])
+    core.index = summary  # type: ignore[assignment]
+    monkeypatch.setattr(KvSummary, "holds", None)  # not asked
+    assert dict(core.overlaps(pools, tokens, NOW)) == {"a": 7, "b": 3}
+    assert dict(core.overlaps(pools, [999, *tokens[1:]], NOW)) == {"a": 0, "b": 0}
+    assert dict(core.overlaps(pools, tokens[:15], NOW)) == {}  # not even one full block
