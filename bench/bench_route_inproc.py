@@ -5,7 +5,8 @@ frontend made by `create_server` (`--kv-state summary`, not started) with `--poo
 fresh load and KV (each holds the first 1024 >> (k mod 8) blocks of the 16k prompts), answers Route
 dry runs for a 1k- and a 16k-token prompt through `RouterServicer.Route` itself (hashing,
 decision, the reply) and the reply's serialization, as one loop turn of the live frontend does.
-Prints thread-CPU p50 / p99 in µs per prompt size, and the reply's size. The same file runs
+Prints thread-CPU p50 / p99 in µs per prompt size, and the reply's size; then the median time
+to hash the 16k prompt from the request's repeated field (as Route hands it over) and from a list. The same file runs
 against an older tree (PYTHONPATH=that tree): `--max-candidates` is sent only where the contract
 has it. For issue 19's live decision latency (BENCHMARKS.md, "what the long turns were").
 """
@@ -89,6 +90,17 @@ async def run(pools: int, calls: int, max_candidates: int) -> None:
             f"  {label}: {v[len(v) // 2] / 1000:.0f} / {v[min(len(v) - 1, int(len(v) * 0.99))] / 1000:.0f}"
             f" (reply {size[label]:,} bytes, {len(reply.candidates)} candidates)"
         )
+    # The decision hashes the prompt as Route hands it over: the request's repeated field.
+    field_ids = requests["16k"].prompt.token_ids.ids
+    as_list = list(field_ids)
+    for label, tokens in (("from the request's field", field_ids), ("from a list", as_list)):
+        times = []
+        for _ in range(calls):
+            t0 = time.thread_time_ns()
+            block_hashes(tokens, BLOCK)
+            times.append(time.thread_time_ns() - t0)
+        times.sort()
+        print(f"  hashing the 16k prompt {label}: p50 {times[len(times) // 2] / 1000:.0f} us")
 
 
 def main() -> int:

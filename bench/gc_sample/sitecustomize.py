@@ -6,7 +6,9 @@ GC_SAMPLE=1. After GC_SAMPLE_FREEZE_AFTER seconds (default 25) it collects, free
 freezes again every GC_SAMPLE_FREEZE_EVERY seconds if given; from then
 on every collection is timed, wall and thread CPU, and at the start of every 4th generation-1
 collection (not timed) the objects of generations 0 and 1 are counted by type with the references
-their traversal visits. The summary is rewritten to GC_SAMPLE_OUT (default /tmp/gc-sample.txt) at
+their traversal visits (GC_SAMPLE_GEN=0 and GC_SAMPLE_EVERY=N: at every Nth young collection's
+start instead). With GC_SAMPLE_ARGV=ARG only a process with ARG among its arguments samples (a
+frontend started by bench_scale: GC_SAMPLE=1 GC_SAMPLE_ARGV=--max-telemetry-streams). The summary is rewritten to GC_SAMPLE_OUT (default /tmp/gc-sample.txt) at
 each sample. E.g. (BENCHMARKS.md, "Loop lag at 1,000 pools"):
 
     GC_SAMPLE_FREEZE_AFTER=30 PYTHONPATH=bench/gc_sample:. python -m bench.bench_batch_ingest \\
@@ -32,6 +34,8 @@ def _install() -> None:
     seen: Counter[str] = Counter()
     refs: Counter[str] = Counter()
     state: dict[str, Any] = {"samples": 0, "young": 0, "gen": -1, "t": 0.0, "c": 0.0, "frozen": False}
+    sample_gen = int(os.environ.get("GC_SAMPLE_GEN", "1"))
+    sample_every = int(os.environ.get("GC_SAMPLE_EVERY", "4"))
 
     def dump() -> None:
         with open(out, "w") as f:
@@ -46,7 +50,8 @@ def _install() -> None:
                     )
             n = max(1, state["samples"])
             f.write(
-                f"objects in generations 0+1 at a generation-1 start (mean of {state['samples']}), references\n"
+                f"objects in generations 0+1 at a generation-{sample_gen} start (mean of {state['samples']}), "
+                "references\n"
             )
             for k, count in seen.most_common(25):
                 f.write(f"  {k:60s} {count / n:9.0f} {refs[k] / n:11.0f}\n")
@@ -58,9 +63,9 @@ def _install() -> None:
             state["gen"] = -1
             if not state["frozen"]:
                 return
-            if g == 1:
+            if g == sample_gen:
                 state["young"] += 1
-                if state["young"] % 4 == 0:
+                if state["young"] % sample_every == 0:
                     state["samples"] += 1
                     for gen in (0, 1):
                         for o in gc.get_objects(generation=gen):
@@ -93,5 +98,6 @@ def _install() -> None:
     threading.Thread(target=freezer, daemon=True).start()
 
 
-if "--serve" in sys.argv or os.environ.get("GC_SAMPLE"):
+_ARGV = os.environ.get("GC_SAMPLE_ARGV")
+if "--serve" in sys.argv or (os.environ.get("GC_SAMPLE") and (not _ARGV or _ARGV in sys.argv)):
     _install()
