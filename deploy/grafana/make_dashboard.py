@@ -64,12 +64,17 @@ PANELS: list[tuple[str, str, str, str, list[tuple[str, str]]]] = [
         "Latency",
         "Routing decision latency",
         "s",
-        "Time to filter and rank the pools for one request.",
+        "Time to filter and rank the pools for one request: wall time, and the serving thread's own CPU "
+        "(the gap is time the thread waited for a CPU or the GIL).",
         [
             (
                 "histogram_quantile(0.99, sum by (le) (rate(globalrouter_decision_latency_seconds_bucket[$__rate_interval])))",
                 "p99",
-            )
+            ),
+            (
+                "histogram_quantile(0.99, sum by (le) (rate(globalrouter_decision_cpu_seconds_bucket[$__rate_interval])))",
+                "p99 CPU",
+            ),
         ],
     ),
     (
