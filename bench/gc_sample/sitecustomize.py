@@ -25,6 +25,9 @@ import time
 from collections import Counter
 from typing import Any
 
+LONG = 0.005
+"""Collections at least this long (seconds, wall) are listed with the objects they freed (the 20 longest)."""
+
 
 def _install() -> None:
     out = os.environ.get("GC_SAMPLE_OUT", "/tmp/gc-sample.txt")
@@ -35,6 +38,7 @@ def _install() -> None:
     refs: Counter[str] = Counter()
     state: dict[str, Any] = {"samples": 0, "young": 0, "gen": -1, "t": 0.0, "c": 0.0, "frozen": False}
     sample_gen = int(os.environ.get("GC_SAMPLE_GEN", "1"))
+    longest: list[tuple[float, int, int, int]] = []
     sample_every = int(os.environ.get("GC_SAMPLE_EVERY", "4"))
 
     def dump() -> None:
@@ -48,6 +52,10 @@ def _install() -> None:
                         f"{w[-1] * 1e3:.2f} ms sum {sum(w):.2f} s; CPU p50 {c[len(c) // 2] * 1e3:.2f} ms "
                         f"max {c[-1] * 1e3:.2f} ms sum {sum(c):.2f} s\n"
                     )
+            for took, g, collected, uncollectable in longest:
+                f.write(
+                    f"long: gen {g} {took * 1e3:.2f} ms, {collected} collected, {uncollectable} uncollectable\n"
+                )
             n = max(1, state["samples"])
             f.write(
                 f"objects in generations 0+1 at a generation-{sample_gen} start (mean of {state['samples']}), "
@@ -77,8 +85,13 @@ def _install() -> None:
                     return
             state.update(gen=g, t=time.perf_counter(), c=time.thread_time())
         elif state["gen"] == g:
-            wall[g].append(time.perf_counter() - state["t"])
+            took = time.perf_counter() - state["t"]
+            wall[g].append(took)
             cpu[g].append(time.thread_time() - state["c"])
+            if took >= LONG:  # the long ones, with what they freed
+                longest.append((took, g, info.get("collected", 0), info.get("uncollectable", 0)))
+                longest.sort(reverse=True)
+                del longest[20:]
 
     def freezer() -> None:
         time.sleep(freeze_after)
