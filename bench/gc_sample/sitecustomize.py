@@ -8,7 +8,9 @@ on every collection is timed, wall and thread CPU, and at the start of every 4th
 collection (not timed) the objects of generations 0 and 1 are counted by type with the references
 their traversal visits (GC_SAMPLE_GEN=0 and GC_SAMPLE_EVERY=N: at every Nth young collection's
 start instead). With GC_SAMPLE_ARGV=ARG only a process with ARG among its arguments samples (a
-frontend started by bench_scale: GC_SAMPLE=1 GC_SAMPLE_ARGV=--max-telemetry-streams). The summary is rewritten to GC_SAMPLE_OUT (default /tmp/gc-sample.txt) at
+frontend started by bench_scale: GC_SAMPLE=1 GC_SAMPLE_ARGV=--max-telemetry-streams). With
+GC_SAMPLE_GARBAGE=1 the cyclic garbage young collections find is counted by type (kept by
+DEBUG_SAVEALL for the count, then left for a later collection to free). The summary is rewritten to GC_SAMPLE_OUT (default /tmp/gc-sample.txt) at
 each sample. E.g. (BENCHMARKS.md, "Loop lag at 1,000 pools"):
 
     GC_SAMPLE_FREEZE_AFTER=30 PYTHONPATH=bench/gc_sample:. python -m bench.bench_batch_ingest \\
@@ -39,6 +41,8 @@ def _install() -> None:
     state: dict[str, Any] = {"samples": 0, "young": 0, "gen": -1, "t": 0.0, "c": 0.0, "frozen": False}
     sample_gen = int(os.environ.get("GC_SAMPLE_GEN", "1"))
     longest: list[tuple[float, int, int, int]] = []
+    save_garbage = bool(os.environ.get("GC_SAMPLE_GARBAGE"))
+    garbage: Counter[str] = Counter()
     sample_every = int(os.environ.get("GC_SAMPLE_EVERY", "4"))
 
     def dump() -> None:
@@ -56,6 +60,10 @@ def _install() -> None:
                 f.write(
                     f"long: gen {g} {took * 1e3:.2f} ms, {collected} collected, {uncollectable} uncollectable\n"
                 )
+            if garbage:
+                f.write("cyclic garbage the young collections found, by type (GC_SAMPLE_GARBAGE)\n")
+                for k, count in garbage.most_common(30):
+                    f.write(f"  {k:60s} {count:9d}\n")
             n = max(1, state["samples"])
             f.write(
                 f"objects in generations 0+1 at a generation-{sample_gen} start (mean of {state['samples']}), "
@@ -71,6 +79,8 @@ def _install() -> None:
             state["gen"] = -1
             if not state["frozen"]:
                 return
+            if g == 0 and save_garbage:
+                gc.set_debug(gc.DEBUG_SAVEALL)  # what this collection finds is kept in gc.garbage
             if g == sample_gen:
                 state["young"] += 1
                 if state["young"] % sample_every == 0:
@@ -92,6 +102,12 @@ def _install() -> None:
                 longest.append((took, g, info.get("collected", 0), info.get("uncollectable", 0)))
                 longest.sort(reverse=True)
                 del longest[20:]
+        if phase == "stop" and save_garbage:
+            gc.set_debug(0)
+            for o in gc.garbage:  # saved, not freed: counted, then left to a later collection
+                t = type(o)
+                garbage[f"{t.__module__}.{t.__qualname__}"] += 1
+            gc.garbage.clear()
 
     def freezer() -> None:
         time.sleep(freeze_after)
