@@ -35,3 +35,19 @@ def start_simulated_pools(mesh, router_address: str, nodes: Path, stats: Path, *
             return {}
 
     return proc, counters
+
+
+def count_routing_hashes(monkeypatch) -> list[int]:
+    """Counts the prompts globalrouter.routing hashes (their token counts, in order), hashing them
+    as before: the decision's "hash the whole prompt only when needed" rules are asserted on it."""
+    import globalrouter.routing as routing
+
+    calls: list[int] = []
+    real = routing.block_hashes
+
+    def counting(tokens, size, seed=0):
+        calls.append(len(tokens))
+        return real(tokens, size, seed)
+
+    monkeypatch.setattr(routing, "block_hashes", counting)
+    return calls

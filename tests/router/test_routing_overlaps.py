@@ -9,6 +9,7 @@ from globalrouter.routing import RoutingCore
 from globalrouter.selection import Selector
 from meshkit.blocks import adapter_seed, block_hashes
 from meshkit.clock import FakeClock
+from tests.support import count_routing_hashes
 
 NOW = 10.0
 
@@ -49,16 +50,7 @@ def test_a_prompt_whose_first_block_nobody_holds_has_no_cached_prefix():
 
 def test_the_rest_of_the_prompt_is_not_hashed_when_the_first_block_is_not_held(monkeypatch):
     core, pools, tokens = setup()
-    hashed: list[int] = []
-    import globalrouter.routing as routing
-
-    real = routing.block_hashes
-
-    def counting(toks, size, parent=0):
-        hashed.append(len(toks))
-        return real(toks, size, parent)
-
-    monkeypatch.setattr(routing, "block_hashes", counting)
+    hashed = count_routing_hashes(monkeypatch)
     core.overlaps(pools, [999, *tokens[1:]], NOW)
     assert hashed == [16]
     hashed.clear()

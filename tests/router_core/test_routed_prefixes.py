@@ -15,6 +15,7 @@ from globalrouter.simulate import SimConfig, simulate
 from globalrouter.trace import TraceRequest
 from meshkit.blocks import block_hashes
 from meshkit.clock import FakeClock
+from tests.support import count_routing_hashes
 
 NOW = 100.0
 
@@ -148,20 +149,11 @@ def test_a_prompt_the_decision_hashed_is_not_hashed_again_when_recorded(monkeypa
     core.routed = RoutedPrefixes(10.0)
     prompt = list(range(320))
     core.record_routed(pools[0], core.decide("m", prompt, 4), prompt)  # nobody held it: hashed here
-    import globalrouter.routing as routing
-
-    calls: list[int] = []
-    real = routing.block_hashes
-
-    def counting(tokens, size, seed=0):
-        calls.append(len(tokens))
-        return real(tokens, size, seed)
-
-    monkeypatch.setattr(routing, "block_hashes", counting)
+    calls = count_routing_hashes(monkeypatch)
     decision = core.decide("m", prompt, 4)  # the record holds its first block: the whole prompt hashed once
-    assert decision.prompt_hashes is not None and decision.prompt_hashes[16] == real(prompt, 16)
+    assert decision.prompt_hashes is not None and decision.prompt_hashes[16] == block_hashes(prompt, 16)
     assert calls.count(320) == 1  # the whole prompt once (and its first block for the look and the tie-break)
     before = len(calls)
     core.record_routed(pools[1], decision, prompt)
     assert len(calls) == before  # none at the record
-    assert core.routed.overlaps(real(prompt, 16), NOW) == {"p0": 20, "p1": 20}
+    assert core.routed.overlaps(block_hashes(prompt, 16), NOW) == {"p0": 20, "p1": 20}
