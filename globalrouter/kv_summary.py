@@ -1822,21 +1822,18 @@ class _Probe:
         without gathering the pools' own columns."""
         if self._flat is None:
             return self._s._held(self._pools, self._h[block])
-        at = block if self._one else self._flat + block
-        slots = self._s._slots
-        base = self._base
-        one = (np.take(slots, base + self._b1[at], axis=0) == self._v[at][:, None]).view(_ROW_WORD)[:, 0]
-        two = (np.take(slots, base + self._b2[at], axis=0) == self._v2[at][:, None]).view(_ROW_WORD)[:, 0]
-        out: np.ndarray = (one | two) != 0
-        return out
+        return self._in_rows(self._base, block if self._one else self._flat + block)
 
     def held(self, i: np.ndarray, block: np.ndarray) -> np.ndarray:
         """Whether pool i[k] (an index into the pools) holds prompt block block[k]."""
         if self._flat is None:
             return self._s._held(self._pools[i], self._h[block])
-        at = block if self._one else self._flat[i] + block
+        return self._in_rows(self._base[i], block if self._one else self._flat[i] + block)
+
+    def _in_rows(self, base: np.ndarray, at: np.ndarray) -> np.ndarray:
+        # Each probe's two candidate rows (from its pool's first row `base` and the precomputed
+        # buckets `at`), compared slot by slot with its value (the second row's with the flag bit).
         slots = self._s._slots
-        base = self._base[i]
         one = (np.take(slots, base + self._b1[at], axis=0) == self._v[at][:, None]).view(_ROW_WORD)[:, 0]
         two = (np.take(slots, base + self._b2[at], axis=0) == self._v2[at][:, None]).view(_ROW_WORD)[:, 0]
         out: np.ndarray = (one | two) != 0
