@@ -22,7 +22,7 @@ _xxh3 = xxhash.xxh3_64_intdigest
 _NATIVE_IS_U32LE = array("I").itemsize == 4 and sys.byteorder == "little"
 
 
-def u32le(tokens: Sequence[int]) -> bytes:
+def u32le(tokens: Sequence[int] | np.ndarray) -> bytes:
     """Token ids as the contract's bytes: each a little-endian unsigned 32-bit integer."""
     if _NATIVE_IS_U32LE:
         if isinstance(tokens, array) and tokens.typecode == "I":
