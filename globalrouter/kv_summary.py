@@ -149,9 +149,9 @@ serving loop, about linear in the blocks folded: at 65,536 it took 62-90 ms (up 
 look-ahead and walk, 5-6 ms (p99 8-9) at 8,192 and 3.1-3.4 ms (p99 5) at 4,096 for 10-15% more
 CPU in all (still less than 8,192's before them; BENCHMARKS.md, "Loop lag at 1,000 pools")."""
 FOLD_EVERY = 0.05
-"""Seconds between the serving loop's folds of whatever is logged, when reads do not fold
-(`KvSummary.reads_fold` off, as the telemetry servicer runs it): how long a logged delta at most
-waits for the decisions to see it besides the pacer's folds at PENDING."""
+"""Seconds after a logged delta within which the telemetry pacer folds it, when reads do not fold
+(`KvSummary.reads_fold` off, as the telemetry servicer runs it): how long a delta at most waits for
+the decisions to see it, besides the pacer's folds at PENDING."""
 PACED_FOLD_AT = 2 * PENDING
 """KvSummary.fold_at when the serving loop's pacer folds (TelemetryServicer): `apply_delta` folds by
 itself only past it, in case the pacer has not come to the fold (deltas applied by the index
@@ -337,7 +337,7 @@ class KvSummary:
         self.reads_fold = True
         """Whether the lookups a decision makes (`holds`, `pool_holds`, the prefix searches) fold
         the logged deltas first. Off (the telemetry servicer, whose pacer folds at `fold_due` and
-        whose server folds every FOLD_EVERY), they read the tables as of the last fold: a fold
+        within FOLD_EVERY of a logged delta), they read the tables as of the last fold: a fold
         took 1-5 ms at 1,000 pools, and with the log rarely empty at fleet rates nearly every
         decision paid one (half of a decision's samples in py-spy at 1,000 pools x 200 events/s;
         BENCHMARKS.md, "The decision's own CPU at 1,000 pools"). The tables change only inside a
@@ -1457,6 +1457,11 @@ class KvSummary:
     def fold_due(self) -> bool:
         """Whether the deltas logged since the last fold reach PENDING blocks (`fold` them)."""
         return len(self._log_keys) >= PENDING
+
+    @property
+    def pending(self) -> bool:
+        """Whether deltas are logged and not folded yet."""
+        return bool(self._log_keys)
 
     def fold(self) -> None:
         """Applies the logged deltas now (reads and `apply_delta` past `fold_at` do it anyway)."""

@@ -21,7 +21,7 @@ from globalrouter.http_api.app import OpenAIFront
 from globalrouter.http_api.server import HttpServer
 from globalrouter.http_api.status_page import pool_states
 from globalrouter.kv_index import KvIndex
-from globalrouter.kv_summary import FOLD_EVERY, KvSummary
+from globalrouter.kv_summary import KvSummary
 from globalrouter.loop_lag import sample_loop_lag
 from globalrouter.loop_stalls import StallSampler
 from globalrouter.metrics import RouterMetrics
@@ -138,8 +138,6 @@ class Router:
         # state, are restarted with bounded back-off instead.
         self.gc_pauses.install()
         self.heartbeat.spawn("gc-tick", self._gc_tick, restart=Restart())
-        if isinstance(self.core.index, KvSummary) and not self.core.index.reads_fold:
-            self.heartbeat.spawn("kv-fold", self._kv_fold_tick, restart=Restart())
         if self.config.loop_stall_sample > 0 and self.stalls is None:
             self.stalls = StallSampler(late_after=self.config.loop_stall_sample)
             self.stalls.start(lambda counts: log.info("loop stalls sampled", **counts))
@@ -187,14 +185,6 @@ class Router:
             frozen = self.gc_pauses.tick()
             if frozen is not None:
                 self.metrics.gc_frozen.set(frozen)
-
-    async def _kv_fold_tick(self) -> None:
-        # Decisions read the summary as of its last fold (KvSummary.reads_fold off): the pacer
-        # folds a full log, this what a quiet spell left logged, so no delta waits past FOLD_EVERY.
-        index = cast(KvSummary, self.core.index)
-        while True:
-            await asyncio.sleep(FOLD_EVERY)
-            index.fold()
 
     def _beat(self) -> None:
         # On the loop, every ~0.1 s: the proof it turns, with what readiness last saw (no table walk).

@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 
 from globalrouter.kv_index import KvIndex
-from globalrouter.kv_summary import PACED_FOLD_AT, KvSummary
+from globalrouter.kv_summary import FOLD_EVERY, PACED_FOLD_AT, KvSummary
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal
@@ -259,14 +259,24 @@ class IngestPacer:
         *,
         due: Callable[[], bool] | None = None,
         work: Callable[[], None] | None = None,
+        pending: Callable[[], bool] | None = None,
+        within: float = 0.0,
     ) -> None:
         if not slice_seconds > 0:
             raise ValueError(f"slice_seconds must be > 0 (got {slice_seconds})")
         if (due is None) != (work is None):
             raise ValueError("due and work go together")
+        if pending is not None and (work is None or not within > 0):
+            raise ValueError("pending needs work and within > 0 seconds")
         self._apply = apply
         self._due = due
         self._work = work
+        self._pending = pending
+        """Whether the messages left work that is not due yet (the summary's logged deltas): it is
+        then done `within` seconds after the message that left it, in a loop callback of its own,
+        so nothing waits for the next message or for the work to come due."""
+        self._within = within
+        self._later: asyncio.TimerHandle | None = None
         """Work the messages leave behind (the summary's fold: `due` says when), done first thing in
         a slice of its own: once it is due, later messages wait for that slice instead of being
         applied in the current one, so the work never comes on top of a slice already spent."""
@@ -299,6 +309,18 @@ class IngestPacer:
     def _close(self) -> None:
         self._open = False
 
+    def _work_later(self) -> None:
+        # Called with no call pending: schedules the work `within` seconds on if there is some.
+        assert self._pending is not None
+        if self._pending():
+            self._later = asyncio.get_running_loop().call_later(self._within, self._late_work)
+
+    def _late_work(self) -> None:
+        self._later = None
+        if self._pending is not None and self._pending() and self._work is not None:
+            self._work()
+            self.works += 1
+
     def _owed(self) -> bool:
         # The work is due: messages wait for the slice it opens.
         return self._due is not None and self._due()
@@ -307,7 +329,10 @@ class IngestPacer:
         """Applies `msg` now or in a later iteration; its answer, or what applying it raised."""
         self._begin()
         if not self._queue and self._now() - self._start < self.slice_seconds and not self._owed():
-            return self._apply(stream, msg)
+            out = self._apply(stream, msg)
+            if self._later is None and self._pending is not None:
+                self._work_later()
+            return out
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Response | None] = loop.create_future()
         self._queue.append((stream, msg, waiter))
@@ -338,6 +363,8 @@ class IngestPacer:
                         waiter.set_result(self._apply(stream, msg))
                     except Exception as exc:  # the stream's own call raises it (StreamRejected, a bug)
                         waiter.set_exception(exc)
+                if self._later is None and self._pending is not None:
+                    self._work_later()
         finally:
             self._worker = None
             for _, _, waiter in queue:  # only when cancelled (the loop is closing): nobody waits any more
@@ -1075,9 +1102,14 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         self.pacer: IngestPacer
         if isinstance(index, KvSummary):
             index.fold_at = PACED_FOLD_AT
-            index.reads_fold = False  # decisions read the last fold; the server folds every FOLD_EVERY
+            index.reads_fold = False  # decisions read the last fold: the pacer folds within FOLD_EVERY
             self.pacer = IngestPacer(
-                ingest.receive, slice_seconds, due=lambda: index.fold_due, work=index.fold
+                ingest.receive,
+                slice_seconds,
+                due=lambda: index.fold_due,
+                work=index.fold,
+                pending=lambda: index.pending,
+                within=FOLD_EVERY,
             )
         else:
             self.pacer = IngestPacer(ingest.receive, slice_seconds)

@@ -128,6 +128,38 @@ async def test_work_left_by_the_messages_runs_first_in_a_slice_of_its_own():
         IngestPacer(apply, 0.004, due=lambda: True)
 
 
+async def test_work_left_pending_is_done_within_its_bound_without_another_message():
+    """`pending` work that is not due (a few logged deltas) is done `within` seconds after the
+    message that left it, once, in a callback of its own: not at the next message, which may
+    never come; nothing is scheduled while nothing is pending."""
+    logged, events = [0], list[object]()
+
+    def apply(stream, msg):
+        events.append(msg)
+        logged[0] += msg
+        return None
+
+    def work():
+        events.append("work")
+        logged[0] = 0
+
+    pacer = IngestPacer(
+        apply, 0.004, due=lambda: logged[0] >= 100, work=work, pending=lambda: logged[0] > 0, within=0.02
+    )
+    await pacer.submit("s", 0)  # type: ignore[arg-type]  # leaves nothing: nothing scheduled
+    await pacer.submit("s", 1)  # type: ignore[arg-type]
+    await pacer.submit("s", 2)  # type: ignore[arg-type]
+    assert events == [0, 1, 2] and pacer.works == 0
+    await asyncio.sleep(0.005)
+    assert "work" not in events  # not yet: within 0.02 s of the first message that left work
+    await asyncio.sleep(0.1)
+    assert events == [0, 1, 2, "work"] and pacer.works == 1 and logged == [0]
+    await asyncio.sleep(0.05)
+    assert pacer.works == 1  # done once, nothing new pending
+    with pytest.raises(ValueError, match="pending needs work and within"):
+        IngestPacer(apply, 0.004, due=lambda: False, work=work, pending=lambda: True)
+
+
 def test_the_slice_must_be_positive():
     with pytest.raises(ValueError, match="slice_seconds must be > 0"):
         IngestPacer(lambda s, m: None, 0)

@@ -11,6 +11,7 @@ import pytest
 from globalrouter import serve_cli
 from globalrouter.cli import build_parser
 from globalrouter.config import RouterConfig
+from globalrouter.kv_summary import KvSummary
 from globalrouter.selection import pool_overlaps
 from meshkit import settings
 from meshkit.blocks import block_hashes
@@ -38,6 +39,10 @@ async def router(request):
 
 
 def overlaps(router, pool_id: str) -> int:
+    """The pool's cached prefix of PROMPT once what the messages logged is folded (a decision's
+    read of the summary sees it within FOLD_EVERY: test_telemetry_summary)."""
+    if isinstance(router.core.index, KvSummary):
+        router.core.index.fold()
     pool = router.core.table.pools[pool_id]
     now = router.clock.monotonic()
     hashes = block_hashes(PROMPT, pool.block_size)

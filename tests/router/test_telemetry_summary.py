@@ -250,15 +250,14 @@ def test_reads_without_fold_see_the_last_fold_whole():
     assert summary.pool_prefixes(HASHES) == {"p": 1}  # the default folds first
 
 
-async def test_the_servicer_leaves_folds_to_the_pacer_and_the_fold_tick():
+async def test_the_servicer_leaves_folds_to_its_pacer_which_folds_a_quiet_streams_delta_soon():
     """The frontend with --kv-state summary: decisions do not fold (reads_fold off), and the
-    server's fold tick applies what a quiet stream left logged within about FOLD_EVERY, with no
-    read to trigger it; a Route then finds the delta's blocks."""
+    telemetry pacer folds what a quiet stream left logged within about FOLD_EVERY, with no read
+    and no further message to trigger it; a Route then finds the delta's blocks."""
     router, stub, channel = await start_router(kv_state="summary")
     summary = router.core.index
     assert isinstance(summary, KvSummary) and summary.reads_fold is False
     try:
-        router.start_background()
         router.core.table.apply_listed(pool_msg("p1", "http://127.0.0.1:1"))
         relay = FakeRelay(f"127.0.0.1:{router.port}")
         await relay.open("p1")
@@ -276,6 +275,5 @@ async def test_the_servicer_leaves_folds_to_the_pacer_and_the_fold_tick():
         assert reply.candidates[0].cached_blocks == 4
         await relay.close()
     finally:
-        await router.leave()
         await channel.close()
         await router.handle.server.stop(0)
