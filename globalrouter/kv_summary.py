@@ -342,9 +342,9 @@ class KvSummary:
         decision paid one (half of a decision's samples in py-spy at 1,000 pools x 200 events/s;
         BENCHMARKS.md, "The decision's own CPU at 1,000 pools"). The tables change only inside a
         fold, so such a read sees one consistent state, about PENDING logged blocks (at most
-        PACED_FOLD_AT) or FOLD_EVERY behind, against relays that send deltas every 0.2-1 s. Other reads (counts,
-        stats) and every write still fold first. On (the default: tools, tests, the simulator),
-        every read sees every delta logged before it."""
+        PACED_FOLD_AT) or FOLD_EVERY behind, against relays that send deltas every 0.2-1 s.
+        Other reads (counts, stats) and every write still fold first. On (the default: tools,
+        tests, the simulator), every read sees every delta logged before it."""
         self._skipped = 0
         self._dropped = 0
         self._doublings = 0

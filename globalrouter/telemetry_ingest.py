@@ -271,15 +271,16 @@ class IngestPacer:
         self._apply = apply
         self._due = due
         self._work = work
+        """Work the messages leave behind (the summary's fold: `due` says when), done first thing in
+        a slice of its own: once it is due, later messages wait for that slice instead of being
+        applied in the current one, so the work never comes on top of a slice already spent."""
         self._pending = pending
         """Whether the messages left work that is not due yet (the summary's logged deltas): it is
         then done `within` seconds after the message that left it, in a loop callback of its own,
         so nothing waits for the next message or for the work to come due."""
         self._within = within
         self._later: asyncio.TimerHandle | None = None
-        """Work the messages leave behind (the summary's fold: `due` says when), done first thing in
-        a slice of its own: once it is due, later messages wait for that slice instead of being
-        applied in the current one, so the work never comes on top of a slice already spent."""
+        """The scheduled `_late_work`, while one is."""
         self.works = 0
         """Times the pacer did `work`."""
         self.slice_seconds = slice_seconds
@@ -310,7 +311,7 @@ class IngestPacer:
         self._open = False
 
     def _work_later(self) -> None:
-        # Called with no call pending: schedules the work `within` seconds on if there is some.
+        # Called while no _late_work is scheduled: schedules one `within` seconds on if there is work.
         assert self._pending is not None
         if self._pending():
             self._later = asyncio.get_running_loop().call_later(self._within, self._late_work)

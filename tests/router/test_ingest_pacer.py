@@ -132,7 +132,7 @@ async def test_work_left_pending_is_done_within_its_bound_without_another_messag
     """`pending` work that is not due (a few logged deltas) is done `within` seconds after the
     message that left it, once, in a callback of its own: not at the next message, which may
     never come; nothing is scheduled while nothing is pending."""
-    logged, events = [0], list[object]()
+    logged, events, done = [0], list[object](), asyncio.Event()
 
     def apply(stream, msg):
         events.append(msg)
@@ -142,20 +142,23 @@ async def test_work_left_pending_is_done_within_its_bound_without_another_messag
     def work():
         events.append("work")
         logged[0] = 0
+        done.set()
 
+    loop = asyncio.get_running_loop()
     pacer = IngestPacer(
         apply, 0.004, due=lambda: logged[0] >= 100, work=work, pending=lambda: logged[0] > 0, within=0.02
     )
     await pacer.submit("s", 0)  # type: ignore[arg-type]  # leaves nothing: nothing scheduled
+    assert pacer._later is None
+    started = loop.time()
     await pacer.submit("s", 1)  # type: ignore[arg-type]
-    await pacer.submit("s", 2)  # type: ignore[arg-type]
-    assert events == [0, 1, 2] and pacer.works == 0
-    await asyncio.sleep(0.005)
-    assert "work" not in events  # not yet: within 0.02 s of the first message that left work
-    await asyncio.sleep(0.1)
+    first = pacer._later
+    assert first is not None and started + 0.02 <= first.when() <= loop.time() + 0.02
+    await pacer.submit("s", 2)
+    assert pacer._later is first and events == [0, 1, 2] and pacer.works == 0  # one timer, not yet run
+    await asyncio.wait_for(done.wait(), 10)
     assert events == [0, 1, 2, "work"] and pacer.works == 1 and logged == [0]
-    await asyncio.sleep(0.05)
-    assert pacer.works == 1  # done once, nothing new pending
+    assert pacer._later is None  # done once: nothing pending, nothing scheduled again
     with pytest.raises(ValueError, match="pending needs work and within"):
         IngestPacer(apply, 0.004, due=lambda: False, work=work, pending=lambda: True)
 
