@@ -226,13 +226,24 @@ def histogram_quantiles(before: str, after: str, name: str) -> dict[str, Any] | 
                 return le
         return None
 
-    return {
+    out = {
         "p50_s": q(0.5),
         "p99_s": q(0.99),
         "max_le_s": q(1.0),
         "mean_s": ssum / count if count else None,
         "count": count,
     }
+    if 0.01 in by_le:  # the lag goal's bound: how many samples were past it (p99 <= 10 ms: under 1%)
+        out["over_10ms"] = total - by_le[0.01]
+    return out
+
+
+def _lag_line(lag: dict | None) -> str:
+    """The loop-lag metric's window in a few words (empty without the metric)."""
+    if not lag or not lag.get("count"):
+        return ""
+    over = f", {lag['over_10ms']:.0f} of {lag['count']:.0f} samples over 10 ms" if "over_10ms" in lag else ""
+    return f"loop lag p99 bucket {lag['p99_s']} s{over}; "
 
 
 # ---- processes ------------------------------------------------------------------------------
@@ -844,7 +855,7 @@ async def run_fleet(
             f"messages/s in {st['writes_per_s']} gRPC writes/s (frontend read {st['ingested_messages_per_s']} "
             f"messages/s in {st['ingested_batches_per_s']} batches/s, {st['frontend_cpu_us_per_message']} us CPU "
             f"a message), health p50/p99 "
-            f"{health['p50_ms']}/{health['p99_ms']} ms; simulators {st['sim_cores']} cores at "
+            f"{health['p50_ms']}/{health['p99_ms']} ms; {_lag_line(st.get('loop_lag_metric'))}simulators {st['sim_cores']} cores at "
             f"{st['sim_placement']}{'' if (st['rate_share'] or 1) >= RATE_MET else ' SHORT OF THE TARGET RATE'}",
             flush=True,
         )
