@@ -68,6 +68,15 @@ class GcConfig:
     """Seconds between planned full collections over everything, frozen objects included (one
     pause of a full collection's length, which frees cycles among frozen objects that became
     garbage: a closed stream's); 0: never (such cycles are then never freed)."""
+    young_every: float = 0.05
+    """Seconds between the young collections the serving loop runs itself (gc.collect(0) from a
+    timer), then, with `freeze`, a freeze of what survived: what is young is then at most this old.
+    The interpreter's own trigger counts allocations net of every deallocation, old objects' too,
+    so while each stream's new pending read replaces an older one its count hardly moves and the
+    young generation grew to 37,000 objects at 1,000 pools: young collections of up to 17-21 ms,
+    and generation-1 ones of 18-23 ms over every stream's read. Timed, young collections stay under
+    about 1.5 ms (p99) and, frozen after each, there are no older ones left to walk (BENCHMARKS.md,
+    "Loop lag at 1,000 pools: the collector on a timer, telemetry in 2 ms slices"); 0: none (the thresholds alone decide)."""
     threshold: int = 0
     """Allocations between young-generation collections (gc.set_threshold's first value); 0 keeps
     Python's (700)."""
@@ -77,11 +86,17 @@ class GcConfig:
     last: at a fleet, mostly every open stream's pending gRPC read (about 15 objects each, alive
     until its relay's next write), so its length grows with the streams (6-7 ms CPU at 1,000
     streams, 23-28 ms at 2,000 in a loaded run) and hardly with this value, which sets how often
-    it comes: at 100 a tenth as often as Python's 10 (BENCHMARKS.md, "Loop lag at 1,000 pools")."""
+    it comes: at 100 a tenth as often as Python's 10 (BENCHMARKS.md, "Loop lag at 1,000 pools").
+    With `young_every` and the freeze, what survives a young collection is frozen at once, so
+    generation 1 stays nearly empty whatever this value."""
 
     def __post_init__(self) -> None:
         if not (self.full_every >= 0 and math.isfinite(self.full_every)):
             raise ValueError(f"gc full_every (--gc-full-every) must be >= 0 seconds; got {self.full_every!r}")
+        if not (self.young_every >= 0 and math.isfinite(self.young_every)):
+            raise ValueError(
+                f"gc young_every (--gc-young-every) must be >= 0 seconds; got {self.young_every!r}"
+            )
         if self.threshold < 0:
             raise ValueError(f"gc threshold (--gc-threshold) must be >= 0; got {self.threshold!r}")
         if self.threshold1 < 0:

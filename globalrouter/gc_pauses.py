@@ -102,6 +102,14 @@ class GcPauses:
         self.report()  # the planned collection's own pause
         return frozen
 
+    def young(self) -> None:
+        """On the loop, every GcConfig.young_every: a young collection and, with `refreeze`, a freeze
+        of what survived it, so the young generation never holds more than that interval's
+        allocations and no older one fills (its pauses are reported by `tick` as any other's)."""
+        gc.collect(0)
+        if self.refreeze:
+            gc.freeze()
+
 
 def apply_gc_settings(threshold: int, threshold1: int = 0) -> None:
     """Sets the young generation's threshold and generation 1's (each 0 keeps the interpreter's)."""

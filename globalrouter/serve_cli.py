@@ -625,6 +625,15 @@ def add_parser(subparsers) -> None:
         "0: never) (default %(default)s)",
     )
     p.add_argument(
+        "--gc-young-every",
+        type=non_negative_number,
+        default=_D.gc.young_every,
+        metavar="SECONDS",
+        help="seconds between the young garbage collections the serving loop runs itself, each followed "
+        "by a freeze of what survived (with the gc freeze); 0: none, Python's thresholds alone decide "
+        "(default %(default)s)",
+    )
+    p.add_argument(
         "--gc-threshold",
         type=int_at_least(0),
         default=_D.gc.threshold,
@@ -699,6 +708,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         gc=GcConfig(
             freeze=not args.no_gc_freeze,
             full_every=args.gc_full_every,
+            young_every=args.gc_young_every,
             threshold=args.gc_threshold,
             threshold1=args.gc_threshold1,
         ),

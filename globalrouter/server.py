@@ -138,6 +138,8 @@ class Router:
         # state, are restarted with bounded back-off instead.
         self.gc_pauses.install()
         self.heartbeat.spawn("gc-tick", self._gc_tick, restart=Restart())
+        if self.config.gc.young_every > 0:
+            self.heartbeat.spawn("gc-young", self._gc_young, restart=Restart())
         if self.config.loop_stall_sample > 0 and self.stalls is None:
             self.stalls = StallSampler(late_after=self.config.loop_stall_sample)
             self.stalls.start(lambda counts: log.info("loop stalls sampled", **counts))
@@ -185,6 +187,13 @@ class Router:
             frozen = self.gc_pauses.tick()
             if frozen is not None:
                 self.metrics.gc_frozen.set(frozen)
+
+    async def _gc_young(self) -> None:
+        # On the loop: young collections on a timer (GcConfig.young_every), each one short.
+        every = self.config.gc.young_every
+        while True:
+            await asyncio.sleep(every)
+            self.gc_pauses.young()
 
     def _beat(self) -> None:
         # On the loop, every ~0.1 s: the proof it turns, with what readiness last saw (no table walk).

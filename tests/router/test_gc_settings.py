@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import re
 import urllib.request
+import weakref
 
 import pytest
 
@@ -76,6 +77,45 @@ def test_what_survives_a_full_collection_is_frozen_and_a_planned_full_one_unfree
     assert off.tick() is None  # without refreeze, nothing is frozen
 
 
+def test_a_timed_young_collection_frees_young_cycles_and_freezes_what_survived(gc_state):
+    """GcPauses.young (the loop's timer, GcConfig.young_every): a young collection, then with the
+    freeze what survived it goes out of later passes, so no older generation fills up."""
+    seen: list[tuple[int, float]] = []
+    pauses = GcPauses(lambda gen, s: seen.append((gen, s)), refreeze=True)
+    pauses.install()
+    try:
+        gc.unfreeze()
+        gc.collect()
+        frozen = gc.get_freeze_count()
+        kept = [[i] for i in range(1000)]  # young and alive
+        cycle: list[object] = []
+        cycle.append(cycle)
+        freed = _weak_target(cycle)
+        del cycle  # young cyclic garbage: only a collection frees it
+        pauses.young()
+        assert freed() is None  # the cycle went
+        assert gc.get_freeze_count() >= frozen + len(kept)  # what survived is frozen
+        pauses.tick()
+        assert any(g == 0 for g, _ in seen)  # its pause reported as a young one
+        off = GcPauses(lambda gen, s: None)  # --no-gc-freeze: collected, not frozen
+        gc.unfreeze()
+        more = [[i] for i in range(1000)]
+        off.young()
+        assert gc.get_freeze_count() == 0 and len(more) == len(kept)
+    finally:
+        pauses.uninstall()
+
+
+class _Cell(list):
+    """A list that can be weakly referenced."""
+
+
+def _weak_target(cycle: list) -> weakref.ref[_Cell]:
+    cell = _Cell()
+    cycle.append(cell)  # freed with the cycle
+    return weakref.ref(cell)
+
+
 def _config(*flags: str) -> GcConfig:
     args = settings.parse_args(build_parser(), ["serve", "--discovery", "h:1", *flags], environ={})
     args.security = RouterConfig().security
@@ -83,7 +123,14 @@ def _config(*flags: str) -> GcConfig:
 
 
 def test_gc_flags_parse_into_the_config(gc_state):
-    assert _config() == GcConfig(freeze=True, full_every=600.0, threshold=0) == RouterConfig().gc
+    assert (
+        _config()
+        == GcConfig(freeze=True, full_every=600.0, threshold=0, young_every=0.05)
+        == RouterConfig().gc
+    )
+    assert _config("--gc-young-every", "0") == GcConfig(young_every=0.0)
+    with pytest.raises(ValueError, match="--gc-young-every"):
+        GcConfig(young_every=-1.0)
     assert _config("--no-gc-freeze", "--gc-threshold", "5000", "--gc-full-every", "0") == GcConfig(
         freeze=False, full_every=0.0, threshold=5000
     )
