@@ -141,13 +141,17 @@ SETTLE_WALK_AT = 32
 time (_settle_walk) instead of in vector rounds."""
 KICK_ROUNDS = 500
 """Rounds of cuckoo evictions before entries still homeless are dropped (see _settle)."""
-PENDING = 4096
+PENDING = 2048
 """Logged delta blocks that trigger a fold (reads fold first anyway). A fold is one turn of the
 serving loop, about linear in the blocks folded: at 65,536 it took 62-90 ms (up to 205 ms) with
 1,000 pools' deltas of 40 blocks, the steady state's longest turns; 8 ms (up to 17) at 8,192, for
 4% more CPU in total (BENCHMARKS.md, "1,000 pools with the fleet settings"). With _settle's
 look-ahead and walk, 5-6 ms (p99 8-9) at 8,192 and 3.1-3.4 ms (p99 5) at 4,096 for 10-15% more
-CPU in all (still less than 8,192's before them; BENCHMARKS.md, "Loop lag at 1,000 pools")."""
+CPU in all (still less than 8,192's before them; BENCHMARKS.md, "Loop lag at 1,000 pools"). At
+2,048, 2.0 ms (p99 2.4) in bench_fold against 3.3 ms at 4,096, for 17% more CPU in the fold and
+5-8% more of the frontend's at 1,000 pools: with the collector on a timer and 2 ms telemetry
+slices, 4,096's folds alone left the serving loop's turns of over 10 ms as many as before
+(BENCHMARKS.md, "Loop lag at 1,000 pools: the collector on a timer, telemetry in 2 ms slices")."""
 FOLD_EVERY = 0.05
 """Seconds after a logged delta within which the telemetry pacer folds it, when reads do not fold
 (`KvSummary.reads_fold` off, as the telemetry servicer runs it): how long a delta at most waits for

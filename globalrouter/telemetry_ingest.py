@@ -57,10 +57,13 @@ BUILD_FIRST_SECONDS = 0.012
 the loop), and its readiness waits on the builds, which at one STEP_SECONDS step a turn got about
 a third of the loop beside 2,000 streams' messages in a restart (1,000 pools x 100,000 blocks:
 every pool back 41.9 s)."""
-SLICE_SECONDS = 0.004
+SLICE_SECONDS = 0.002
 """Wall time one event-loop iteration may spend on telemetry messages before the rest wait for a
 later iteration (IngestPacer): with 2,000 streams every iteration used to apply a message of each
-(about 0.1 s at 1,000 pools), and a health check waits several iterations."""
+(about 0.1 s at 1,000 pools), and a health check waits several iterations. 4 ms until the loop-lag
+goal's runs at 1,000 pools: with 4 ms slices (and the rest of that change) the turns of over 10 ms
+were as many as before it (BENCHMARKS.md, "Loop lag at 1,000 pools: the collector on a timer,
+telemetry in 2 ms slices")."""
 
 
 def validate_hello(hello: telemetry_pb2.TelemetryHello) -> Violations:
@@ -277,7 +280,8 @@ class IngestPacer:
         self._pending = pending
         """Whether the messages left work that is not due yet (the summary's logged deltas): it is
         then done `within` seconds after the message that left it, in a loop callback of its own,
-        so nothing waits for the next message or for the work to come due."""
+        so nothing waits for the next message or for the work to come due. It is counted in that
+        turn's slice, or waits for the next turn's when the messages spent this one's."""
         self._within = within
         self._later: asyncio.TimerHandle | None = None
         """The scheduled `_late_work`, while one is."""
@@ -318,9 +322,16 @@ class IngestPacer:
 
     def _late_work(self) -> None:
         self._later = None
-        if self._pending is not None and self._pending() and self._work is not None:
-            self._work()
-            self.works += 1
+        if self._pending is None or self._work is None or not self._pending():
+            return
+        self._begin()
+        if self._now() - self._start >= self.slice_seconds:
+            # This iteration's telemetry slice is spent: the work takes a slice of the next one
+            # (on top of a spent slice it made the loop's longest turns).
+            self._later = asyncio.get_running_loop().call_later(0, self._late_work)
+            return
+        self._work()  # counted in this slice: messages after it in this iteration wait if it spent it
+        self.works += 1
 
     def _owed(self) -> bool:
         # The work is due: messages wait for the slice it opens.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -99,24 +100,34 @@ async def test_a_cancelled_call_s_waiting_message_is_not_applied():
     assert [m for _, m in applied] == list(range(19))
 
 
+class _Folding:
+    """The summary's pattern in fake time: each message logs a block (COST apiece), the work (a
+    fold, 3 COST) clears the log; both recorded in `events` (the work as `mark()`)."""
+
+    def __init__(self) -> None:
+        self.clock, self.events, self.logged = FakeTime(), list[object](), 0
+        self.done = asyncio.Event()
+        self.mark: Callable[[], object] = lambda: "work"
+
+    def apply(self, stream, msg):
+        self.clock.t += COST
+        self.events.append(msg)
+        self.logged += 1
+        return None
+
+    def work(self) -> None:
+        self.events.append(self.mark())
+        self.clock.t += 3 * COST  # a fold takes most of a slice
+        self.logged = 0
+        self.done.set()
+
+
 async def test_work_left_by_the_messages_runs_first_in_a_slice_of_its_own():
     """Once `due` (the summary's fold), no further message is applied in the current slice: the
     work opens the next slice, counted in it, and the messages follow in order."""
-    clock, events = FakeTime(), list[object]()
-    logged = [0]
-
-    def apply(stream, msg):
-        clock.t += COST
-        events.append(msg)
-        logged[0] += 1
-        return None
-
-    def work():
-        clock.t += 3 * COST  # a fold takes most of a slice
-        events.append("work")
-        logged[0] = 0
-
-    pacer = IngestPacer(apply, 0.004, now=clock, due=lambda: logged[0] >= 3, work=work)
+    f = _Folding()
+    events = f.events
+    pacer = IngestPacer(f.apply, 0.004, now=f.clock, due=lambda: f.logged >= 3, work=f.work)
     await asyncio.gather(*(pacer.submit("s", i) for i in range(12)))  # type: ignore[arg-type]
     # Three messages (the slice has room for four), then the work before any fourth.
     assert events[:4] == [0, 1, 2, "work"], events
@@ -125,7 +136,7 @@ async def test_work_left_by_the_messages_runs_first_in_a_slice_of_its_own():
             assert events[i - 3 : i] != [] and all(isinstance(x, int) for x in events[i - 3 : i])
     assert [e for e in events if e != "work"] == list(range(12)) and pacer.works == events.count("work") >= 3
     with pytest.raises(ValueError, match="due and work go together"):
-        IngestPacer(apply, 0.004, due=lambda: True)
+        IngestPacer(f.apply, 0.004, due=lambda: True)
 
 
 async def test_work_left_pending_is_done_within_its_bound_without_another_message():
@@ -161,6 +172,35 @@ async def test_work_left_pending_is_done_within_its_bound_without_another_messag
     assert pacer._later is None  # done once: nothing pending, nothing scheduled again
     with pytest.raises(ValueError, match="pending needs work and within"):
         IngestPacer(apply, 0.004, due=lambda: False, work=work, pending=lambda: True)
+
+
+async def test_late_work_on_a_spent_slice_waits_for_a_slice_of_its_own():
+    """The `within` work (the summary's fold of a few logged deltas) is telemetry work like the
+    messages': when its timer comes in an iteration whose slice the messages already spent, it
+    moves to the next iteration and opens that one's slice, instead of adding a fold to a spent
+    slice (those made the loop's longest turns at 1,000 pools)."""
+    f = _Folding()
+    pacer = IngestPacer(
+        f.apply,
+        0.004,
+        now=f.clock,
+        due=lambda: f.logged >= 100,
+        work=f.work,
+        pending=lambda: f.logged > 0,
+        within=60,
+    )
+    f.mark = lambda: ("work", f.clock.t - pacer._start)  # how much of its slice was spent before it
+    for i in range(4):  # applied at once, one after the other, in this iteration: its slice is spent
+        await pacer.submit("s", i)  # type: ignore[arg-type]
+    timer = pacer._later
+    assert timer is not None and f.events == [0, 1, 2, 3]
+    timer.cancel()
+    pacer._late_work()  # its timer, come in this iteration
+    assert f.events == [0, 1, 2, 3] and pacer.works == 0  # not on top of the spent slice
+    assert pacer._later is not None and pacer._later is not timer
+    await asyncio.wait_for(f.done.wait(), 10)
+    assert f.events == [0, 1, 2, 3, ("work", 0.0)] and pacer.works == 1  # first in a slice of its own
+    assert pacer._later is None and f.logged == 0
 
 
 def test_the_slice_must_be_positive():
