@@ -65,6 +65,8 @@ def test_histogram_quantiles_between_two_scrapes():
     q = bench_scale.histogram_quantiles(before, after, "x")
     assert q is not None and q["p50_s"] == 0.001 and q["p99_s"] == 0.01 and q["count"] == 100
     assert q["max_le_s"] == float("inf")  # one sample past the last finite bucket
+    assert q["over_10ms"] == 1  # the lag goal's count: 100 samples, 99 of them within 10 ms
+    assert "1 of 100 samples over 10 ms" in bench_scale._lag_line(q)
     assert bench_scale.histogram_quantiles(before, after, "absent") is None
 
 
