@@ -76,7 +76,8 @@ class GcConfig:
     young generation grew to 37,000 objects at 1,000 pools: young collections of up to 17-21 ms,
     and generation-1 ones of 18-23 ms over every stream's read. Timed, young collections stay under
     about 1.5 ms (p99) and, frozen after each, there are no older ones left to walk (BENCHMARKS.md,
-    "Loop lag at 1,000 pools: the collector on a timer, telemetry in 2 ms slices"); 0: none (the thresholds alone decide)."""
+    "Loop lag at 1,000 pools: the collector on a timer, telemetry in 2 ms slices"). 0: none (the
+    thresholds alone decide)."""
     threshold: int = 0
     """Allocations between young-generation collections (gc.set_threshold's first value); 0 keeps
     Python's (700)."""
