@@ -114,6 +114,10 @@ class Config:
     route_candidates: int = 0
     """RouteRequest.max_candidates of the Route dry runs: 0 asks for every eligible pool (a reply
     then lists all of them), 1 for the choice alone."""
+    steady_routes: float = 0.0
+    """Route dry runs a second sent during the steady window (open loop, 1k- and 16k-token prompts
+    alternating; 0: none): the ingest and decisions together, as issue 19's "200,000 events/s plus
+    200 decisions/s in <= 1 core" asks."""
     profile: bool = False
     """py-spy records the frontend in the steady window, the mass redial and the restart (raw
     collapsed stacks in the log directory; off by default: the sampler takes CPU of its own)."""
@@ -683,6 +687,62 @@ async def route_latencies(
     }
 
 
+ROUTES_IN_FLIGHT = 64
+"""Paced Route dry runs in flight at most; one due past it is counted as skipped, not sent."""
+
+
+async def paced_routes(
+    address: str, requests: dict[str, list[router_pb2.RouteRequest]], rate: float, seconds: float
+) -> dict[str, Any]:
+    """Route dry runs at `rate` a second for `seconds` (open loop: each on its own schedule, sizes
+    alternating), at most ROUTES_IN_FLIGHT at once: how many were sent, answered and failed, and
+    their latencies."""
+    reqs = [r for pair in zip(*(v for v in requests.values() if v), strict=False) for r in pair]
+    lat: list[float] = []
+    failed = skipped = 0
+    if not reqs or rate <= 0:
+        return {"rate": rate, "sent": 0}
+    async with aio(address) as ch:
+        stub = router_pb2_grpc.RouterServiceStub(ch)
+        slots = asyncio.Semaphore(ROUTES_IN_FLIGHT)
+        tasks: set[asyncio.Task] = set()
+
+        async def one(req: router_pb2.RouteRequest) -> None:
+            nonlocal failed
+            t0 = time.monotonic()
+            try:
+                await stub.Route(req, timeout=30)
+                lat.append(time.monotonic() - t0)
+            except grpc.aio.AioRpcError:
+                failed += 1
+            finally:
+                slots.release()
+
+        start = time.monotonic()
+        n = int(rate * seconds)
+        for i in range(n):
+            await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+            if slots.locked():
+                skipped += 1
+                continue
+            await slots.acquire()
+            task = asyncio.ensure_future(one(reqs[i % len(reqs)]))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await asyncio.gather(*tasks)
+        took = time.monotonic() - start
+    return {
+        "rate": rate,
+        "sent": n - skipped,
+        "answered": len(lat),
+        "failed": failed,
+        "skipped": skipped,
+        "answered_per_s": round(len(lat) / took, 1),
+        "p50_ms": ms(pct(lat, 50)),
+        "p99_ms": ms(pct(lat, 99)),
+    }
+
+
 async def mass_redial(
     address: str,
     sims: Sims,
@@ -807,7 +867,12 @@ async def run_fleet(
         )
         probe = HealthProbe(address).start()
         profile(cfg, group, pid, f"steady-{pools}", cfg.steady)
-        await asyncio.sleep(cfg.steady)
+        if cfg.steady_routes > 0:  # the decisions beside the ingest, inside the same window
+            routes = await paced_routes(
+                address, route_requests(tokens, cfg.route_candidates), cfg.steady_routes, cfg.steady
+            )
+        else:
+            await asyncio.sleep(cfg.steady)
         health = await probe.stop()
         m1, s1, c1, sc1, t_1 = (
             scrape(metrics_port),
@@ -856,6 +921,9 @@ async def run_fleet(
             "dropped": s1["dropped"] - s0["dropped"],
         }
         st = out["steady"]
+        if cfg.steady_routes > 0:
+            st["routes"] = routes
+            st["decision_metric"] = histogram_quantiles(m0, m1, "globalrouter_decision_latency_seconds")
         print(
             f"  [{pools} pools] steady: {st['frontend_cores']} cores, rss {st['rss_mb']} MB, "
             f"{st['events_per_s']} events/s (target {st['target_events_per_s']}), {st['messages_per_s']} "
@@ -866,6 +934,8 @@ async def run_fleet(
             f"{st['sim_placement']}{'' if (st['rate_share'] or 1) >= RATE_MET else ' SHORT OF THE TARGET RATE'}",
             flush=True,
         )
+        if cfg.steady_routes > 0:
+            print(f"  [{pools} pools] steady Route dry runs alongside: {st['routes']}", flush=True)
 
         # Decisions.
         profile(cfg, group, pid, f"route-{pools}", cfg.route_seconds)
@@ -1973,6 +2043,14 @@ def parse(argv: list[str] | None) -> Config:
         help="py-spy the frontend in the steady window, the Route window, the mass redial and the restart (files in --log-dir)",
     )
     p.add_argument(
+        "--steady-routes",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="Route dry runs a second sent during the steady window, 1k and 16k tokens alternating "
+        "(default 0: none; 200 for issue 19's decisions beside the ingest)",
+    )
+    p.add_argument(
         "--render", default=None, help="rewrite SCALE.md and the plot from a run's JSON (--render=FILE)"
     )
     a = p.parse_args(argv)
@@ -1990,6 +2068,8 @@ def parse(argv: list[str] | None) -> Config:
         p.error(f"--sim-nice must be 0..19, got {a.sim_nice}")
     if a.route_candidates < 0:
         p.error(f"--route-candidates must be >= 0, got {a.route_candidates}")
+    if not 0 <= a.steady_routes <= 10_000:
+        p.error(f"--steady-routes must be 0..10000 a second, got {a.steady_routes}")
     if a.frontend_cpu is not None:
         allowed = os.sched_getaffinity(0)
         if a.frontend_cpu not in allowed or len(allowed) < 2:
@@ -2037,6 +2117,7 @@ def parse(argv: list[str] | None) -> Config:
         sim_nice=a.sim_nice,
         frontend_cpu=a.frontend_cpu,
         route_candidates=a.route_candidates,
+        steady_routes=a.steady_routes,
         profile=a.profile,
     )
     return cfg

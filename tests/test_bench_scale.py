@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -9,10 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
 from bench import bench_scale, scale_sim
+from globalrouter.v1 import router_pb2, router_pb2_grpc
 from meshlaunch import local_mesh, wait_until
 from poolrelay.v1 import telemetry_pb2 as tm
 from poolrelay.v1 import telemetry_pb2_grpc as tm_grpc
@@ -220,6 +223,41 @@ def test_route_dry_runs_ask_for_the_candidates_set_on_the_command_line(tmp_path)
     assert [len(r.prompt.token_ids.ids) for r in reqs["16k"]] == [16384]
     assert {r.max_candidates for v in reqs.values() for r in v} == {1}
     assert {r.max_candidates for v in bench_scale.route_requests(tokens).values() for r in v} == {0}
+
+
+def test_steady_route_dry_runs_are_paced_and_counted(tmp_path):
+    """--steady-routes RATE: Route dry runs at RATE a second beside the steady ingest (1k and 16k
+    prompts alternating), each one answered, failed or skipped counted."""
+    assert bench_scale.parse(["--quick", "--log-dir", str(tmp_path)]).steady_routes == 0  # off by default
+    assert (
+        bench_scale.parse(["--quick", "--log-dir", str(tmp_path), "--steady-routes", "200"]).steady_routes
+        == 200
+    )
+    with pytest.raises(SystemExit):
+        bench_scale.parse(["--quick", "--log-dir", str(tmp_path), "--steady-routes", "-1"])
+    seen: list[int] = []
+
+    class Router(router_pb2_grpc.RouterServiceServicer):
+        async def Route(self, request, context):
+            seen.append(len(request.prompt.token_ids.ids))
+            if len(seen) == 3:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "one refused")
+            return router_pb2.RouteResponse()
+
+    async def run() -> dict:
+        server = grpc.aio.server()
+        router_pb2_grpc.add_RouterServiceServicer_to_server(Router(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            reqs = bench_scale.route_requests([list(range(20_000))], 1)
+            return await bench_scale.paced_routes(f"127.0.0.1:{port}", reqs, 100.0, 0.3)
+        finally:
+            await server.stop(None)
+
+    out = asyncio.run(run())
+    assert out["sent"] == 30 and out["answered"] == 29 and out["failed"] == 1 and out["skipped"] == 0
+    assert seen[:4] == [1024, 16384, 1024, 16384]  # the sizes alternate
 
 
 @pytest.mark.parametrize("spelling", ["--render=FILE", "--render FILE"])
