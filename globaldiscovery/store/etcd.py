@@ -575,9 +575,16 @@ class EtcdStore:
         await self._caught_up(await self._end(key, reg, lease_id, reason))
         return self.directory.get_pool(pool_id, self.clock.monotonic()) is None
 
+    async def _read_your_writes(self) -> None:
+        """Waits until the mirror has applied every write etcd had acknowledged when this was
+        called (through any replica): an operator action right after a registration that another
+        replica answered must find the pool, not a mirror a moment behind."""
+        await self._caught_up(await self._etcd_revision())
+
     @_unavailable
     async def remove_pool(self, pool_id: str) -> PoolView:
         self._refuse_if_isolated()
+        await self._read_your_writes()
         view = self.directory.get_pool(pool_id, self.clock.monotonic())
         lease_rules.require_listed(pool_id, view)
         assert view is not None
@@ -592,6 +599,7 @@ class EtcdStore:
     @_unavailable
     async def drain_pool(self, pool_id: str, timeout: float) -> PoolView:  # noqa: ASYNC109 (a drain length)
         self._refuse_if_isolated()
+        await self._read_your_writes()
         lease_rules.require_listed(pool_id, self.directory.get_pool(pool_id, self.clock.monotonic()))
         key = DRAINS + pool_id.encode()
         body = json.dumps(

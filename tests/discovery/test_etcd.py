@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -105,6 +106,36 @@ async def test_a_renewal_through_the_other_replica_refreshes_the_same_etcd_lease
     finally:
         for store in (a, b):
             await store.close()
+
+
+async def _hold_mirror(store: EtcdStore, seconds: float) -> None:
+    """Stops `store` following etcd, and starts it again after `seconds`: its mirror lags."""
+    follower = store._follower
+    assert follower is not None
+    follower.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await follower
+
+    def resume() -> None:
+        store._follower = asyncio.create_task(store._follow_forever(), name="etcd-follow")
+
+    asyncio.get_running_loop().call_later(seconds, resume)
+
+
+@pytest.mark.parametrize("action", ["drain", "remove"])
+async def test_an_operator_action_through_a_lagging_replica_sees_the_registration(replicas, action):
+    """A registration acknowledged by replica a, then an operator action through replica b whose
+    mirror has not applied it yet: b waits for its mirror to reach etcd's revision, not NOT_FOUND."""
+    a, b = replicas
+    await _hold_mirror(b, 0.5)
+    await a.register_pool(reg(f"{action}-lag", inc=1))
+    assert b.directory.get_pool(f"{action}-lag", b.clock.monotonic()) is None  # b is behind
+    if action == "drain":
+        view = await b.drain_pool(f"{action}-lag", 5.0)
+        assert view.draining
+    else:
+        view = await b.remove_pool(f"{action}-lag")
+    assert view.pool_id == f"{action}-lag"
 
 
 async def test_drain_through_one_replica_completes_everywhere(replicas):
