@@ -175,7 +175,9 @@ class DiscoveryServiceServicer:
         relays learn it from their next RegisterPool reply and pass it on to the pool, which stops
         taking new work and finishes accepted work until the deadline. At the deadline the pool
         leaves the directory (REMOVED with reason DRAINED). Draining an already-draining pool keeps
-        the earlier deadline. NOT_FOUND when the pool is not listed.
+        the earlier deadline. NOT_FOUND when the pool is not listed. With the etcd store, "listed"
+        counts every write etcd acknowledged before the call, through any replica: a replica whose
+        mirror is behind waits for it (UNAVAILABLE if it cannot catch up within 10 s).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -183,7 +185,8 @@ class DiscoveryServiceServicer:
 
     def RemovePool(self, request, context):
         """Removes a pool and all its leases at once (an operator's action). The relays' next renewals
-        register it again unless they are stopped first. NOT_FOUND when the pool is not listed.
+        register it again unless they are stopped first. NOT_FOUND when the pool is not listed
+        (as of every write etcd acknowledged before the call, as for DrainPool).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
