@@ -6,6 +6,7 @@ missing etcd fails the run, so the etcd store can never go untested unnoticed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -133,3 +134,18 @@ async def etcd_replicas(endpoint: str, count: int, *, heartbeat_interval: float,
     finally:
         for store in stores:
             await store.close()
+
+
+async def pause(store) -> None:
+    """Stops an EtcdStore following etcd (as if its etcd member were slow); resume() goes on."""
+    assert store._follower is not None
+    store._follower.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await store._follower
+    if store._watch is not None:
+        await store._watch.cancel()
+
+
+def resume(store) -> None:
+    """Starts a paused EtcdStore following etcd again, from the last change it applied."""
+    store._follower = asyncio.create_task(store._follow_forever())

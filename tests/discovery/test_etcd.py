@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 
@@ -18,7 +17,7 @@ from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from meshkit.clock import SystemClock
 from meshlaunch import wait_until
-from tests.discovery.etcd_support import etcd_replicas, wipe_discovery_keys
+from tests.discovery.etcd_support import etcd_replicas, pause, resume, wipe_discovery_keys
 from tests.discovery.helpers import reg, run_pools, start_discovery
 
 pytestmark = pytest.mark.timeout(90)
@@ -108,26 +107,13 @@ async def test_a_renewal_through_the_other_replica_refreshes_the_same_etcd_lease
             await store.close()
 
 
-async def _hold_mirror(store: EtcdStore, seconds: float) -> None:
-    """Stops `store` following etcd, and starts it again after `seconds`: its mirror lags."""
-    follower = store._follower
-    assert follower is not None
-    follower.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await follower
-
-    def resume() -> None:
-        store._follower = asyncio.create_task(store._follow_forever(), name="etcd-follow")
-
-    asyncio.get_running_loop().call_later(seconds, resume)
-
-
 @pytest.mark.parametrize("action", ["drain", "remove"])
 async def test_an_operator_action_through_a_lagging_replica_sees_the_registration(replicas, action):
     """A registration acknowledged by replica a, then an operator action through replica b whose
     mirror has not applied it yet: b waits for its mirror to reach etcd's revision, not NOT_FOUND."""
     a, b = replicas
-    await _hold_mirror(b, 0.5)
+    await pause(b)
+    asyncio.get_running_loop().call_later(0.5, resume, b)  # b catches up half a second later
     await a.register_pool(reg(f"{action}-lag", inc=1))
     assert b.directory.get_pool(f"{action}-lag", b.clock.monotonic()) is None  # b is behind
     if action == "drain":

@@ -5,19 +5,18 @@ reach back to (compacted, re-read) gets a reset snapshot; a replica behind the r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import aetcd
 import grpc
 import pytest
 
 from globaldiscovery.records import EventKind, Removal
-from globaldiscovery.store.etcd import PREFIX, EtcdStore
+from globaldiscovery.store.etcd import PREFIX
 from globaldiscovery.v1 import discovery_pb2 as pb
 from globaldiscovery.v1 import discovery_pb2_grpc as pb_grpc
 from globaldiscovery.watch_fanout import WatcherClosed
 from meshlaunch.process import Proc
-from tests.discovery.etcd_support import etcd_replicas, running_etcd, wipe_discovery_keys
+from tests.discovery.etcd_support import etcd_replicas, pause, resume, running_etcd, wipe_discovery_keys
 from tests.discovery.helpers import reg, start_discovery
 
 pytestmark = pytest.mark.timeout(120)
@@ -198,20 +197,6 @@ async def pair(etcd):
     """Two replicas sharing one etcd, with leases far longer than the test."""
     async with etcd_replicas(etcd, 2, heartbeat_interval=5.0, lease_duration=60.0) as stores:
         yield stores
-
-
-async def pause(store: EtcdStore) -> None:
-    """Stops the store following etcd (as if its etcd member were slow); resume() goes on."""
-    assert store._follower is not None
-    store._follower.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await store._follower
-    if store._watch is not None:
-        await store._watch.cancel()
-
-
-def resume(store: EtcdStore) -> None:
-    store._follower = asyncio.create_task(store._follow_forever())
 
 
 async def events(watcher, count: int) -> list[tuple[EventKind, str | None, int]]:
