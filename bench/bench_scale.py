@@ -109,6 +109,11 @@ class Config:
     sim_nice: int = 0
     """Niceness added to the simulated pools' processes, so that they take only the CPU the measured
     frontend leaves (on this machine they share its cores; in a fleet the relays run elsewhere)."""
+    frontend_nice: int = 0
+    """Niceness of the measured frontend's process and session (-20..19; below 0 needs root): a
+    fleet's frontend has cores of its own, here it shares 2 with the load it is measured under."""
+    discovery_nice: int = 0
+    """Niceness of the discovery process and session (0..19): in a fleet it runs on other hosts."""
     frontend_cpu: int | None = None
     """A CPU kept for the frontend: the simulated pools run on the others (None: anywhere)."""
     route_candidates: int = 0
@@ -392,7 +397,30 @@ def sim_placement_text(cfg: Config) -> str:
         if cpus
         else ""
     )
-    return f"they ran {nice}{where}."
+    text = f"they ran {nice}{where}."
+    if cfg.frontend_nice:
+        text += (
+            f" The frontend ran at nice {cfg.frontend_nice} (--frontend-nice, its session's autogroup too), "
+            "standing in for cores of its own."
+        )
+    if cfg.discovery_nice:
+        text += f" Discovery ran at nice {cfg.discovery_nice} (--discovery-nice)."
+    return text
+
+
+def set_nice(pid: int, nice: int) -> str:
+    """Sets the niceness of every thread of process `pid` and of its session's autogroup (with
+    autogroup scheduling the CPU is shared between sessions first, and meshlaunch starts each
+    process in a session of its own); what was applied, for SCALE.md. Threads started later inherit
+    their creator's niceness. Raises OSError when not allowed (a negative one without root)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    if autogroup.exists():
+        autogroup.write_text(str(nice))
+        return f"nice {nice}, {autogroup.read_text().strip()}"
+    return f"nice {nice}"
 
 
 def sim_placement_flags(cfg: Config) -> list[str]:
@@ -806,9 +834,14 @@ async def run_fleet(
     out["distinct_blocks"] = distinct_of(out, cfg.trace_requests)
     mesh = Mesh(group)
     mesh.start_discovery(None, *DISCOVERY_TIMING, "--log-level", "warning")
+    if cfg.discovery_nice:
+        assert mesh.discovery_proc is not None
+        out["discovery_priority"] = set_nice(mesh.discovery_proc.pid, cfg.discovery_nice)
     address, proc, metrics_port, flags = start_frontend(mesh, cfg, pools)
     out["frontend_flags"] = flags
     pid = proc.pid
+    if cfg.frontend_nice:
+        out["frontend_priority"] = set_nice(pid, cfg.frontend_nice)
     # Idle: before any relay dials.
     probe = HealthProbe(address).start()
     await asyncio.sleep(2.0)
@@ -1002,6 +1035,8 @@ async def run_fleet(
         t_kill = time.monotonic()
         proc = group.start("router", proc.args)
         pid = proc.pid
+        if cfg.frontend_nice:
+            set_nice(pid, cfg.frontend_nice)
         probe = HealthProbe(address, gap=0.02, timeout=60).start()
         off_loop = ProcessHealthProbe(probe_address, gap=0.02, timeout=60).start() if probe_address else None
         c0, sc0 = cpu_seconds(pid), sims.cpu()
@@ -2023,6 +2058,19 @@ def parse(argv: list[str] | None) -> Config:
         "measured frontend leaves, as relays on other hosts would)",
     )
     p.add_argument(
+        "--frontend-nice",
+        type=int,
+        default=0,
+        help="niceness of the measured frontend and its session, -20..19 (below 0 needs root; default 0): "
+        "emulates a frontend with cores of its own, which this shared machine cannot give it",
+    )
+    p.add_argument(
+        "--discovery-nice",
+        type=int,
+        default=0,
+        help="niceness of the discovery process and its session, 0..19 (default 0; in a fleet it runs elsewhere)",
+    )
+    p.add_argument(
         "--frontend-cpu",
         type=int,
         default=None,
@@ -2066,6 +2114,10 @@ def parse(argv: list[str] | None) -> Config:
         p.error("--pools, --blocks, --relays and --workers must be > 0, --rate >= 0")
     if not 0 <= a.sim_nice <= 19:
         p.error(f"--sim-nice must be 0..19, got {a.sim_nice}")
+    if not -20 <= a.frontend_nice <= 19:
+        p.error(f"--frontend-nice must be -20..19, got {a.frontend_nice}")
+    if not 0 <= a.discovery_nice <= 19:
+        p.error(f"--discovery-nice must be 0..19, got {a.discovery_nice}")
     if a.route_candidates < 0:
         p.error(f"--route-candidates must be >= 0, got {a.route_candidates}")
     if not 0 <= a.steady_routes <= 10_000:
@@ -2115,6 +2167,8 @@ def parse(argv: list[str] | None) -> Config:
         command=cmd.strip(),
         out=a.out if a.out is not None else ("" if quick else str(SCALE_MD)),
         sim_nice=a.sim_nice,
+        frontend_nice=a.frontend_nice,
+        discovery_nice=a.discovery_nice,
         frontend_cpu=a.frontend_cpu,
         route_candidates=a.route_candidates,
         steady_routes=a.steady_routes,

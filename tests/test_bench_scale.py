@@ -395,3 +395,37 @@ def test_a_leases_process_refuses_bad_sizes_by_name(flag, value, capsys):
     with pytest.raises(SystemExit):
         scale_sim.main([*argv, flag, value])
     assert f"{flag} must be at least" in capsys.readouterr().err
+
+
+def test_another_process_and_its_session_are_reniced_with_every_thread():
+    """--frontend-nice / --discovery-nice: set_nice changes every thread of a process started in a
+    session of its own (as meshlaunch starts it) and that session's autogroup, which is what
+    weighs against the other sessions under autogroup scheduling."""
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        tasks = Path(f"/proc/{child.pid}/task")
+        wait_until(lambda: len(list(tasks.iterdir())) == 2, 10, message="the child's second thread")
+        applied = bench_scale.set_nice(child.pid, 5)
+        for task in tasks.iterdir():
+            assert os.getpriority(os.PRIO_PROCESS, int(task.name)) == 5
+        if Path(f"/proc/{child.pid}/autogroup").exists():
+            assert applied.endswith("nice 5") and Path(
+                f"/proc/{child.pid}/autogroup"
+            ).read_text().strip().endswith("nice 5")
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+def test_frontend_and_discovery_niceness_are_flags_checked_by_range(tmp_path):
+    cfg = bench_scale.parse(["--quick", "--log-dir", str(tmp_path)])
+    assert cfg.frontend_nice == 0 and cfg.discovery_nice == 0
+    cfg = bench_scale.parse(
+        ["--quick", "--log-dir", str(tmp_path), "--frontend-nice=-10", "--discovery-nice=10"]
+    )
+    assert (cfg.frontend_nice, cfg.discovery_nice) == (-10, 10)
+    assert "The frontend ran at nice -10" in bench_scale.sim_placement_text(cfg)
+    for bad in ("--frontend-nice=-21", "--frontend-nice=20", "--discovery-nice=-1"):
+        with pytest.raises(SystemExit):
+            bench_scale.parse(["--quick", "--log-dir", str(tmp_path), bad])
