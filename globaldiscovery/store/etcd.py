@@ -404,9 +404,19 @@ class EtcdStore:
             self.link.followed(self.clock.monotonic())
 
     async def _newest_change(self) -> int:
-        """The mod revision of the newest key under the prefix (0 when there is none)."""
-        kvs = await self._client.get_prefix(PREFIX, sort_order="descend", sort_target="mod", keys_only=True)
-        return max((kv.mod_revision for kv in kvs), default=0)
+        """The mod revision of the newest key under the prefix (0 when there is none): one key read."""
+        reply = await self._client.kvstub.Range(
+            rpc.RangeRequest(
+                key=PREFIX,
+                range_end=prefix_range_end(PREFIX),
+                limit=1,
+                sort_order=rpc.RangeRequest.DESCEND,
+                sort_target=rpc.RangeRequest.MOD,
+                keys_only=True,
+            ),
+            metadata=self._client.metadata,
+        )
+        return max((kv.mod_revision for kv in reply.kvs), default=0)
 
     def _apply_safely(self, kind: str, key: bytes, value: bytes, prev: bytes | None) -> None:
         """_apply, logging instead of raising: one bad record must not stop the mirror or its start."""
@@ -576,10 +586,13 @@ class EtcdStore:
         return self.directory.get_pool(pool_id, self.clock.monotonic()) is None
 
     async def _read_your_writes(self) -> None:
-        """Waits until the mirror has applied every write etcd had acknowledged when this was
-        called (through any replica): an operator action right after a registration that another
-        replica answered must find the pool, not a mirror a moment behind."""
-        await self._caught_up(await self._etcd_revision())
+        """Waits until the mirror has applied the newest discovery record etcd holds now (written
+        through any replica): an operator action right after a registration that another replica
+        answered must find the pool, not a mirror a moment behind. The newest record's revision,
+        not etcd's own: that one also counts writes outside discovery's prefix (the frontends'
+        budgets may share the etcd), which the mirror never sees. A deletion newer than every
+        record is not waited for: the action then sees the pool as a moment earlier."""
+        await self._caught_up(await self._newest_change())
 
     @_unavailable
     async def remove_pool(self, pool_id: str) -> PoolView:

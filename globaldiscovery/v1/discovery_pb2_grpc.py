@@ -176,8 +176,8 @@ class DiscoveryServiceServicer:
         taking new work and finishes accepted work until the deadline. At the deadline the pool
         leaves the directory (REMOVED with reason DRAINED). Draining an already-draining pool keeps
         the earlier deadline. NOT_FOUND when the pool is not listed. With the etcd store, "listed"
-        counts every write etcd acknowledged before the call, through any replica: a replica whose
-        mirror is behind waits for it (UNAVAILABLE if it cannot catch up within 10 s).
+        counts every registration etcd acknowledged before the call, through any replica: a replica
+        whose mirror is behind waits for it (UNAVAILABLE if it cannot catch up within 10 s).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -186,7 +186,7 @@ class DiscoveryServiceServicer:
     def RemovePool(self, request, context):
         """Removes a pool and all its leases at once (an operator's action). The relays' next renewals
         register it again unless they are stopped first. NOT_FOUND when the pool is not listed
-        (as of every write etcd acknowledged before the call, as for DrainPool).
+        (counting every registration etcd acknowledged before the call, as for DrainPool).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -109,13 +109,13 @@ class DiscoveryServiceStub:
     taking new work and finishes accepted work until the deadline. At the deadline the pool
     leaves the directory (REMOVED with reason DRAINED). Draining an already-draining pool keeps
     the earlier deadline. NOT_FOUND when the pool is not listed. With the etcd store, "listed"
-    counts every write etcd acknowledged before the call, through any replica: a replica whose
-    mirror is behind waits for it (UNAVAILABLE if it cannot catch up within 10 s).
+    counts every registration etcd acknowledged before the call, through any replica: a replica
+    whose mirror is behind waits for it (UNAVAILABLE if it cannot catch up within 10 s).
     """
     RemovePool: _grpc.UnaryUnaryMultiCallable[_discovery_pb2.RemovePoolRequest, _discovery_pb2.RemovePoolResponse]
     """Removes a pool and all its leases at once (an operator's action). The relays' next renewals
     register it again unless they are stopped first. NOT_FOUND when the pool is not listed
-    (as of every write etcd acknowledged before the call, as for DrainPool).
+    (counting every registration etcd acknowledged before the call, as for DrainPool).
     """
     RegisterFrontend: _grpc.UnaryUnaryMultiCallable[_discovery_pb2.RegisterFrontendRequest, _discovery_pb2.RegisterFrontendResponse]
     """Registers a global frontend replica, or renews its lease. Idempotent, same lease semantics as
@@ -196,13 +196,13 @@ class DiscoveryServiceAsyncStub(DiscoveryServiceStub):
     taking new work and finishes accepted work until the deadline. At the deadline the pool
     leaves the directory (REMOVED with reason DRAINED). Draining an already-draining pool keeps
     the earlier deadline. NOT_FOUND when the pool is not listed. With the etcd store, "listed"
-    counts every write etcd acknowledged before the call, through any replica: a replica whose
-    mirror is behind waits for it (UNAVAILABLE if it cannot catch up within 10 s).
+    counts every registration etcd acknowledged before the call, through any replica: a replica
+    whose mirror is behind waits for it (UNAVAILABLE if it cannot catch up within 10 s).
     """
     RemovePool: _aio.UnaryUnaryMultiCallable[_discovery_pb2.RemovePoolRequest, _discovery_pb2.RemovePoolResponse]  # type: ignore[assignment]
     """Removes a pool and all its leases at once (an operator's action). The relays' next renewals
     register it again unless they are stopped first. NOT_FOUND when the pool is not listed
-    (as of every write etcd acknowledged before the call, as for DrainPool).
+    (counting every registration etcd acknowledged before the call, as for DrainPool).
     """
     RegisterFrontend: _aio.UnaryUnaryMultiCallable[_discovery_pb2.RegisterFrontendRequest, _discovery_pb2.RegisterFrontendResponse]  # type: ignore[assignment]
     """Registers a global frontend replica, or renews its lease. Idempotent, same lease semantics as
@@ -316,8 +316,8 @@ class DiscoveryServiceServicer(metaclass=_abc_1.ABCMeta):
         taking new work and finishes accepted work until the deadline. At the deadline the pool
         leaves the directory (REMOVED with reason DRAINED). Draining an already-draining pool keeps
         the earlier deadline. NOT_FOUND when the pool is not listed. With the etcd store, "listed"
-        counts every write etcd acknowledged before the call, through any replica: a replica whose
-        mirror is behind waits for it (UNAVAILABLE if it cannot catch up within 10 s).
+        counts every registration etcd acknowledged before the call, through any replica: a replica
+        whose mirror is behind waits for it (UNAVAILABLE if it cannot catch up within 10 s).
         """
 
     @_abc_1.abstractmethod
@@ -328,7 +328,7 @@ class DiscoveryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_discovery_pb2.RemovePoolResponse, _abc.Awaitable[_discovery_pb2.RemovePoolResponse]]:
         """Removes a pool and all its leases at once (an operator's action). The relays' next renewals
         register it again unless they are stopped first. NOT_FOUND when the pool is not listed
-        (as of every write etcd acknowledged before the call, as for DrainPool).
+        (counting every registration etcd acknowledged before the call, as for DrainPool).
         """
 
     @_abc_1.abstractmethod

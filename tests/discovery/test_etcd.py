@@ -124,6 +124,20 @@ async def test_an_operator_action_through_a_lagging_replica_sees_the_registratio
     assert view.pool_id == f"{action}-lag"
 
 
+async def test_an_operator_action_does_not_wait_for_writes_outside_discoverys_prefix(replicas):
+    """etcd's revision also counts other writers' keys (the frontends' budgets may share the etcd),
+    which a mirror never applies: a drain waits for discovery's newest record, not for those."""
+    a, b = replicas
+    await a.register_pool(reg("beside-1", inc=1))
+    deadline = time.monotonic() + 10
+    while b.directory.get_pool("beside-1", b.clock.monotonic()) is None:  # b's mirror has the pool
+        assert time.monotonic() < deadline, "replica b never listed the pool"
+        await asyncio.sleep(0.05)  # poll interval of a wait on state
+    await a._client.put(b"/globalrouter/v1/budget/test-beside", b"1")  # a newer revision, not discovery's
+    view = await asyncio.wait_for(b.drain_pool("beside-1", 5.0), 5)  # the mirror's own bound is 10 s
+    assert view.pool_id == "beside-1" and view.draining
+
+
 async def test_drain_through_one_replica_completes_everywhere(replicas):
     a, b = replicas
     await a.register_pool(reg("drain-1", inc=3))
