@@ -416,11 +416,8 @@ def set_nice(pid: int, nice: int) -> str:
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(ProcessLookupError):
             os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
-    autogroup = Path(f"/proc/{pid}/autogroup")
-    if autogroup.exists():
-        autogroup.write_text(str(nice))
-        return f"nice {nice}, {autogroup.read_text().strip()}"
-    return f"nice {nice}"
+    group = scale_sim.set_autogroup_nice(pid, nice)
+    return f"nice {nice}, {group}" if group is not None else f"nice {nice}"
 
 
 def sim_placement_flags(cfg: Config) -> list[str]:

@@ -888,6 +888,16 @@ def parse_cpus(text: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
+def set_autogroup_nice(pid: int | str, nice: int) -> str | None:
+    """Sets the nice of the autogroup of process `pid`'s session ("self": this one's); what /proc
+    then says of it, or None without autogroup scheduling. OSError when not allowed."""
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    if not autogroup.exists():
+        return None
+    autogroup.write_text(str(nice))
+    return autogroup.read_text().strip()
+
+
 def lower_priority(nice: int, cpus: frozenset[int]) -> dict[str, object]:
     """Lowers this process's CPU priority (`nice` added, 0..19) and pins it to `cpus` (empty: any), in
     the main thread before any other starts (Linux applies both per thread; threads inherit them), so
@@ -903,12 +913,11 @@ def lower_priority(nice: int, cpus: frozenset[int]) -> dict[str, object]:
         # every process in a session of its own, so the process's own nice changed nothing (measured:
         # 4 simulators at nice 19 still took 4/5 of the machine and preempted the frontend 115,000
         # times in 4 minutes). The session's autogroup gets the same nice.
-        if (autogroup := Path("/proc/self/autogroup")).exists():
-            try:
-                autogroup.write_text(str(os.nice(0)))
-                done["autogroup"] = autogroup.read_text().strip()
-            except OSError as exc:  # not allowed here: said in the stats, not hidden
-                done["autogroup"] = f"not set: {exc}"
+        try:
+            if (group := set_autogroup_nice("self", os.nice(0))) is not None:
+                done["autogroup"] = group
+        except OSError as exc:  # not allowed here: said in the stats, not hidden
+            done["autogroup"] = f"not set: {exc}"
     if cpus:
         allowed = os.sched_getaffinity(0)
         if not cpus <= allowed:
