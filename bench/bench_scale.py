@@ -609,9 +609,16 @@ def _probe_port_checks(address: str, gap: float, timeout: float, started: float,
 class ProcessHealthProbe(HealthProbe):
     """The same loop of health checks from a process of its own (spawned: a fresh interpreter), so
     that neither the harness's event loop (parsing 1,000-pool ListPools pages) nor its GIL delays
-    them: for the frontend's probe port, whose answer does not wait for the frontend's loop."""
+    them: for the frontend's probe port, whose answer does not wait for the frontend's loop, and
+    for its main port in the storms, so that the figure is the frontend's and not the harness's."""
 
     def start(self) -> HealthProbe:
+        self.spawn()
+        self.wait_checking()
+        return self
+
+    def spawn(self) -> ProcessHealthProbe:
+        """Start the checking process without waiting for it (see `start_probes`)."""
         self.started = time.monotonic()
         # Answers other than SERVING after the first SERVING (the loop silent past --probe-ready-within).
         self.dropped = 0
@@ -626,10 +633,12 @@ class ProcessHealthProbe(HealthProbe):
         )
         self._proc.start()
         sender.close()
-        # Until it checks (a fresh interpreter takes a second or so): a short storm is not missed.
-        if not self._results.poll(60) or self._results.recv() != "checking":
-            raise LaunchError("the probe-port health checker did not start")
         return self
+
+    def wait_checking(self) -> None:
+        """Until the process checks (a fresh interpreter takes a second or so): a short storm is not missed."""
+        if not self._results.poll(60) or self._results.recv() != "checking":
+            raise LaunchError(f"the health checker of {self.address} did not start")
 
     async def stop(self) -> dict[str, Any]:
         self._halt.set()
@@ -645,6 +654,14 @@ class ProcessHealthProbe(HealthProbe):
             self.dropped, self.failures = data["dropped"], data["failures"]
         self._task = None
         return {**await super().stop(), "not_ready_after_ready": self.dropped}
+
+
+def start_probes(*probes: ProcessHealthProbe | None) -> None:
+    """Start checking processes side by side (each interpreter takes a second or so to start) and
+    return once every one checks."""
+    started = [p.spawn() for p in probes if p is not None]
+    for p in started:
+        p.wait_checking()
 
 
 def route_requests(
@@ -785,7 +802,9 @@ async def mass_redial(
     before = sims.stats()
     want = before.get("snapshots", 0) + pools * cfg.relays
     probe = HealthProbe(address, timeout=60).start()
-    off_loop = ProcessHealthProbe(probe_address, timeout=60).start() if probe_address else None
+    main = ProcessHealthProbe(address, timeout=60)
+    off_loop = ProcessHealthProbe(probe_address, timeout=60) if probe_address else None
+    start_probes(main, off_loop)
     m0 = scrape(metrics_port) if metrics_port else ""
     t0, sc0 = time.monotonic(), sims.cpu()
     for p in sims.procs:
@@ -809,6 +828,7 @@ async def mass_redial(
         "ready_s": None if took is None else round(took, 1),
         "ready_pools": n,
         "health": health,
+        "main_health": await main.stop(),
         "probe_health": None if off_loop is None else await off_loop.stop(),
         "cuts": after.get("breaks", {}).get("CUT", 0) - before.get("breaks", {}).get("CUT", 0),
         "snapshot_requests": after.get("snapshot_requests", 0) - before.get("snapshot_requests", 0),
@@ -1022,7 +1042,7 @@ async def run_fleet(
         rd = out["redial"]
         print(
             f"  [{pools} pools] mass redial: every relay's snapshot resent after {rd['resent_s']} s, every pool "
-            f"ready after {rd['ready_s']} s ({rd['ready_pools']}/{pools}); health max {rd['health']['max_ms']} ms"
+            f"ready after {rd['ready_s']} s ({rd['ready_pools']}/{pools}); harness-loop health max {rd['health']['max_ms']} ms"
             f"{probe_line(rd)}",
             flush=True,
         )
@@ -1035,7 +1055,9 @@ async def run_fleet(
         if cfg.frontend_nice:
             set_nice(pid, cfg.frontend_nice)
         probe = HealthProbe(address, gap=0.02, timeout=60).start()
-        off_loop = ProcessHealthProbe(probe_address, gap=0.02, timeout=60).start() if probe_address else None
+        main = ProcessHealthProbe(address, gap=0.02, timeout=60)
+        off_loop = ProcessHealthProbe(probe_address, gap=0.02, timeout=60) if probe_address else None
+        start_probes(main, off_loop)
         c0, sc0 = cpu_seconds(pid), sims.cpu()
         # A second in: py-spy cannot attach before the new interpreter is up.
         asyncio.get_running_loop().call_later(1.0, profile, cfg, group, pid, f"restart-{pools}", 60)
@@ -1049,6 +1071,7 @@ async def run_fleet(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(probe.serving.wait(), SERVING_GRACE)
         storm = await probe.stop()
+        main_storm = await main.stop()
         off_storm = None if off_loop is None else await off_loop.stop()
         streams_back = sims.stats().get("streaming", 0)
         out["restart"] = {
@@ -1056,6 +1079,7 @@ async def run_fleet(
             "ready_pools": n,
             "health_serving_s": None if probe.first_serving is None else round(probe.first_serving, 2),
             "health": storm,
+            "main_health": main_storm,
             "probe_health": off_storm,
             "probe_serving_s": None
             if off_loop is None or off_loop.first_serving is None
@@ -1073,7 +1097,7 @@ async def run_fleet(
         rs = out["restart"]
         print(
             f"  [{pools} pools] restart: health SERVING after {rs['health_serving_s']} s, every pool ready "
-            f"after {rs['ready_s']} s ({n}/{pools}); health max {storm['max_ms']} ms{probe_line(rs)}",
+            f"after {rs['ready_s']} s ({n}/{pools}); harness-loop health max {storm['max_ms']} ms{probe_line(rs)}",
             flush=True,
         )
 
@@ -1107,16 +1131,26 @@ async def run_fleet(
 
 
 def probe_line(part: dict[str, Any]) -> str:
-    """The probe port's health figures for a progress line ('' when it was not measured)."""
-    h = part.get("probe_health")
-    if not h:
-        return ""
-    return f"; probe port p50/p99/max {h['p50_ms']}/{h['p99_ms']}/{h['max_ms']} ms"
+    """The health figures measured from processes of their own, main port and probe port, for a
+    progress line ('' for each that was not measured)."""
+    out = ""
+    for key, label in (("main_health", "main port (own process)"), ("probe_health", "probe port")):
+        h = part.get(key)
+        if h:
+            out += f"; {label} p50/p99/max {h['p50_ms']}/{h['p99_ms']}/{h['max_ms']} ms"
+    return out
 
 
-def probe_cells(part: dict[str, Any]) -> str:
-    """The probe port's health p50 / p99 / max for a SCALE.md cell."""
-    h = part.get("probe_health")
+def main_port_health(part: dict[str, Any]) -> dict[str, Any]:
+    """A storm's main-port health figures: from the checker's own process where it ran (runs before
+    it had only the harness loop's)."""
+    return part.get("main_health") or part["health"]
+
+
+def probe_cells(part: dict[str, Any], key: str = "probe_health") -> str:
+    """A port's health p50 / p99 / max from a process of its own (`key`: probe_health for the probe
+    port, main_health for the main port) for a SCALE.md cell."""
+    h = part.get(key)
     if not h:
         return "not measured"
     dropped = h.get("not_ready_after_ready")
@@ -1550,7 +1584,7 @@ def plot(fleets: list[dict[str, Any]], path: Path, ready_timeout: float) -> None
         (
             "after a restart: every pool ready / slowest health check, s",
             [f["restart"].get("ready_s") or ready_timeout for f in ok],
-            [(f["restart"]["health"]["max_ms"] or 0) / 1000 for f in ok],
+            [(main_port_health(f["restart"])["max_ms"] or 0) / 1000 for f in ok],
         ),
         (
             "Route p99, ms",
@@ -1754,15 +1788,16 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
     )
     add("### A restarted frontend (SIGKILL, then the same command on the same port)\n")
     add(
-        "| pools x blocks | health SERVING after | every pool's KV back after | slowest health check meanwhile | health p99 meanwhile | probe port health p50 / p99 / max meanwhile | frontend CPU in the storm | relay dials so far (streams) | SIGTERM under load exits after |"
+        "| pools x blocks | health SERVING after | every pool's KV back after | slowest health check meanwhile (harness loop) | health p99 meanwhile (harness loop) | main port health p50 / p99 / max meanwhile (own process) | probe port health p50 / p99 / max meanwhile | frontend CPU in the storm | relay dials so far (streams) | SIGTERM under load exits after |"
     )
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in fleets:
         rs, st = f["restart"], f["sigterm"]
         term = f"{_f(st['exit_s'])} s" if st["exit_s"] is not None else f"> {st['cap_s']:g} s (killed)"
         add(
             f"| {f['pools']:,} x {f['blocks_per_pool']:,} | {_f(rs['health_serving_s'], 2)} s | {_f(rs['ready_s'])} s ({rs['ready_pools']:,}/{f['pools']:,}) "
-            f"| {_f(rs['health']['max_ms'])} ms | {_f(rs['health']['p99_ms'])} ms | {probe_cells(rs)} | {_f(rs['frontend_cpu_s'])} s "
+            f"| {_f(rs['health']['max_ms'])} ms | {_f(rs['health']['p99_ms'])} ms | {probe_cells(rs, 'main_health')} "
+            f"| {probe_cells(rs)} | {_f(rs['frontend_cpu_s'])} s "
             f"| {_f(rs.get('relay_connects_total'))} ({f['pools'] * f['relays']:,}) | {term} |"
         )
     add(
@@ -1779,24 +1814,28 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
         + ".\n"
     )
     add(
-        "The probe port (`--probe-listen`, `globalrouter.health_probe`) is measured by the same loop of health "
-        "checks 20 ms apart, beside the main port's (from a process of its own, so that the harness's own loop and GIL do not delay it): its answer comes from a thread of its own that reads the "
+        "Health is checked in a loop, one check at a time, 20 ms apart, three ways: the main port from the "
+        "harness's own event loop (the 'harness loop' columns; that loop also parses the 1,000-pool ListPools pages "
+        "and scrapes metrics meanwhile, so its figures include the harness's own waits), and the main port and the "
+        "probe port each from a process of its own (so that the harness's loop and GIL do not delay them). The "
+        "probe port (`--probe-listen`, `globalrouter.health_probe`) answers from a thread of its own that reads the "
         "status the serving loop publishes (a tick every 0.1 s, readiness, stopping), so it does not wait for "
-        "the loop; failed checks while the restarted process was not yet listening are not counted on either.\n"
+        "the loop; the main port's answer waits for the serving loop. Failed checks while the restarted process "
+        "was not yet listening are not counted.\n"
     )
     redials = [f for f in fleets if f.get("redial")]
     if redials:
         add("### Every relay redialling at once (the frontend up throughout)\n")
         add(
-            "| pools x blocks | every relay's snapshot resent after | every pool's KV back after | slowest health check meanwhile | health p99 meanwhile | probe port health p50 / p99 / max meanwhile |"
+            "| pools x blocks | every relay's snapshot resent after | every pool's KV back after | slowest health check meanwhile (harness loop) | health p99 meanwhile (harness loop) | main port health p50 / p99 / max meanwhile (own process) | probe port health p50 / p99 / max meanwhile |"
         )
-        add("|---|---:|---:|---:|---:|---:|")
+        add("|---|---:|---:|---:|---:|---:|---:|")
         for f in redials:
             rd = f["redial"]
             add(
                 f"| {f['pools']:,} x {f['blocks_per_pool']:,} | {_f(rd['resent_s'])} s | {_f(rd['ready_s'])} s "
                 f"({rd['ready_pools']:,}/{f['pools']:,}) | {_f(rd['health']['max_ms'])} ms | {_f(rd['health']['p99_ms'])} ms "
-                f"| {probe_cells(rd)} |"
+                f"| {probe_cells(rd, 'main_health')} | {probe_cells(rd)} |"
             )
         add(
             "\nSIGUSR1 makes every simulator process end all its relays' streams at once (a network blip); each "
@@ -1938,7 +1977,7 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
         rs = big["restart"]
         add(
             f"- **The serving loop** stalls while snapshots are applied: at {big['pools']:,} pools a restart left health "
-            f"checks waiting up to {_f(rs['health']['max_ms'])} ms, and the first load up to {_f(big['first_load']['health']['max_ms'])} ms; "
+            f"checks waiting up to {_f(main_port_health(rs)['max_ms'])} ms, and the first load up to {_f(big['first_load']['health']['max_ms'])} ms; "
             + (
                 f"every pool's KV was back {_f(rs['ready_s'])} s after the restart. "
                 if rs["ready_s"] is not None
@@ -2203,7 +2242,7 @@ def table(result: dict[str, Any]) -> str:
                 f"{s['health']['p50_ms']}/{s['health']['p99_ms']}",
                 str(f["route"]["16k"]["p99_ms"]),
                 str(f["restart"]["ready_s"]),
-                str(f["restart"]["health"]["max_ms"]),
+                str(main_port_health(f["restart"])["max_ms"]),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -157,6 +157,17 @@ def test_the_probe_port_is_found_in_the_frontend_flags_and_shown_when_measured()
     assert bench_scale.probe_line({}) == ""
 
 
+def test_a_storms_main_port_health_is_the_own_process_checkers_where_it_ran():
+    own = {"checks": 5, "p50_ms": 2.0, "p99_ms": 40.0, "max_ms": 61.0}
+    harness = {"checks": 5, "p50_ms": 3.0, "p99_ms": 400.0, "max_ms": 650.0}
+    part = {"health": harness, "main_health": own, "probe_health": None}
+    assert bench_scale.main_port_health(part) is own
+    assert bench_scale.probe_cells(part, "main_health") == "2.0 / 40.0 / 61.0 ms"
+    assert bench_scale.probe_line(part) == "; main port (own process) p50/p99/max 2.0/40.0/61.0 ms"
+    # A SCALE.json written before the own-process checker: the harness loop's figures.
+    assert bench_scale.main_port_health({"health": harness}) is harness
+
+
 _PLACED = """
 import json, sys
 from bench.scale_sim import lower_priority, placement
