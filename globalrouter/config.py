@@ -9,6 +9,7 @@ from globalrouter.dispatch import DispatchConfig
 from globalrouter.http_api.config import HttpConfig
 from globalrouter.pool_state import FreshnessLimits
 from globalrouter.selection import SelectionConfig
+from globalrouter.snapshot_readers import SNAPSHOT_READERS
 from globalrouter.stall import StallPolicy
 from globalrouter.wait_slo import WaitSlo
 from meshkit.tls import SecurityConfig
@@ -169,6 +170,11 @@ class RouterConfig:
     max_telemetry_streams: int = 4096
     """Telemetry streams open at once (one per relay replica); one more is RESOURCE_EXHAUSTED.
     Sized for a fleet of 1,000 pools x 2 relays, with room for reconnects."""
+    snapshot_readers: int = SNAPSHOT_READERS
+    """Telemetry streams that may read a snapshot at the same time; the others read nothing until a
+    slot frees (their data waits in their connections), and a slot whose relay sends nothing for
+    a second goes to the next stream. Keeps the loop's turns short in a restart or a mass redial,
+    so that main-port calls are answered meanwhile. 0: no bound."""
     telemetry_batch_interval: float = 0.0
     """Seconds between a relay's writes on one telemetry stream that this frontend asks for in its
     hello ack (TelemetryHelloAck.batch_interval): what is queued meanwhile arrives as one batch, so

@@ -197,6 +197,10 @@ class RouterMetrics:
         """Exports globalrouter_pool_kv_age_seconds{pool}: `ages()` (pool, seconds), read at each scrape."""
         self.registry.register(_PoolKvAges(ages))
 
+    def snapshot_readers(self, readers: Callable[[], tuple[int, int, int]]) -> None:
+        """Exports the snapshot readers: `readers()` (reading, waiting, slots idled), read at each scrape."""
+        self.registry.register(_SnapshotReaders(readers))
+
     def labelled(self, metric, *values: str):
         """`metric.labels(*values)`, looked up once per label set: prometheus validates the values
         and takes a lock on every labels() call, four times per request on the data path. Bounded
@@ -277,6 +281,30 @@ class _PoolKvAges(Collector):
         for pool_id, age in self._ages():
             family.add_metric([pool_id], age)
         yield family
+
+
+class _SnapshotReaders(Collector):
+    """globalrouter_telemetry_snapshot_readers{state} and _snapshot_slots_idled_total, read from the
+    servicer's SnapshotReaders when scraped (nothing per message)."""
+
+    def __init__(self, readers: Callable[[], tuple[int, int, int]]) -> None:
+        self._readers = readers
+
+    def collect(self):
+        reading, waiting, idled = self._readers()
+        family = GaugeMetricFamily(
+            "globalrouter_telemetry_snapshot_readers",
+            "Telemetry streams owing a snapshot: reading it with a slot, or waiting for one (--snapshot-readers)",
+            labels=["state"],
+        )
+        family.add_metric(["reading"], reading)
+        family.add_metric(["waiting"], waiting)
+        yield family
+        yield CounterMetricFamily(
+            "globalrouter_telemetry_snapshot_slots_idled",
+            "Snapshot-reader slots passed on because the relay sent nothing for the idle bound",
+            value=idled,
+        )
 
 
 SHARE_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)

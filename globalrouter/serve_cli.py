@@ -467,6 +467,14 @@ def add_parser(subparsers) -> None:
         help="telemetry streams open at once",
     )
     p.add_argument(
+        "--snapshot-readers",
+        type=int_at_least(0),
+        default=_D.snapshot_readers,
+        metavar="N",
+        help="telemetry streams that may read a snapshot at the same time, the others waiting for a slot "
+        f"(0: no bound; default {_D.snapshot_readers})",
+    )
+    p.add_argument(
         "--telemetry-batch-interval",
         type=_batch_interval,
         default=_D.telemetry_batch_interval,
@@ -699,6 +707,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
         max_telemetry_streams=args.max_telemetry_streams,
+        snapshot_readers=args.snapshot_readers,
         telemetry_batch_interval=args.telemetry_batch_interval,
         max_snapshot_blocks=args.max_snapshot_blocks,
         max_snapshot_blocks_per_relay=args.max_snapshot_blocks_per_relay,

@@ -34,6 +34,7 @@ from globalrouter.router_api import RouterServicer, generate_streams
 from globalrouter.routing import RoutingCore
 from globalrouter.selection import SelectionConfig, Selector
 from globalrouter.serving import ServingLinks
+from globalrouter.snapshot_readers import SnapshotReaders
 from globalrouter.telemetry_ingest import TelemetryIngest, TelemetryServicer
 from globalrouter.tenancy import TenantGate
 from globalrouter.tokenizer import TokenizerError, Tokenizers
@@ -361,8 +362,15 @@ def create_server(
         config.frontend_id,
         authorizer=authorizer,
         max_streams=config.max_telemetry_streams,
+        snapshot_readers=SnapshotReaders(config.snapshot_readers),
         batch_interval=config.telemetry_batch_interval,
     )
+
+    def snapshot_readers() -> tuple[int, int, int]:
+        readers = telemetry_servicer.snapshot_readers
+        return readers.reading, readers.waiting, readers.idled
+
+    metrics.snapshot_readers(snapshot_readers)
 
     def register(server: grpc.aio.Server) -> Sequence[str]:
         # Each request measured as received: ByteSize() of a 16k-token prompt costs more than its decoding.

@@ -17,6 +17,7 @@ from globalrouter.kv_summary import FOLD_EVERY, PACED_FOLD_AT, KvSummary
 from globalrouter.metrics import RouterMetrics
 from globalrouter.pool_directory import PoolTable
 from globalrouter.pool_state import LoadSignal
+from globalrouter.snapshot_readers import SnapshotReaders
 from meshkit.authz import Authorizer
 from meshkit.clock import Clock
 from meshkit.errors import Reason, abort_with_reason
@@ -1094,11 +1095,14 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
         authorizer: Authorizer | None = None,
         max_streams: int = 4096,
         slice_seconds: float = SLICE_SECONDS,
+        snapshot_readers: SnapshotReaders | None = None,
         accepts_batches: bool = True,
         batch_interval: float = 0.0,
         cpu_now: Callable[[], float] = time.thread_time,
     ) -> None:
         self._ingest = ingest
+        self.snapshot_readers = snapshot_readers if snapshot_readers is not None else SnapshotReaders()
+        """Streams owing a snapshot read it a few at a time (globalrouter.snapshot_readers)."""
         self.builds_first: Callable[[], bool] = lambda: False
         """True while the frontend is not ready (the server sets it from its Readiness): the index
         worker then takes up to BUILD_FIRST_SECONDS of each loop iteration instead of one step."""
@@ -1319,13 +1323,22 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
                 task.cancel()
 
         stream.end = end
+        turn = self.snapshot_readers.turn()
         try:
             self._kick()
             await context.write(Response(hello_ack=self._hello_ack()))
             metrics = self._ingest._metrics
             sized = self.sized_on_receipt
             while True:
+                # A stream owing a snapshot reads only with a slot: the rest of a storm's
+                # snapshots wait in their connections, not in this loop's turns.
+                if stream.next_sequence is None:
+                    await turn.take()
+                elif turn.holding:
+                    turn.give_back()
                 msg = await context.read()
+                if turn.holding:
+                    turn.got()
                 if msg is grpc.aio.EOF:
                     break
                 if type(msg) is Oversized or not sized:
@@ -1363,6 +1376,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
             # Our own cancel (superseded), not the server's: the call ends with its reason below.
             task.uncancel()
         finally:
+            turn.give_back()
             replaced = stream.superseded
             stream.end = None
             self._ingest.close(stream)
