@@ -568,8 +568,12 @@ class HealthProbe:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.gap)
 
-    async def stop(self) -> dict[str, Any]:
+    def halt(self) -> None:
+        """No further check starts (stop collects)."""
         self._stop.set()
+
+    async def stop(self) -> dict[str, Any]:
+        self.halt()
         if self._task is not None:
             await self._task
         return {
@@ -580,7 +584,7 @@ class HealthProbe:
         }
 
 
-def _probe_port_checks(address: str, gap: float, timeout: float, started: float, halt: Any, out: Any) -> None:
+def _probe_port_checks(address: str, gap: float, timeout: float, started: Any, halt: Any, out: Any) -> None:
     """ProcessHealthProbe's checks, in a process of their own; the figures go back through `out`."""
     latencies: list[float] = []
     first: float | None = None
@@ -592,16 +596,23 @@ def _probe_port_checks(address: str, gap: float, timeout: float, started: float,
             t0 = time.monotonic()
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
-                latencies.append(time.monotonic() - t0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    if first is None:
-                        first = time.monotonic() - started  # CLOCK_MONOTONIC: one clock for both processes
-                elif first is not None:
-                    dropped += 1
+                # Read after the answer: a check begun before ProcessHealthProbe.count_from's time
+                # is not counted, even if its answer came after (CLOCK_MONOTONIC: one clock for
+                # both processes).
+                since = started.value
+                counted = t0 >= since
+                if counted:
+                    latencies.append(time.monotonic() - t0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        if first is None:
+                            first = time.monotonic() - since
+                    elif first is not None:
+                        dropped += 1
             except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    latencies.append(timeout)
-                failures += 1
+                if t0 >= started.value:
+                    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        latencies.append(timeout)
+                    failures += 1
             halt.wait(gap)
     out.send({"latencies": latencies, "first_serving": first, "dropped": dropped, "failures": failures})
 
@@ -617,18 +628,20 @@ class ProcessHealthProbe(HealthProbe):
         self.wait_checking()
         return self
 
-    def spawn(self) -> ProcessHealthProbe:
-        """Start the checking process without waiting for it (see `start_probes`)."""
-        self.started = time.monotonic()
+    def spawn(self, counting: bool = True) -> ProcessHealthProbe:
+        """Start the checking process without waiting for it (see `start_probes`); with `counting`
+        False its checks count only from `count_from`'s time."""
+        self.started = time.monotonic() if counting else math.inf
         # Answers other than SERVING after the first SERVING (the loop silent past --probe-ready-within).
         self.dropped = 0
         ctx = multiprocessing.get_context("spawn")
         self._halt = ctx.Event()
+        self._since = ctx.Value("d", self.started)
         self._results, sender = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(
             target=_probe_port_checks,
-            args=(self.address, self.gap, self.timeout, self.started, self._halt, sender),
-            name="probe-port-health",
+            args=(self.address, self.gap, self.timeout, self._since, self._halt, sender),
+            name=f"health-checks-{self.address}",
             daemon=True,
         )
         self._proc.start()
@@ -640,8 +653,17 @@ class ProcessHealthProbe(HealthProbe):
         if not self._results.poll(60) or self._results.recv() != "checking":
             raise LaunchError(f"the health checker of {self.address} did not start")
 
-    async def stop(self) -> dict[str, Any]:
+    def count_from(self, when: float) -> None:
+        """Only checks begun at `when` (time.monotonic) or later count, and the first SERVING is
+        timed from it: a checker started before a restart then says nothing of the old process."""
+        self.started = when
+        self._since.value = when
+
+    def halt(self) -> None:
         self._halt.set()
+
+    async def stop(self) -> dict[str, Any]:
+        self.halt()
 
         def collect() -> dict[str, Any] | None:
             got = self._results.recv() if self._results.poll(self.timeout + 10) else None
@@ -656,10 +678,19 @@ class ProcessHealthProbe(HealthProbe):
         return {**await super().stop(), "not_ready_after_ready": self.dropped}
 
 
-def start_probes(*probes: ProcessHealthProbe | None) -> None:
+async def stop_probes(*probes: HealthProbe | None) -> list[dict[str, Any] | None]:
+    """Stops every checker at once (so that each covers the same window), then collects each's
+    figures (None for a checker not started)."""
+    for p in probes:
+        if p is not None:
+            p.halt()
+    return [None if p is None else await p.stop() for p in probes]
+
+
+def start_probes(*probes: ProcessHealthProbe | None, counting: bool = True) -> None:
     """Start checking processes side by side (each interpreter takes a second or so to start) and
-    return once every one checks."""
-    started = [p.spawn() for p in probes if p is not None]
+    return once every one checks (counting from now, or with `counting` False from `count_from`)."""
+    started = [p.spawn(counting) for p in probes if p is not None]
     for p in started:
         p.wait_checking()
 
@@ -801,10 +832,10 @@ async def mass_redial(
     still answered (ListPools shows a pool, not its streams): the first is the stricter bound."""
     before = sims.stats()
     want = before.get("snapshots", 0) + pools * cfg.relays
-    probe = HealthProbe(address, timeout=60).start()
     main = ProcessHealthProbe(address, timeout=60)
     off_loop = ProcessHealthProbe(probe_address, timeout=60) if probe_address else None
     start_probes(main, off_loop)
+    probe = HealthProbe(address, timeout=60).start()
     m0 = scrape(metrics_port) if metrics_port else ""
     t0, sc0 = time.monotonic(), sims.cpu()
     for p in sims.procs:
@@ -821,15 +852,15 @@ async def mass_redial(
     )
     took = None if ready is None or resent is None else time.monotonic() - t0
     sim_cores = (sims.cpu() - sc0) / (time.monotonic() - t0)
-    health = await probe.stop()
+    health, main_health, probe_health = await stop_probes(probe, main, off_loop)
     after = sims.stats()
     return {
         "resent_s": None if resent is None else round(resent, 1),
         "ready_s": None if took is None else round(took, 1),
         "ready_pools": n,
         "health": health,
-        "main_health": await main.stop(),
-        "probe_health": None if off_loop is None else await off_loop.stop(),
+        "main_health": main_health,
+        "probe_health": probe_health,
         "cuts": after.get("breaks", {}).get("CUT", 0) - before.get("breaks", {}).get("CUT", 0),
         "snapshot_requests": after.get("snapshot_requests", 0) - before.get("snapshot_requests", 0),
         "sim_cores": round(sim_cores, 3),
@@ -1048,16 +1079,21 @@ async def run_fleet(
         )
 
         # A restart: SIGKILL, then the same command on the same port; relays redial and resend.
-        proc.kill9()
+        # The checkers in processes of their own start first (a second or so each, side by side),
+        # so that none misses the start of the storm; their checks fail uncounted while it is down.
+        main = ProcessHealthProbe(address, gap=0.02, timeout=60)
+        off_loop = ProcessHealthProbe(probe_address, gap=0.02, timeout=60) if probe_address else None
+        start_probes(main, off_loop, counting=False)
         t_kill = time.monotonic()
+        for checker in (main, off_loop):
+            if checker is not None:
+                checker.count_from(t_kill)
+        proc.kill9()
         proc = group.start("router", proc.args)
         pid = proc.pid
         if cfg.frontend_nice:
             set_nice(pid, cfg.frontend_nice)
         probe = HealthProbe(address, gap=0.02, timeout=60).start()
-        main = ProcessHealthProbe(address, gap=0.02, timeout=60)
-        off_loop = ProcessHealthProbe(probe_address, gap=0.02, timeout=60) if probe_address else None
-        start_probes(main, off_loop)
         c0, sc0 = cpu_seconds(pid), sims.cpu()
         # A second in: py-spy cannot attach before the new interpreter is up.
         asyncio.get_running_loop().call_later(1.0, profile, cfg, group, pid, f"restart-{pools}", 60)
@@ -1070,9 +1106,9 @@ async def run_fleet(
         if ready is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(probe.serving.wait(), SERVING_GRACE)
-        storm = await probe.stop()
-        main_storm = await main.stop()
-        off_storm = None if off_loop is None else await off_loop.stop()
+        restart_storm, main_storm, off_storm = await stop_probes(probe, main, off_loop)
+        assert restart_storm is not None
+        storm = restart_storm
         streams_back = sims.stats().get("streaming", 0)
         out["restart"] = {
             "ready_s": None if ready is None else round(t_ready, 1),
@@ -1081,7 +1117,7 @@ async def run_fleet(
             "health": storm,
             "main_health": main_storm,
             "probe_health": off_storm,
-            "probe_serving_s": None
+            "probe_serving_s": None  # from the kill (count_from)
             if off_loop is None or off_loop.first_serving is None
             else round(off_loop.first_serving, 2),
             "frontend_cpu_s": round(cpu_seconds(pid) - c0, 1),
@@ -1977,7 +2013,7 @@ def scale_md(result: dict[str, Any], cfg: Config) -> str:
         rs = big["restart"]
         add(
             f"- **The serving loop** stalls while snapshots are applied: at {big['pools']:,} pools a restart left health "
-            f"checks waiting up to {_f(main_port_health(rs)['max_ms'])} ms, and the first load up to {_f(big['first_load']['health']['max_ms'])} ms; "
+            f"checks waiting up to {_f(main_port_health(rs)['max_ms'])} ms (the main port's, from a checker of its own where it ran), and the first load up to {_f(big['first_load']['health']['max_ms'])} ms (checked from the harness's loop); "
             + (
                 f"every pool's KV was back {_f(rs['ready_s'])} s after the restart. "
                 if rs["ready_s"] is not None

@@ -10,15 +10,16 @@ SNAPSHOT_READERS = 8
 """Streams that may read a snapshot at the same time. Every message read is a callback on the
 serving loop (gRPC's read and its parse) before the pacer sees it; in a restart 2,000 streams'
 snapshots arrived within seconds, loop turns grew past 100 ms, and a main-port call (which takes
-several turns, from its accept to its status) waited up to 0.8 s at 10,000 blocks a pool and
-8.8 s at 100,000. With 8 readers the slowest was 100 ms and 224 ms, every pool back in about the
-same time at 10,000 blocks and up to a fifth later at 100,000 (BENCHMARKS.md, "Snapshot readers
+several turns, from its accept to its status) waited up to 0.3-0.8 s at 10,000 blocks a pool
+and 3.7-8.8 s at 100,000. With 8 readers the slowest was 0.10-0.19 s and 0.20-0.22 s, and every
+pool came back within the same 30 s goal, up to a fifth later (BENCHMARKS.md, "Snapshot readers
 bounded"). The others' data waits in their connections: gRPC's flow control holds their relays
 back."""
 SNAPSHOT_READ_IDLE = 1.0
-"""Seconds a reader may wait for its relay's next message before its slot goes to the next
-stream: a stopped, slow or silent relay must not hold the others' snapshots back. It reads on,
-and queues for a slot again before its next read while it still owes a snapshot."""
+"""Seconds a reader may go without a snapshot chunk from its relay (other messages do not count)
+before its slot goes to the next stream: a stopped, slow or silent relay must not hold the
+others' snapshots back. It then reads the rest of that snapshot without a slot (a slow stream's
+reads are few), rather than queue again at the back holding its partial snapshot."""
 
 
 class Handle(Protocol):
@@ -63,20 +64,28 @@ class SnapshotReaders:
 
 class SnapshotTurn:
     """One stream's hold on a SnapshotReaders slot. The stream calls `take` before each read while
-    it owes a snapshot, `give_back` once it owes none (and when it ends), and `got` after each read
-    it made holding the slot."""
+    it owes a snapshot, `got` after each snapshot chunk it read holding the slot, and `give_back`
+    once it owes none (and when it ends). `engaged` says whether there is anything to give back."""
 
-    __slots__ = ("_readers", "_timer", "holding")
+    __slots__ = ("_readers", "_timer", "free_run", "holding")
 
     def __init__(self, readers: SnapshotReaders) -> None:
         self._readers = readers
         self.holding = False
+        self.free_run = False
+        """The slot idled away during this snapshot: the rest of it is read without one."""
         self._timer: Handle | None = None
 
+    @property
+    def engaged(self) -> bool:
+        return self.holding or self.free_run
+
     async def take(self) -> None:
-        """Waits for a slot unless this stream holds one, then starts the idle bound of the read
-        that follows (cancelled while waiting: no slot is held)."""
+        """Waits for a slot unless this stream holds one (or reads on without, after idling), then
+        starts the idle bound if none runs (cancelled while waiting: no slot is held)."""
         readers = self._readers
+        if self.free_run:
+            return
         if not self.holding and readers._free is not None:
             readers.waiting += 1
             try:
@@ -89,13 +98,17 @@ class SnapshotTurn:
             self._timer = readers._later(readers.idle, self._idle)
 
     def got(self) -> None:
-        """A message came: the read's idle bound is off."""
+        """A snapshot chunk came: the idle bound is off until the next `take`."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def give_back(self) -> None:
-        """Frees the slot (if held) for the next waiting stream."""
+        """Frees the slot (if held) for the next waiting stream; the stream owes no snapshot now."""
+        self._release()
+        self.free_run = False
+
+    def _release(self) -> None:
         self.got()
         if self.holding:
             self.holding = False
@@ -107,4 +120,5 @@ class SnapshotTurn:
         self._timer = None
         if self.holding:
             self._readers.idled += 1
-            self.give_back()
+            self._release()
+            self.free_run = True

@@ -1078,6 +1078,16 @@ class TelemetryIngest:
         return Response(snapshot_request=telemetry_pb2.SnapshotRequest(reason=reason))
 
 
+def _carries_snapshot(msg: object) -> bool:
+    """Whether a received message is (or batches) a snapshot chunk: what keeps a reader's slot."""
+    if not isinstance(msg, Request):
+        return False  # EOF, or an Oversized refused right after
+    kind = msg.WhichOneof("payload")
+    if kind == "kv_snapshot":
+        return True
+    return kind == "batch" and any(m.WhichOneof("payload") == "kv_snapshot" for m in msg.batch.messages)
+
+
 def _unaccepted() -> Violations:
     v = Violations()
     v.add("batch", "this frontend's hello ack did not accept batches")
@@ -1330,14 +1340,15 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServiceServicer):
             metrics = self._ingest._metrics
             sized = self.sized_on_receipt
             while True:
-                # A stream owing a snapshot reads only with a slot: the rest of a storm's
-                # snapshots wait in their connections, not in this loop's turns.
-                if stream.next_sequence is None:
+                # A stream owing a snapshot (asked for one, or partway through one its relay
+                # began) reads only with a slot: the rest of a storm's snapshots wait in their
+                # connections, not in this loop's turns.
+                if stream.next_sequence is None or stream.snapshot_id is not None:
                     await turn.take()
-                elif turn.holding:
+                elif turn.holding or turn.free_run:
                     turn.give_back()
                 msg = await context.read()
-                if turn.holding:
+                if turn.holding and _carries_snapshot(msg):
                     turn.got()
                 if msg is grpc.aio.EOF:
                     break

@@ -440,3 +440,37 @@ def test_frontend_and_discovery_niceness_are_flags_checked_by_range(tmp_path):
     for bad in ("--frontend-nice=-21", "--frontend-nice=20", "--discovery-nice=-1"):
         with pytest.raises(SystemExit):
             bench_scale.parse(["--quick", "--log-dir", str(tmp_path), bad])
+
+
+@pytest.mark.timeout(60)
+async def test_a_checker_started_before_a_restart_counts_only_from_its_count_from_time():
+    # Started before the kill, it must say nothing of the old process: its SERVING before the
+    # count_from time would otherwise read as the new process's ready time.
+    from concurrent import futures
+
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        waiting = bench_scale.ProcessHealthProbe(f"127.0.0.1:{port}", gap=0.02, timeout=5)
+        never = bench_scale.ProcessHealthProbe(f"127.0.0.1:{port}", gap=0.02, timeout=5)
+        bench_scale.start_probes(waiting, never, counting=False)
+        await asyncio.sleep(0.5)  # answered SERVING all along: none of it counts yet
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        waiting.count_from(time.monotonic())
+        await asyncio.sleep(0.3)
+        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        await asyncio.sleep(0.3)
+        counted, ignored = await bench_scale.stop_probes(waiting, never)
+    finally:
+        server.stop(0)
+    assert counted is not None and ignored is not None
+    assert counted["checks"] >= 5 and ignored["checks"] == 0
+    # The first SERVING counted is the one after NOT_SERVING, 0.3 s after count_from.
+    assert waiting.first_serving is not None and waiting.first_serving >= 0.25
+    assert counted["not_ready_after_ready"] == 0
