@@ -584,7 +584,7 @@ class HealthProbe:
         }
 
 
-def _probe_port_checks(address: str, gap: float, timeout: float, started: Any, halt: Any, out: Any) -> None:
+def _health_checks(address: str, gap: float, timeout: float, started: Any, halt: Any, out: Any) -> None:
     """ProcessHealthProbe's checks, in a process of their own; the figures go back through `out`."""
     latencies: list[float] = []
     first: float | None = None
@@ -639,7 +639,7 @@ class ProcessHealthProbe(HealthProbe):
         self._since = ctx.Value("d", self.started)
         self._results, sender = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(
-            target=_probe_port_checks,
+            target=_health_checks,
             args=(self.address, self.gap, self.timeout, self._since, self._halt, sender),
             name=f"health-checks-{self.address}",
             daemon=True,

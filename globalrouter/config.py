@@ -172,8 +172,8 @@ class RouterConfig:
     Sized for a fleet of 1,000 pools x 2 relays, with room for reconnects."""
     snapshot_readers: int = SNAPSHOT_READERS
     """Telemetry streams that may read a snapshot at the same time; the others read nothing until a
-    slot frees (their data waits in their connections), and a slot whose relay sends nothing for
-    a second goes to the next stream. Keeps the loop's turns short in a restart or a mass redial,
+    slot frees (their data waits in their connections), and a slot whose relay sends no snapshot
+    chunk for a second goes to the next stream. Keeps the loop's turns short in a restart or a mass redial,
     so that main-port calls are answered meanwhile. 0: no bound."""
     telemetry_batch_interval: float = 0.0
     """Seconds between a relay's writes on one telemetry stream that this frontend asks for in its

@@ -302,7 +302,7 @@ class _SnapshotReaders(Collector):
         yield family
         yield CounterMetricFamily(
             "globalrouter_telemetry_snapshot_slots_idled",
-            "Snapshot-reader slots passed on because the relay sent nothing for the idle bound",
+            "Snapshot-reader slots passed on because the relay sent no snapshot chunk within the idle bound",
             value=idled,
         )
 

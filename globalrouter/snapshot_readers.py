@@ -12,8 +12,8 @@ serving loop (gRPC's read and its parse) before the pacer sees it; in a restart 
 snapshots arrived within seconds, loop turns grew past 100 ms, and a main-port call (which takes
 several turns, from its accept to its status) waited up to 0.3-0.8 s at 10,000 blocks a pool
 and 3.7-8.8 s at 100,000. With 8 readers the slowest was 0.10-0.19 s and 0.20-0.22 s, and every
-pool came back within the same 30 s goal, up to a fifth later (BENCHMARKS.md, "Snapshot readers
-bounded"). The others' data waits in their connections: gRPC's flow control holds their relays
+pool came back within the same 30 s goal, at times later (10.0 s against 7.9 s in one restart at
+10,000 blocks, 23.8 s against 19.5 s at 100,000; BENCHMARKS.md, "Snapshot readers bounded"). The others' data waits in their connections: gRPC's flow control holds their relays
 back."""
 SNAPSHOT_READ_IDLE = 1.0
 """Seconds a reader may go without a snapshot chunk from its relay (other messages do not count)
@@ -46,7 +46,6 @@ class SnapshotReaders:
             raise ValueError(f"slots must be >= 0 (0: no bound; got {slots})")
         if not idle > 0:
             raise ValueError(f"idle must be > 0 seconds (got {idle})")
-        self.slots = slots
         self.idle = idle
         self._later = later
         self._free = asyncio.Semaphore(slots) if slots else None
@@ -55,7 +54,8 @@ class SnapshotReaders:
         self.reading = 0
         """Streams holding a slot now."""
         self.idled = 0
-        """Slots given up because the relay's next message did not come within `idle` seconds."""
+        """Slots given up because no snapshot chunk came within `idle` seconds (the rest of that
+        snapshot is then read without a slot)."""
 
     def turn(self) -> SnapshotTurn:
         """One stream's handle (it holds no slot yet)."""

@@ -168,6 +168,8 @@ async def test_a_second_streams_snapshot_waits_in_its_connection_until_the_first
         await eventually(lambda: readers.waiting == 1)
         await settle()
         assert not router.core.table.pools["p2"].kv_sources  # sent, and not read yet
+        (waiting,) = [s for (pool, _), s in router.ingest.streams.items() if pool == "p2"]
+        assert waiting.next_chunk == 0  # its chunk is still in the connection, not half-applied
         sample = router.metrics.registry.get_sample_value
         assert sample("globalrouter_telemetry_snapshot_readers", {"state": "reading"}) == 1
         assert sample("globalrouter_telemetry_snapshot_readers", {"state": "waiting"}) == 1
